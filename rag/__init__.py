@@ -1,0 +1,3 @@
+"""ragheat's RAG service: ingestion, hybrid retrieval, cited answers, the HTTP API and CLI."""
+
+__version__ = "0.1.0"

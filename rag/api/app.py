@@ -1,0 +1,126 @@
+"""The FastAPI service: ``/v1/query``, ``/v1/query/stream`` (SSE), ``/healthz``, ``/readyz``, OpenAPI at ``/docs``."""
+
+from __future__ import annotations
+
+import json
+import logging
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import FastAPI
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from rag import __version__
+from rag.api.errors import ApiError, error_response, install_error_handlers
+from rag.api.schemas import ErrorBody, QueryRequest, QueryResponse, citation
+from rag.pipeline import RagPipeline
+from rag.settings import RagheatSettings
+
+log = logging.getLogger("ragheat.api")
+ERROR_RESPONSES = {status: {"model": ErrorBody} for status in (400, 413, 422, 500, 503)}
+
+
+class BodyLimitMiddleware:
+    """Rejects request bodies over ``limit`` bytes with 413, by header or by counting what arrives."""
+
+    def __init__(self, app, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            return await self._reject(scope, receive, send)
+        received = 0
+
+        async def limited_receive():
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.limit:
+                    raise _BodyTooLarge()
+            return message
+
+        try:
+            await self.app(scope, limited_receive, send)
+        except _BodyTooLarge:
+            await self._reject(scope, receive, send)
+
+    async def _reject(self, scope, receive, send):
+        response = error_response(413, "body_too_large",
+                                  f"request body exceeds {self.limit} bytes (server.max_body_bytes)")
+        await response(scope, receive, send)
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+def create_app(settings: RagheatSettings, index_dir: Path | None = None,
+               pipeline: RagPipeline | None = None) -> FastAPI:
+    """Build the app; the index and model load in the lifespan, before the first request is accepted."""
+    pipeline = pipeline or RagPipeline(settings, index_dir or settings.server.index_dir)
+    server = settings.server
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await run_in_threadpool(pipeline.warm_up)  # raises IndexLoadError naming the path: startup fails
+        log.info("index %s loaded: %s chunks", pipeline.index.folder, pipeline.index.manifest["counts"]["chunks"])
+        yield
+
+    app = FastAPI(title="ragheat", version=__version__, lifespan=lifespan,
+                  description="Observability-first RAG: hybrid retrieval with cited, per-stage-timed answers.")
+    app.state.pipeline = pipeline
+    app.add_middleware(BodyLimitMiddleware, limit=server.max_body_bytes)
+    install_error_handlers(app)
+
+    def run_query(request: QueryRequest):
+        if len(request.query) > server.max_query_chars:
+            raise ApiError(422, "invalid_request", f"query: {len(request.query)} characters is over the limit of "
+                                                   f"{server.max_query_chars} (server.max_query_chars)")
+        if not pipeline.ready:
+            raise ApiError(503, "not_ready", "the index is still loading")
+        return pipeline.query(request.query, request.top_k or server.default_top_k, request.retrievers)
+
+    @app.post("/v1/query", response_model=QueryResponse, responses=ERROR_RESPONSES)
+    def query(request: QueryRequest) -> QueryResponse:
+        """Retrieve, fuse and answer; the answer's ``[n]`` markers refer to ``citations[n-1]``."""
+        return QueryResponse.from_result(run_query(request))
+
+    @app.post("/v1/query/stream", responses={200: {"content": {"text/event-stream": {}}}, **ERROR_RESPONSES})
+    async def query_stream(request: QueryRequest):
+        """Server-sent events: ``sources`` first, then one ``answer`` event per sentence, then ``done``."""
+        result = await run_in_threadpool(run_query, request)
+
+        def events():
+            yield _sse("sources", [citation(s).model_dump() for s in result.sources])
+            for sentence in result.sentences:
+                yield _sse("answer", {"text": f"{sentence.text} [{sentence.citation}]", "citation": sentence.citation})
+            yield _sse("done", {"generator": result.generator,
+                                "stages": [{"name": t.name, "ms": round(t.ms, 3)} for t in result.stages]})
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+
+    @app.get("/healthz")
+    def healthz() -> dict:
+        """Liveness: the process answers."""
+        return {"status": "ok"}
+
+    @app.get("/readyz", responses={503: {"model": ErrorBody}})
+    def readyz():
+        """Readiness: the index and model are loaded and queries can be served."""
+        if not pipeline.ready:
+            return error_response(503, "not_ready", "the index is still loading")
+        manifest = pipeline.index.manifest
+        return JSONResponse({"status": "ready", "generation": manifest["generation"],
+                             "chunks": manifest["counts"]["chunks"], "corpus": manifest["corpus"]["name"]})
+
+    return app
+
+
+def _sse(event: str, data) -> bytes:
+    return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()

@@ -1,0 +1,79 @@
+"""Request and response bodies of the HTTP API (they are also the OpenAPI schema)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from rag.types import QueryResult
+
+
+class QueryRequest(BaseModel):
+    """``POST /v1/query`` body. Unknown fields are rejected rather than silently ignored."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={
+        "examples": [{"query": "What causes the seasons on Earth?", "top_k": 5, "retrievers": ["dense", "bm25"]}]})
+
+    query: str = Field(description="the question; 1 to server.max_query_chars characters after trimming")
+    top_k: int | None = Field(None, ge=1, le=100, description="sources to return (default: server.default_top_k)")
+    retrievers: list[Literal["dense", "bm25"]] | None = Field(
+        None, min_length=1, max_length=2, description="subset of dense, bm25; both = hybrid (default)")
+
+    @field_validator("query")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        value = value.strip()
+        if not value:
+            raise ValueError("query must not be empty")
+        return value
+
+    @field_validator("retrievers")
+    @classmethod
+    def _unique(cls, value):
+        if value is not None and len(set(value)) != len(value):
+            raise ValueError("retrievers must not repeat a name")
+        return value
+
+
+class Citation(BaseModel):
+    number: int = Field(description="the n of the [n] markers in the answer")
+    doc_id: str
+    title: str
+    chunk_start: int = Field(description="first character of the passage in the document text")
+    chunk_end: int = Field(description="one past its last character")
+    score: float = Field(description="fused (or single-retriever) score; higher is better")
+    text: str
+
+
+class StageTimingOut(BaseModel):
+    name: str
+    ms: float
+
+
+class QueryResponse(BaseModel):
+    answer: str
+    citations: list[Citation]
+    stages: list[StageTimingOut]
+    generator: str
+
+    @classmethod
+    def from_result(cls, result: QueryResult) -> "QueryResponse":
+        return cls(
+            answer=result.answer,
+            generator=result.generator,
+            citations=[citation(s) for s in result.sources],
+            stages=[StageTimingOut(name=t.name, ms=round(t.ms, 3)) for t in result.stages],
+        )
+
+
+def citation(source) -> Citation:
+    c = source.chunk
+    return Citation(number=source.number, doc_id=c.doc_id, title=c.title, chunk_start=c.start, chunk_end=c.end,
+                    score=round(source.score, 6), text=c.text)
+
+
+class ErrorBody(BaseModel):
+    error: str = Field(description="machine-readable kind, e.g. invalid_request")
+    reason: str = Field(description="a sentence saying what was wrong")
+    stage: str | None = Field(None, description="the pipeline stage that failed, for server errors")

@@ -1,0 +1,233 @@
+"""The ``ragheat`` command: ingest, serve, query, eval, demo.
+
+Flags override settings from the environment (``RAGHEAT_<SECTION>__<FIELD>``), which override defaults.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from rag.errors import RagheatError
+from rag.settings import RagheatSettings
+
+app = typer.Typer(help="ragheat: observability-first RAG on embedded defaults.", no_args_is_help=True,
+                  pretty_exceptions_enable=False)
+console = Console(stderr=True)
+out = Console()
+
+
+def load_settings(**overrides: dict) -> RagheatSettings:
+    """Environment settings with the given section overrides; a bad value exits with the setting's name."""
+    try:
+        base = RagheatSettings()
+        update = {}
+        for section, values in overrides.items():
+            values = {k: v for k, v in values.items() if v is not None}
+            if values:
+                update[section] = getattr(base, section).model_copy(update=values).model_dump()
+        return RagheatSettings(**{**base.model_dump(), **update}) if update else base
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "settings"
+        _fail(f"invalid setting {where}: {first['msg'].removeprefix('Value error, ')}")
+
+
+def _fail(message: str, code: int = 2):
+    console.print(f"[bold red]error:[/] {message}")
+    raise typer.Exit(code)
+
+
+def progress_bar() -> Progress:
+    return Progress(TextColumn("{task.description:<22}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TextColumn("eta"), TimeRemainingColumn(), console=console, transient=False)
+
+
+def _guard(fn):
+    """Turn ragheat's own errors into one red sentence and exit code 2, not a traceback."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except RagheatError as exc:
+            _fail(str(exc))
+        except KeyboardInterrupt:
+            _fail("interrupted; nothing was changed", code=130)
+    return wrapper
+
+
+@app.command()
+@_guard
+def ingest(
+    source: str = typer.Argument(..., help="BEIR folder (corpus.jsonl), folder of .txt/.md files, or 'wiki'"),
+    index: Path = typer.Option(Path("data/index"), "--index", help="index folder to create or update"),
+    chunker: Optional[str] = typer.Option(None, help="tokens | semantic"),
+    window: Optional[int] = typer.Option(None, help="token-window size (word pieces)"),
+    overlap: Optional[int] = typer.Option(None, help="tokens shared by consecutive windows"),
+    index_kind: Optional[str] = typer.Option(None, "--index-kind", help="flat | hnsw | ivfpq"),
+    hnsw_m: Optional[int] = typer.Option(None, help="HNSW M"),
+    ef_construction: Optional[int] = typer.Option(None, help="HNSW efConstruction"),
+    nlist: Optional[int] = typer.Option(None, help="IVF lists (0 = automatic)"),
+    pq_m: Optional[int] = typer.Option(None, help="PQ sub-quantisers"),
+    precision: Optional[str] = typer.Option(None, help="fp32 | int8 (embedding model)"),
+    force: bool = typer.Option(False, help="rebuild even if the index is up to date"),
+) -> None:
+    """Chunk, embed and index SOURCE into a new generation of INDEX, swapped in atomically."""
+    from rag.ingest.pipeline import ingest as run_ingest
+
+    settings = load_settings(
+        chunking={"strategy": chunker, "window_tokens": window, "overlap_tokens": overlap},
+        index={"kind": index_kind, "hnsw_m": hnsw_m, "hnsw_ef_construction": ef_construction,
+               "ivf_nlist": nlist, "pq_m": pq_m},
+        embedding={"precision": precision})
+    with progress_bar() as progress:
+        report = run_ingest(source, index, settings, force=force, progress=progress)
+    m = report.manifest
+    if report.skipped:
+        out.print(f"[green]{index}[/] is up to date (generation {m['generation']}); use --force to rebuild")
+        return
+    out.print(f"[green]indexed[/] {m['counts']['documents']} documents as {m['counts']['chunks']} chunks "
+              f"into {report.generation} in {m['timings_s']['total']:.1f} s "
+              f"(embed {m['timings_s']['embed']:.1f} s)")
+
+
+@app.command()
+@_guard
+def serve(
+    index: Optional[Path] = typer.Option(None, "--index", help="index folder (default server.index_dir)"),
+    host: Optional[str] = typer.Option(None, help="bind address"),
+    port: Optional[int] = typer.Option(None, help="port"),
+    log_level: str = typer.Option("info", help="uvicorn log level"),
+) -> None:
+    """Serve the HTTP API (OpenAPI docs at /docs)."""
+    import uvicorn
+
+    from rag.api.app import create_app
+    from rag.index.store import read_manifest
+
+    settings = load_settings(server={"host": host, "port": port, "index_dir": index})
+    read_manifest(settings.server.index_dir)  # refuse to start, with the path, before binding anything
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    uvicorn.run(create_app(settings), host=settings.server.host, port=settings.server.port, log_level=log_level)
+
+
+@app.command()
+@_guard
+def query(
+    text: str = typer.Argument(..., help="the question"),
+    index: Optional[Path] = typer.Option(None, "--index", help="answer in-process from this index"),
+    url: Optional[str] = typer.Option(None, help="ask a running server instead, e.g. http://127.0.0.1:8000"),
+    top_k: int = typer.Option(5, min=1, max=100, help="sources to return"),
+    retrievers: Optional[str] = typer.Option(None, help="dense, bm25 or dense,bm25 (hybrid)"),
+    as_json: bool = typer.Option(False, "--json", help="print the raw response"),
+) -> None:
+    """Answer one question with citations and per-stage timings."""
+    names = [r.strip() for r in retrievers.split(",")] if retrievers else None
+    body = {"query": text, "top_k": top_k, **({"retrievers": names} if names else {})}
+    if url:
+        import httpx
+
+        response = httpx.post(url.rstrip("/") + "/v1/query", json=body, timeout=60)
+        if response.status_code != 200:
+            _fail(f"{response.status_code}: {response.json().get('reason', response.text)}")
+        data = response.json()
+    else:
+        from rag.api.schemas import QueryRequest, QueryResponse
+        from rag.pipeline import RagPipeline
+
+        settings = load_settings(server={"index_dir": index})
+        try:
+            request = QueryRequest(**body)
+        except ValidationError as exc:
+            _fail(exc.errors()[0]["msg"].removeprefix("Value error, "))
+        pipeline = RagPipeline(settings, settings.server.index_dir)
+        pipeline.warm_up()
+        data = QueryResponse.from_result(pipeline.query(request.query, top_k, names)).model_dump()
+    if as_json:
+        out.print_json(json.dumps(data))
+    else:
+        print_answer(data)
+
+
+def print_answer(data: dict) -> None:
+    out.print(f"[bold]{data['answer']}[/]  [dim]({data['generator']})[/]")
+    for c in data["citations"]:
+        out.print(f"  [{c['number']}] {c['title']} [dim]({c['doc_id']} {c['chunk_start']}:{c['chunk_end']}, "
+                  f"score {c['score']:.4f})[/]")
+    out.print("  " + "  ".join(f"{s['name']} {s['ms']:.2f} ms" for s in data["stages"]), style="dim")
+
+
+@app.command("eval")
+@_guard
+def evaluate(
+    beir: Path = typer.Option(..., "--beir", help="BEIR folder: corpus.jsonl, queries.jsonl, qrels/<split>.tsv"),
+    index: Optional[Path] = typer.Option(None, "--index", help="index of that corpus (built if absent)"),
+    split: str = typer.Option("train", help="qrels split"),
+    retrievers: str = typer.Option("dense,bm25,hybrid", help="comma list of dense, bm25, hybrid"),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="write the report here"),
+) -> None:
+    """Retrieval quality (nDCG@10, recall@10/100, MRR@10) and latency on a BEIR split."""
+    from rag.eval.beir import load_qrels, load_queries
+    from rag.eval.runner import evaluate as run_eval, parse_retriever_sets
+    from rag.ingest.pipeline import ingest as run_ingest
+    from rag.pipeline import RagPipeline
+
+    try:
+        sets = parse_retriever_sets(retrievers)
+    except ValueError as exc:
+        _fail(str(exc))
+    settings = load_settings()
+    index = index or Path("data/index") / beir.resolve().name
+    queries, qrels = load_queries(beir), load_qrels(beir, split)
+    with progress_bar() as progress:
+        run_ingest(str(beir), index, settings, progress=progress)  # no-op when up to date
+        pipeline = RagPipeline(settings, index)
+        pipeline.warm_up()
+        report = run_eval(pipeline, queries, qrels, sets, progress=progress)
+    report.update({"beir": str(beir), "split": split, "index": pipeline.index.manifest["dense"],
+                   "model": pipeline.index.manifest["model"], "chunking": pipeline.index.manifest["chunking"],
+                   "fusion": settings.retrieval.model_dump(include={"rrf_k", "dense_weight", "bm25_weight",
+                                                                    "candidates"})})
+    table = Table(title=f"{beir.name} ({split}, {report['queries']} queries)")
+    for column in ("retrievers", "nDCG@10", "R@10", "R@100", "MRR@10", "p50 ms", "p99 ms"):
+        table.add_column(column, justify="right")
+    for name, m in report["retrievers"].items():
+        table.add_row(name, *(f"{m[k]:.4f}" for k in ("ndcg@10", "recall@10", "recall@100", "mrr@10")),
+                      f"{m['latency_ms']['p50']:.2f}", f"{m['latency_ms']['p99']:.2f}")
+    out.print(table)
+    if json_out:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(report, indent=2, sort_keys=True))
+        out.print(f"wrote {json_out}")
+
+
+@app.command()
+@_guard
+def demo(
+    index: Path = typer.Option(Path("data/index/wiki"), "--index", help="where the demo index lives"),
+    source: str = typer.Option("wiki", help="corpus to ingest when the index is absent"),
+    port: int = typer.Option(0, help="port for the demo server (0 = any free port)"),
+) -> None:
+    """Ingest the demo corpus if absent, serve it, ask sample questions over HTTP, print stage timings."""
+    from rag.demo import run_demo
+
+    run_demo(load_settings(), index, source, port, console=out, progress=progress_bar)
+
+
+def main() -> None:  # pragma: no cover
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(app())

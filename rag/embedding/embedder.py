@@ -1,0 +1,130 @@
+"""Sentence embeddings with ONNX Runtime: the request path's ``Embedder``.
+
+Nothing here imports torch. Two sessions share one graph: a single-thread session for queries
+(one short query gains nothing from a second thread and would fight the other requests for the
+core) and a session with all cores for bulk ingestion.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Iterable, Sequence
+
+import numpy as np
+import onnxruntime as ort
+from tokenizers import Tokenizer
+
+from rag.embedding.model_store import EncoderFiles, ensure_encoder
+from rag.settings import EmbeddingSettings
+from rag.types import EmbeddingResult
+
+
+def _session(path, threads: int) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    return ort.InferenceSession(str(path), options, providers=_providers())
+
+
+def _providers() -> list[str]:
+    available = ort.get_available_providers()
+    return [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]
+
+
+class OnnxEmbedder:
+    """all-MiniLM-L6-v2 (or another BERT sentence encoder) on ONNX Runtime.
+
+    >>> embedder = OnnxEmbedder(EmbeddingSettings()); embedder.warm_up()
+    >>> embedder.embed_query("what causes tides?").vector.shape
+    (384,)
+    """
+
+    def __init__(self, settings: EmbeddingSettings) -> None:
+        self.settings = settings
+        self.files: EncoderFiles | None = None
+        self._query_session: ort.InferenceSession | None = None
+        self._bulk_session: ort.InferenceSession | None = None
+        self._tokenizer: Tokenizer | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def warm_up(self) -> None:
+        """Convert (once, cached) and load the model; safe to call twice."""
+        if self._query_session is not None:
+            return
+        s = self.settings
+        self.files = ensure_encoder(s.model_dir, s.cache_dir, s.precision)
+        tokenizer = Tokenizer.from_file(str(self.files.tokenizer_path))
+        tokenizer.enable_truncation(max_length=s.max_seq_length)
+        tokenizer.no_padding()
+        self._tokenizer = tokenizer
+        self._query_session = _session(self.files.onnx_path, s.query_threads)
+        self._query_session.run(None, self._feed([tokenizer.encode("warm up")]))
+
+    @property
+    def dimension(self) -> int:
+        return 384 if self._query_session is None else self._query_session.get_outputs()[0].shape[1]
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        self.warm_up()
+        return self._tokenizer
+
+    def identity(self) -> dict:
+        """What a manifest records so that an index is never queried with another model."""
+        self.warm_up()
+        return {"name": self.files.model_name, "precision": self.files.precision,
+                "weights_sha256": self.files.weights_sha256, "max_seq_length": self.settings.max_seq_length,
+                "dimension": self.dimension}
+
+    # -- embedding --------------------------------------------------------------------------
+    @staticmethod
+    def _feed(encodings) -> dict[str, np.ndarray]:
+        width = max(len(e.ids) for e in encodings)
+        ids = np.zeros((len(encodings), width), dtype=np.int64)
+        mask = np.zeros((len(encodings), width), dtype=np.int64)
+        for row, enc in enumerate(encodings):
+            ids[row, : len(enc.ids)] = enc.ids
+            mask[row, : len(enc.ids)] = 1
+        return {"input_ids": ids, "attention_mask": mask}
+
+    def embed_query(self, text: str) -> EmbeddingResult:
+        """One query on the single-thread session."""
+        self.warm_up()
+        start = time.perf_counter()
+        encoding = self._tokenizer.encode(text)
+        vector = self._query_session.run(None, self._feed([encoding]))[0][0]
+        return EmbeddingResult(vector=vector, tokens=len(encoding.ids), seconds=time.perf_counter() - start)
+
+    def embed_many(self, texts: Sequence[str], progress=None) -> np.ndarray:
+        """Embed many texts on all cores; batches are formed from texts of similar length."""
+        self.warm_up()
+        if self._bulk_session is None:
+            self._bulk_session = _session(self.files.onnx_path, self.settings.bulk_threads)
+        out = np.zeros((len(texts), self.dimension), dtype=np.float32)
+        if not texts:
+            return out
+        encodings = self._tokenizer.encode_batch(list(texts))
+        order = np.argsort([len(e.ids) for e in encodings], kind="stable")
+        for batch in _token_budget_batches(order, encodings, self.settings.batch_tokens):
+            out[batch] = self._bulk_session.run(None, self._feed([encodings[i] for i in batch]))[0]
+            if progress is not None:
+                progress(len(batch))
+        return out
+
+    def count_tokens(self, texts: Iterable[str]) -> list[int]:
+        return [len(e.ids) for e in self.tokenizer.encode_batch(list(texts))]
+
+
+def _token_budget_batches(order: np.ndarray, encodings, budget: int):
+    """Group length-sorted texts so that each padded batch holds about ``budget`` tokens."""
+    batch: list[int] = []
+    for index in order:
+        width = len(encodings[index].ids)
+        if batch and width * (len(batch) + 1) > budget:
+            yield batch
+            batch = []
+        batch.append(int(index))
+    if batch:
+        yield batch

@@ -1,0 +1,100 @@
+"""FAISS indexes: exact inner product, HNSW, IVF-PQ; moved to a GPU when faiss-gpu sees one.
+
+Vectors are L2-normalised by the encoder, so inner product is cosine similarity.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import faiss
+import numpy as np
+
+from rag.errors import ConfigurationError, IngestError
+from rag.settings import IndexSettings
+
+DENSE_FILE = "dense.faiss"
+
+
+def auto_nlist(n: int) -> int:
+    """About 4*sqrt(N) lists, but never fewer than 39 training points per list (FAISS's advice)."""
+    return max(1, min(int(4 * math.sqrt(n)), n // 39))
+
+
+def build_params(settings: IndexSettings, n: int, dim: int) -> dict:
+    """The parameters an index of ``n`` vectors is built with, as recorded in the manifest."""
+    if settings.kind == "flat":
+        return {"kind": "flat", "metric": "inner_product"}
+    if settings.kind == "hnsw":
+        return {"kind": "hnsw", "metric": "inner_product", "M": settings.hnsw_m,
+                "efConstruction": settings.hnsw_ef_construction}
+    if dim % settings.pq_m:
+        raise ConfigurationError(f"index.pq_m ({settings.pq_m}) must divide the embedding dimension ({dim})")
+    nlist = settings.ivf_nlist or auto_nlist(n)
+    if n < max(nlist, 2 ** settings.pq_nbits):
+        raise IngestError(f"ivfpq needs at least max(nlist={nlist}, 2**pq_nbits={2 ** settings.pq_nbits}) "
+                          f"vectors to train, the corpus has {n}; use index.kind=flat or hnsw, or lower "
+                          f"index.pq_nbits / index.ivf_nlist")
+    return {"kind": "ivfpq", "metric": "inner_product", "nlist": nlist, "m": settings.pq_m,
+            "nbits": settings.pq_nbits}
+
+
+def build_index(vectors: np.ndarray, params: dict) -> faiss.Index:
+    dim = vectors.shape[1]
+    kind = params["kind"]
+    if kind == "flat":
+        index = faiss.IndexFlatIP(dim)
+    elif kind == "hnsw":
+        index = faiss.IndexHNSWFlat(dim, params["M"], faiss.METRIC_INNER_PRODUCT)
+        index.hnsw.efConstruction = params["efConstruction"]
+    elif kind == "ivfpq":
+        quantizer = faiss.IndexFlatIP(dim)
+        index = faiss.IndexIVFPQ(quantizer, dim, params["nlist"], params["m"], params["nbits"],
+                                 faiss.METRIC_INNER_PRODUCT)
+        index.train(vectors)
+    else:  # pragma: no cover - validated by settings
+        raise ConfigurationError(f"unknown index kind {kind!r}")
+    index.add(vectors)
+    return index
+
+
+def save_index(index: faiss.Index, folder: Path) -> None:
+    faiss.write_index(index, str(folder / DENSE_FILE))
+
+
+def load_index(folder: Path, settings: IndexSettings) -> faiss.Index:
+    """Read the index, apply search-time parameters, and move it to a GPU if asked and possible."""
+    index = faiss.read_index(str(folder / DENSE_FILE))
+    apply_search_params(index, settings)
+    return to_device(index, settings.device)
+
+
+def apply_search_params(index: faiss.Index, settings: IndexSettings) -> None:
+    if isinstance(index, faiss.IndexHNSW):
+        index.hnsw.efSearch = settings.hnsw_ef_search
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is not None:
+        ivf.nprobe = settings.ivf_nprobe
+
+
+def gpu_count() -> int:
+    return faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
+
+
+def to_device(index: faiss.Index, device: str) -> faiss.Index:
+    gpus = gpu_count()
+    if device == "gpu" and gpus == 0:
+        raise ConfigurationError("index.device=gpu but FAISS sees no GPU (install the 'gpu' extra, faiss-gpu, "
+                                 "on a machine with CUDA)")
+    if device == "cpu" or gpus == 0 or isinstance(index, faiss.IndexHNSW):
+        # FAISS has no GPU HNSW; it stays on the CPU, which is where it is fastest for one query anyway.
+        return index
+    resources = faiss.StandardGpuResources()  # pragma: no cover - needs a GPU
+    return faiss.index_cpu_to_gpu(resources, 0, index)  # pragma: no cover
+
+
+def search(index: faiss.Index, vector: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    scores, ids = index.search(np.ascontiguousarray(vector.reshape(1, -1), dtype=np.float32), k)
+    keep = ids[0] >= 0
+    return ids[0][keep], scores[0][keep]

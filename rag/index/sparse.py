@@ -1,0 +1,54 @@
+"""BM25 over chunks with ``bm25s`` (scores precomputed into a sparse matrix at index time)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from pathlib import Path
+
+import bm25s
+import numpy as np
+
+BM25_DIR = "bm25"
+IDF_FILE = "idf.json"
+
+
+def build_bm25(token_lists: list[list[str]], k1: float, b: float) -> tuple[bm25s.BM25, dict[str, float]]:
+    """Index ``token_lists`` (one list per chunk) and return the index and each term's IDF."""
+    # bm25s cannot index an empty list of tokens meaningfully; a placeholder keeps row ids aligned.
+    safe = [tokens if tokens else [""] for tokens in token_lists]
+    model = bm25s.BM25(k1=k1, b=b, method="lucene")
+    model.index(safe, show_progress=False)
+    df = Counter(term for tokens in token_lists for term in set(tokens))
+    n = len(token_lists)
+    idf = {term: math.log(1.0 + (n - count + 0.5) / (count + 0.5)) for term, count in df.items()}
+    return model, idf
+
+
+def save_bm25(model: bm25s.BM25, idf: dict[str, float], folder: Path) -> None:
+    model.save(str(folder / BM25_DIR), show_progress=False)
+    (folder / IDF_FILE).write_text(json.dumps(idf, ensure_ascii=False))
+
+
+def load_bm25(folder: Path) -> tuple[bm25s.BM25, dict[str, float]]:
+    model = bm25s.BM25.load(str(folder / BM25_DIR), mmap=False, show_progress=False, verbosity=0)
+    idf = json.loads((folder / IDF_FILE).read_text())
+    return model, idf
+
+
+def bm25_top_k(model: bm25s.BM25, tokens: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Chunk ids and scores of the ``k`` best chunks; empty when no query term is in the vocabulary."""
+    ids = model.get_tokens_ids(tokens)
+    if not ids:
+        return np.zeros(0, np.int64), np.zeros(0, np.float32)
+    scores = model.get_scores_from_ids(ids)
+    k = min(k, scores.shape[0])
+    top = np.argpartition(-scores, k - 1)[:k]
+    top = top[np.argsort(-scores[top], kind="stable")]
+    top = top[scores[top] > 0]
+    return top, scores[top]
+
+
+def bm25_size(model: bm25s.BM25) -> int:
+    return int(model.scores["num_docs"])

@@ -1,0 +1,195 @@
+"""The on-disk index: generations swapped atomically behind a ``current`` symlink.
+
+Layout of an index folder::
+
+    DIR/current -> generations/<id>      # replaced with one rename(2): readers see old or new, never half
+    DIR/generations/<id>/manifest.json   # corpus, model, chunking, index parameters, counts
+    DIR/generations/<id>/chunks.jsonl    # one passage a line; the line number is the chunk id
+    DIR/generations/<id>/dense.faiss, bm25/, idf.json
+    DIR/.lock                            # one writer at a time
+
+A build writes ``generations/.tmp-<id>`` and renames it into place only when complete, then
+swaps ``current``. A crash or Ctrl-C at any point leaves ``current`` on the previous generation;
+the next build removes the leftovers.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import time
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import bm25s
+import faiss
+
+from rag.errors import IndexLoadError
+from rag.index import dense, sparse
+from rag.settings import IndexSettings
+from rag.types import Chunk
+
+MANIFEST = "manifest.json"
+CHUNKS = "chunks.jsonl"
+CURRENT = "current"
+GENERATIONS = "generations"
+FORMAT_VERSION = 1
+KEEP_PREVIOUS = 1  # generations kept besides the current one, for rollback
+
+
+def resolve_generation(index_dir: Path) -> Path:
+    """The folder holding a manifest: ``index_dir`` itself or what its ``current`` link points at."""
+    index_dir = Path(index_dir)
+    if (index_dir / MANIFEST).is_file():
+        return index_dir
+    current = index_dir / CURRENT
+    if not index_dir.exists():
+        raise IndexLoadError(index_dir, "the folder does not exist; build it with `ragheat ingest SOURCE --index "
+                                        f"{index_dir}`")
+    if not current.exists():
+        raise IndexLoadError(index_dir, f"no {CURRENT!r} generation and no {MANIFEST}; it is not a ragheat index "
+                                        "(or its first ingest never finished)")
+    return current.resolve()
+
+
+def read_manifest(index_dir: Path) -> dict:
+    folder = resolve_generation(index_dir)
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise IndexLoadError(folder, f"{MANIFEST} is unreadable ({exc})") from exc
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise IndexLoadError(folder, f"format_version {manifest.get('format_version')!r} is not "
+                                     f"{FORMAT_VERSION}; rebuild it with `ragheat ingest`")
+    return manifest
+
+
+@dataclass
+class LoadedIndex:
+    """Everything the query path needs from disk."""
+
+    folder: Path
+    manifest: dict
+    chunks: list[Chunk]
+    faiss_index: faiss.Index
+    bm25: bm25s.BM25
+    idf: dict[str, float]
+
+
+def load_index(index_dir: Path, settings: IndexSettings) -> LoadedIndex:
+    """Load and cross-check every part; any inconsistency is an ``IndexLoadError`` naming the path."""
+    manifest = read_manifest(index_dir)
+    folder = resolve_generation(index_dir)
+    expected = manifest["counts"]["chunks"]
+    try:
+        chunks = read_chunks(folder / CHUNKS)
+        faiss_index = dense.load_index(folder, settings)
+        bm25, idf = sparse.load_bm25(folder)
+    except IndexLoadError:
+        raise
+    except Exception as exc:  # FAISS and bm25s raise assorted types on damaged files
+        raise IndexLoadError(folder, f"{type(exc).__name__}: {exc}") from exc
+    counts = {"chunks.jsonl": len(chunks), "dense.faiss": int(faiss_index.ntotal), "bm25": sparse.bm25_size(bm25)}
+    wrong = {name: count for name, count in counts.items() if count != expected}
+    if wrong:
+        raise IndexLoadError(folder, f"manifest says {expected} chunks but found {wrong}")
+    return LoadedIndex(folder, manifest, chunks, faiss_index, bm25, idf)
+
+
+def read_chunks(path: Path) -> list[Chunk]:
+    chunks = []
+    with open(path, encoding="utf-8") as fh:
+        for chunk_id, line in enumerate(fh):
+            try:
+                row = json.loads(line)
+                chunks.append(Chunk(chunk_id, row["doc_id"], row["title"], row["text"], row["start"], row["end"]))
+            except (json.JSONDecodeError, KeyError) as exc:
+                raise IndexLoadError(path, f"line {chunk_id + 1} is not a chunk ({exc})") from exc
+    return chunks
+
+
+def write_chunks(path: Path, chunks: list[Chunk]) -> None:
+    with open(path, "w", encoding="utf-8") as fh:
+        for c in chunks:
+            fh.write(json.dumps({"doc_id": c.doc_id, "title": c.title, "text": c.text, "start": c.start,
+                                 "end": c.end}, ensure_ascii=False) + "\n")
+
+
+def _fsync_tree(folder: Path) -> None:
+    for path in sorted(folder.rglob("*"), reverse=True):
+        if path.is_file():
+            with open(path, "rb") as fh:
+                os.fsync(fh.fileno())
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class IndexWriter:
+    """Builds one new generation aside and publishes it atomically.
+
+    >>> with IndexWriter.open(Path("data/index")) as writer:
+    ...     write_everything(writer.folder)
+    ...     writer.publish(manifest)
+    """
+
+    def __init__(self, index_dir: Path, lock_fd: int) -> None:
+        self.index_dir = index_dir
+        self.generation = time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
+        self.generations = index_dir / GENERATIONS
+        self.folder = self.generations / f".tmp-{self.generation}"
+        self._lock_fd = lock_fd
+        self.published = False
+
+    @classmethod
+    @contextmanager
+    def open(cls, index_dir: Path):
+        index_dir = Path(index_dir)
+        index_dir.mkdir(parents=True, exist_ok=True)
+        lock_fd = os.open(index_dir / ".lock", os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            try:
+                fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise IndexLoadError(index_dir, "another ingest is writing this index right now") from None
+            writer = cls(index_dir, lock_fd)
+            writer._remove_leftovers()
+            writer.folder.mkdir(parents=True)
+            try:
+                yield writer
+            finally:
+                if not writer.published:
+                    shutil.rmtree(writer.folder, ignore_errors=True)
+        finally:
+            os.close(lock_fd)  # closing releases the flock
+
+    def _remove_leftovers(self) -> None:
+        """Half-built generations of interrupted runs (we hold the lock, so none is in progress)."""
+        if self.generations.is_dir():
+            for stale in self.generations.glob(".tmp-*"):
+                shutil.rmtree(stale, ignore_errors=True)
+
+    def publish(self, manifest: dict) -> Path:
+        """Write the manifest, make the generation durable, then swap ``current`` to it."""
+        manifest = {"format_version": FORMAT_VERSION, "generation": self.generation, **manifest}
+        (self.folder / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
+        _fsync_tree(self.folder)
+        final = self.generations / self.generation
+        os.rename(self.folder, final)
+        link_tmp = self.index_dir / f".{CURRENT}.{self.generation}"
+        os.symlink(Path(GENERATIONS) / self.generation, link_tmp)
+        os.replace(link_tmp, self.index_dir / CURRENT)  # the atomic step
+        self.published = True
+        self._prune(keep=final.name)
+        return final
+
+    def _prune(self, keep: str) -> None:
+        older = sorted(p for p in self.generations.iterdir() if not p.name.startswith(".") and p.name != keep)
+        for old in older[: max(0, len(older) - KEEP_PREVIOUS)]:
+            shutil.rmtree(old, ignore_errors=True)

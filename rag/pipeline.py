@@ -1,0 +1,118 @@
+"""The query path: embed -> retrieve (dense, BM25) -> fuse -> generate, each stage timed.
+
+Stage names form a closed set (``STAGES``) so telemetry can use them as label values.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Sequence
+
+from rag.embedding.embedder import OnnxEmbedder
+from rag.errors import IndexLoadError, StageError
+from rag.generation.extractive import ExtractiveGenerator
+from rag.index.store import LoadedIndex, load_index
+from rag.retrieval.fusion import WeightedRRF
+from rag.retrieval.lexical import LexicalAnalyzer
+from rag.retrieval.retrievers import BM25Retriever, DenseRetriever
+from rag.settings import RagheatSettings
+from rag.types import FusionResult, Hit, QueryResult, Source, StageTiming
+
+STAGES = ("embed", "retrieve_dense", "retrieve_bm25", "fuse", "generate")
+RETRIEVERS = ("dense", "bm25")
+
+
+class RagPipeline:
+    """Owns the loaded index and the stage implementations.
+
+    >>> pipeline = RagPipeline(RagheatSettings(), Path("data/index")); pipeline.warm_up()
+    >>> pipeline.query("what causes tides?", top_k=5).answer
+    """
+
+    def __init__(self, settings: RagheatSettings, index_dir: Path) -> None:
+        self.settings = settings
+        self.index_dir = Path(index_dir)
+        self.index: LoadedIndex | None = None
+        self.embedder: OnnxEmbedder | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.index is not None
+
+    def warm_up(self) -> None:
+        """Load the index and the model it was built with; raises ``IndexLoadError`` naming the path."""
+        if self.ready:
+            return
+        s = self.settings
+        index = load_index(self.index_dir, s.index)
+        model = index.manifest["model"]
+        # Queries must be embedded by exactly the model (and precision) that embedded the chunks.
+        embedding = s.embedding.model_copy(update={"precision": model["precision"],
+                                                   "max_seq_length": model["max_seq_length"]})
+        embedder = OnnxEmbedder(embedding)
+        embedder.warm_up()
+        if embedder.files.weights_sha256 != model["weights_sha256"]:
+            raise IndexLoadError(index.folder, f"it was built with model weights {model['weights_sha256'][:12]}…, "
+                                               f"but embedding.model_dir has {embedder.files.weights_sha256[:12]}…")
+        analyzer = LexicalAnalyzer(index.manifest["lexical"]["stemmer"])
+        self.retrievers = {"dense": DenseRetriever(index.faiss_index), "bm25": BM25Retriever(index.bm25, analyzer)}
+        self.fuser = WeightedRRF({"dense": s.retrieval.dense_weight, "bm25": s.retrieval.bm25_weight},
+                                 k=s.retrieval.rrf_k)
+        self.generator = ExtractiveGenerator(analyzer, index.idf, s.generation.max_sentences)
+        self.embedder = embedder
+        self.index = index
+
+    def retrieve(self, query: str, k: int, retrievers: Sequence[str] | None = None,
+                 stages: list[StageTiming] | None = None) -> FusionResult:
+        """Fused top-``k`` chunks; appends one ``StageTiming`` per stage run to ``stages``."""
+        stages = [] if stages is None else stages
+        names = list(dict.fromkeys(retrievers or self.settings.retrieval.retrievers))
+        vector = None
+        if "dense" in names:
+            with _stage("embed", stages):
+                result = self.embedder.embed_query(query)
+            vector = result.vector
+        depth = k if len(names) == 1 else max(k, self.settings.retrieval.candidates)
+        results = []
+        for name in names:
+            with _stage(f"retrieve_{name}", stages):
+                results.append(self.retrievers[name].retrieve(query, vector, depth))
+        if len(results) == 1:
+            return FusionResult(results[0].hits[:k], 0.0)
+        with _stage("fuse", stages):
+            return self.fuser.fuse(results, k)
+
+    def query(self, query: str, top_k: int, retrievers: Sequence[str] | None = None) -> QueryResult:
+        if not self.ready:
+            raise RuntimeError("RagPipeline.warm_up() has not run")
+        stages: list[StageTiming] = []
+        fused = self.retrieve(query, top_k, retrievers, stages)
+        sources = [Source(n, self.index.chunks[hit.chunk_id], hit.score) for n, hit in enumerate(fused.hits, 1)]
+        passages = [s.chunk for s in sources[: self.settings.generation.passages]]
+        with _stage("generate", stages):
+            generation = self.generator.generate(query, passages)
+        return QueryResult(generation.answer, generation.generator, sources, stages, generation.sentences)
+
+    def chunk_hits_to_docs(self, hits: Sequence[Hit]) -> list[tuple[str, float]]:
+        """Collapse chunk hits to documents, keeping each document's best rank (for evaluation)."""
+        seen: dict[str, float] = {}
+        for hit in hits:
+            seen.setdefault(self.index.chunks[hit.chunk_id].doc_id, hit.score)
+        return list(seen.items())
+
+
+class _stage:
+    """Times a block as one stage and re-raises any failure as a ``StageError`` naming it."""
+
+    def __init__(self, name: str, stages: list[StageTiming]) -> None:
+        self.name, self.stages = name, stages
+
+    def __enter__(self) -> None:
+        self.start = time.perf_counter()
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        self.stages.append(StageTiming(self.name, time.perf_counter() - self.start))
+        if exc is not None and not isinstance(exc, StageError):
+            raise StageError(self.name, exc) from exc
+        return False

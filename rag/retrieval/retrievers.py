@@ -1,0 +1,46 @@
+"""The two ``Retriever`` backends: dense (FAISS) and sparse (BM25)."""
+
+from __future__ import annotations
+
+import time
+
+import faiss
+import bm25s
+import numpy as np
+
+from rag.index import dense, sparse
+from rag.retrieval.lexical import LexicalAnalyzer
+from rag.types import Hit, RetrievalResult
+
+
+class DenseRetriever:
+    """Nearest chunks by inner product of normalised embeddings."""
+
+    name = "dense"
+
+    def __init__(self, index: faiss.Index) -> None:
+        self.index = index
+
+    def retrieve(self, query: str, query_vector: np.ndarray | None, k: int) -> RetrievalResult:
+        if query_vector is None:
+            raise ValueError("the dense retriever needs the query embedding")
+        start = time.perf_counter()
+        ids, scores = dense.search(self.index, query_vector, k)
+        hits = [Hit(int(i), float(s)) for i, s in zip(ids, scores)]
+        return RetrievalResult(self.name, hits, time.perf_counter() - start)
+
+
+class BM25Retriever:
+    """Okapi BM25 (Lucene variant) over the same chunks, with the shared lexical analyser."""
+
+    name = "bm25"
+
+    def __init__(self, model: bm25s.BM25, analyzer: LexicalAnalyzer) -> None:
+        self.model = model
+        self.analyzer = analyzer
+
+    def retrieve(self, query: str, query_vector: np.ndarray | None, k: int) -> RetrievalResult:
+        start = time.perf_counter()
+        ids, scores = sparse.bm25_top_k(self.model, self.analyzer.tokens(query), k)
+        hits = [Hit(int(i), float(s)) for i, s in zip(ids, scores)]
+        return RetrievalResult(self.name, hits, time.perf_counter() - start)

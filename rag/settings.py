@@ -1,0 +1,136 @@
+"""The one settings object: a section per concern, every environment variable declared here.
+
+Environment variables use the prefix ``RAGHEAT_`` and ``__`` between section and field, e.g.
+``RAGHEAT_INDEX__KIND=flat`` or ``RAGHEAT_SERVER__PORT=9000``. Command-line flags override them.
+Combinations are validated when the object is built, with a sentence naming the setting.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+RetrieverName = Literal["dense", "bm25"]
+IndexKind = Literal["flat", "hnsw", "ivfpq"]
+
+
+def _default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "ragheat"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class EmbeddingSettings(_Section):
+    """The sentence encoder and how it runs."""
+
+    model_dir: Path | None = Field(None, description="BERT sentence-transformers folder; unset = packaged all-MiniLM-L6-v2")
+    cache_dir: Path = Field(default_factory=_default_cache_dir, description="where ONNX conversions are cached")
+    precision: Literal["fp32", "int8"] = Field("int8", description="int8 = dynamic quantisation (see docs/benchmarks.md)")
+    max_seq_length: int = Field(256, ge=8, le=512, description="word pieces per text; longer texts are truncated")
+    query_threads: int = Field(1, ge=1, le=64, description="ONNX Runtime threads for one query")
+    bulk_threads: int = Field(0, ge=0, le=256, description="threads for ingestion; 0 = all cores")
+    batch_tokens: int = Field(8192, ge=256, description="padded tokens per ingestion batch")
+
+
+class ChunkingSettings(_Section):
+    """How documents become passages."""
+
+    strategy: Literal["tokens", "semantic"] = "tokens"
+    window_tokens: int = Field(240, ge=16, le=512, description="token-window size (model word pieces)")
+    overlap_tokens: int = Field(16, ge=0, description="tokens shared by consecutive windows")
+    semantic_threshold: float = Field(0.45, ge=-1.0, le=1.0,
+                                      description="cut where adjacent-sentence cosine falls below this")
+    min_tokens: int = Field(48, ge=1, description="semantic chunks are merged up to at least this size")
+    max_tokens: int = Field(200, ge=16, le=512, description="semantic chunks never exceed this size")
+
+    @model_validator(mode="after")
+    def _check(self) -> "ChunkingSettings":
+        if self.overlap_tokens >= self.window_tokens:
+            raise ValueError(f"chunking.overlap_tokens ({self.overlap_tokens}) must be smaller than "
+                             f"chunking.window_tokens ({self.window_tokens})")
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(f"chunking.min_tokens ({self.min_tokens}) must not exceed chunking.max_tokens "
+                             f"({self.max_tokens})")
+        return self
+
+
+class IndexSettings(_Section):
+    """FAISS index type and its build/search parameters (search-time ones can change per start)."""
+
+    kind: IndexKind = "hnsw"
+    hnsw_m: int = Field(32, ge=4, le=128)
+    hnsw_ef_construction: int = Field(200, ge=8)
+    hnsw_ef_search: int = Field(128, ge=1)
+    ivf_nlist: int = Field(0, ge=0, description="IVF lists; 0 = about 4*sqrt(N), capped by N/39")
+    pq_m: int = Field(48, ge=1, description="PQ sub-quantisers; must divide the dimension (384)")
+    pq_nbits: int = Field(8, ge=4, le=12)
+    ivf_nprobe: int = Field(16, ge=1)
+    device: Literal["auto", "cpu", "gpu"] = Field("auto", description="gpu needs faiss-gpu and a visible GPU")
+
+
+class RetrievalSettings(_Section):
+    """Which retrievers run and how their lists are fused."""
+
+    retrievers: list[RetrieverName] = Field(default_factory=lambda: ["dense", "bm25"])
+    candidates: int = Field(100, ge=1, le=1000, description="hits each retriever hands to fusion")
+    rrf_k: float = Field(5.0, gt=0, description="reciprocal-rank-fusion constant (tuned on SciFact train)")
+    dense_weight: float = Field(1.0, ge=0)
+    bm25_weight: float = Field(1.2, ge=0, description="BM25 list weight in fusion (dense = 1.0 by default)")
+    bm25_k1: float = Field(1.2, gt=0)
+    bm25_b: float = Field(0.75, ge=0, le=1)
+    stemmer: str = Field("english", description="Snowball language for BM25; empty = no stemming")
+
+    @model_validator(mode="after")
+    def _check(self) -> "RetrievalSettings":
+        if not self.retrievers:
+            raise ValueError("retrieval.retrievers must name at least one of: dense, bm25")
+        return self
+
+
+class GenerationSettings(_Section):
+    """Answer composition."""
+
+    generator: Literal["extractive"] = "extractive"
+    max_sentences: int = Field(3, ge=1, le=20, description="sentences in an extractive answer")
+    passages: int = Field(5, ge=1, le=100, description="top passages the generator reads")
+
+
+class ServerSettings(_Section):
+    """HTTP service and its input limits."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    index_dir: Path = Field(Path("data/index"), description="index folder served by `ragheat serve`")
+    max_query_chars: int = Field(2000, ge=1)
+    max_body_bytes: int = Field(64 * 1024, ge=1024)
+    default_top_k: int = Field(5, ge=1, le=100)
+
+
+class RagheatSettings(BaseSettings):
+    """All of ragheat's configuration, one section per concern."""
+
+    model_config = SettingsConfigDict(env_prefix="RAGHEAT_", env_nested_delimiter="__", extra="forbid")
+
+    embedding: EmbeddingSettings = Field(default_factory=EmbeddingSettings)
+    chunking: ChunkingSettings = Field(default_factory=ChunkingSettings)
+    index: IndexSettings = Field(default_factory=IndexSettings)
+    retrieval: RetrievalSettings = Field(default_factory=RetrievalSettings)
+    generation: GenerationSettings = Field(default_factory=GenerationSettings)
+    server: ServerSettings = Field(default_factory=ServerSettings)
+
+    @model_validator(mode="after")
+    def _check(self) -> "RagheatSettings":
+        if self.chunking.max_tokens > self.embedding.max_seq_length - 2:
+            raise ValueError(f"chunking.max_tokens ({self.chunking.max_tokens}) must leave room for [CLS]/[SEP] "
+                             f"within embedding.max_seq_length ({self.embedding.max_seq_length})")
+        if self.chunking.window_tokens > self.embedding.max_seq_length - 2:
+            raise ValueError(f"chunking.window_tokens ({self.chunking.window_tokens}) must leave room for "
+                             f"[CLS]/[SEP] within embedding.max_seq_length ({self.embedding.max_seq_length})")
+        return self

@@ -1,0 +1,101 @@
+"""Plain data passed between stages. Each stage returns its result with its own timing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Document:
+    """A source document before chunking."""
+
+    doc_id: str
+    title: str
+    text: str
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A passage: a span ``[start, end)`` of a document's text (title excluded)."""
+
+    chunk_id: int
+    doc_id: str
+    title: str
+    text: str
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One retrieved chunk with the score its retriever (or the fuser) gave it."""
+
+    chunk_id: int
+    score: float
+
+
+@dataclass(frozen=True)
+class EmbeddingResult:
+    vector: np.ndarray
+    tokens: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class RetrievalResult:
+    retriever: str
+    hits: list[Hit]
+    seconds: float
+
+
+@dataclass(frozen=True)
+class FusionResult:
+    hits: list[Hit]
+    seconds: float
+
+
+@dataclass(frozen=True)
+class AnswerSentence:
+    text: str
+    citation: int  # 1-based number of the source it came from
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    generator: str
+    sentences: list[AnswerSentence]
+    seconds: float
+
+    @property
+    def answer(self) -> str:
+        return " ".join(f"{s.text} [{s.citation}]" for s in self.sentences)
+
+
+@dataclass(frozen=True)
+class StageTiming:
+    name: str
+    seconds: float
+
+    @property
+    def ms(self) -> float:
+        return self.seconds * 1000.0
+
+
+@dataclass(frozen=True)
+class Source:
+    """A returned passage, numbered as the answer cites it."""
+
+    number: int
+    chunk: Chunk
+    score: float
+
+
+@dataclass
+class QueryResult:
+    answer: str
+    generator: str
+    sources: list[Source]
+    stages: list[StageTiming] = field(default_factory=list)
+    sentences: list[AnswerSentence] = field(default_factory=list)

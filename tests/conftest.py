@@ -1,0 +1,80 @@
+"""Shared fixtures: real model, real FAISS/BM25 indexes over a real SciFact subset."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from rag.settings import RagheatSettings
+
+REPO = Path(__file__).resolve().parents[1]
+SCIFACT = Path(os.environ.get("RAGHEAT_TEST_SCIFACT", REPO.parent / "shared" / "data" / "scifact"))
+SUBSET_DOCS = 300
+
+
+def pytest_report_header(config):
+    return f"scifact: {SCIFACT} ({'present' if (SCIFACT / 'corpus.jsonl').is_file() else 'MISSING'})"
+
+
+@pytest.fixture(scope="session")
+def scifact_dir() -> Path:
+    if not (SCIFACT / "corpus.jsonl").is_file():
+        pytest.fail(f"SciFact is missing at {SCIFACT}: the tests read it from ../shared/data/scifact "
+                    "(or set RAGHEAT_TEST_SCIFACT)")
+    return SCIFACT
+
+
+@pytest.fixture(scope="session")
+def scifact_subset(scifact_dir, tmp_path_factory) -> Path:
+    """A BEIR folder with the first SUBSET_DOCS abstracts plus the train claims and qrels that hit them."""
+    out = tmp_path_factory.mktemp("scifact-subset")
+    with open(scifact_dir / "corpus.jsonl", encoding="utf-8") as fh:
+        rows = [json.loads(line) for _, line in zip(range(SUBSET_DOCS), fh)]
+    ids = {r["_id"] for r in rows}
+    (out / "corpus.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    qrel_lines = (scifact_dir / "qrels" / "train.tsv").read_text().splitlines()
+    kept = [line for line in qrel_lines[1:] if line.split("\t")[1] in ids]
+    (out / "qrels").mkdir()
+    (out / "qrels" / "train.tsv").write_text("\n".join([qrel_lines[0], *kept]) + "\n")
+    qids = {line.split("\t")[0] for line in kept}
+    queries = [line for line in (scifact_dir / "queries.jsonl").read_text().splitlines()
+               if json.loads(line)["_id"] in qids]
+    (out / "queries.jsonl").write_text("\n".join(queries) + "\n")
+    return out
+
+
+@pytest.fixture(scope="session")
+def settings() -> RagheatSettings:
+    """Defaults; the ONNX conversion is cached in the user's cache folder across runs, as in production."""
+    return RagheatSettings()
+
+
+@pytest.fixture(scope="session")
+def embedder(settings):
+    from rag.embedding.embedder import OnnxEmbedder
+
+    e = OnnxEmbedder(settings.embedding)
+    e.warm_up()
+    return e
+
+
+@pytest.fixture(scope="session")
+def subset_index(scifact_subset, settings, embedder, tmp_path_factory) -> Path:
+    """A real HNSW + BM25 index of the SciFact subset (read-only: tests that modify copy it)."""
+    from rag.ingest.pipeline import ingest
+
+    index = tmp_path_factory.mktemp("index") / "scifact-subset"
+    ingest(str(scifact_subset), index, settings, embedder=embedder)
+    return index
+
+
+@pytest.fixture(scope="session")
+def pipeline(settings, subset_index):
+    from rag.pipeline import RagPipeline
+
+    p = RagPipeline(settings, subset_index)
+    p.warm_up()
+    return p
