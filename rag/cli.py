@@ -114,12 +114,14 @@ def serve(
     import uvicorn
 
     from rag.api.app import create_app
-    from rag.index.store import read_manifest
+    from rag.pipeline import RagPipeline
 
     settings = load_settings(server={"host": host, "port": port, "index_dir": index})
-    read_manifest(settings.server.index_dir)  # refuse to start, with the path, before binding anything
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    uvicorn.run(create_app(settings), host=settings.server.host, port=settings.server.port, log_level=log_level)
+    pipeline = RagPipeline(settings, settings.server.index_dir)
+    pipeline.warm_up()  # a missing or corrupt index stops here, with its path, before anything binds
+    app = create_app(settings, pipeline=pipeline)
+    uvicorn.run(app, host=settings.server.host, port=settings.server.port, log_level=log_level)
 
 
 @app.command()

@@ -33,30 +33,41 @@ class BodyLimitMiddleware:
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
             return await self._reject(scope, receive, send)
-        received = 0
-
-        async def limited_receive():
-            nonlocal received
+        # Read the whole body here (at most ``limit`` bytes are held), then replay it to the app:
+        # an exception raised inside the app's own body reading would be turned into a 400 there.
+        chunks, received = [], 0
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.limit:
-                    raise _BodyTooLarge()
-            return message
-
+            if message["type"] != "http.request":  # the client went away
+                return
+            chunks.append(message.get("body", b""))
+            received += len(chunks[-1])
+            if received > self.limit:
+                return await self._reject(scope, receive, send)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
         try:
-            await self.app(scope, limited_receive, send)
-        except _BodyTooLarge:
-            await self._reject(scope, receive, send)
+            body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            response = error_response(400, "invalid_utf8", f"request body is not valid UTF-8 "
+                                                           f"({exc.reason} at byte {exc.start})")
+            return await response(scope, receive, send)
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
 
     async def _reject(self, scope, receive, send):
         response = error_response(413, "body_too_large",
                                   f"request body exceeds {self.limit} bytes (server.max_body_bytes)")
         await response(scope, receive, send)
-
-
-class _BodyTooLarge(Exception):
-    pass
 
 
 def create_app(settings: RagheatSettings, index_dir: Path | None = None,

