@@ -60,12 +60,16 @@ def test_int8_stays_close_to_reference(reference_vectors, settings):
     assert np.median(cosine) >= 0.99 and cosine.min() >= 0.95, (np.median(cosine), cosine.min())
 
 
-def test_embeddings_are_normalised_and_batch_independent(embedder):
+@pytest.mark.parametrize("precision,floor", [("fp32", 0.9999), ("int8", 0.97)])
+def test_embeddings_are_normalised_and_batch_independent(settings, precision, floor):
+    """fp32: padding and batch neighbours change nothing. int8: dynamic quantisation picks one activation
+    scale per batch, so neighbours move a vector slightly; the retrieval cost of that is in benchmarks.md."""
+    embedder = OnnxEmbedder(settings.embedding.model_copy(update={"precision": precision}))
     texts = ["short", "a somewhat longer sentence about protein folding in cells", "x " * 300]
     batch = embedder.embed_many(texts)
     assert np.allclose(np.linalg.norm(batch, axis=1), 1.0, atol=1e-4)
     alone = np.stack([embedder.embed_query(t).vector for t in texts])
-    assert ((batch * alone).sum(axis=1)).min() > 0.999  # padding in a batch must not change a vector
+    assert ((batch * alone).sum(axis=1)).min() > floor
     assert embedder.embed_query("x " * 300).tokens == embedder.settings.max_seq_length  # truncated, not failed
 
 
