@@ -1,7 +1,7 @@
 """The default ``Generator``: an answer made of the passages' own most query-relevant sentences.
 
-Sentences are scored lexically (IDF-weighted share of the query's terms they contain, with the
-index's own IDF and the same analyser as BM25) plus a prior for the passage's rank. That costs
+Sentences are scored lexically (IDF-weighted share of the query's content terms they contain, with
+the index's own IDF and the same stemming as BM25, function words like "how" and "does" left out) plus a prior for the passage's rank. That costs
 microseconds per passage, where re-running the encoder on every sentence would cost milliseconds
 each. Every sentence keeps a ``[n]`` marker pointing at the passage it was copied from.
 """
@@ -31,7 +31,8 @@ class ExtractiveGenerator:
 
     def generate(self, query: str, passages: Sequence[Chunk]) -> GenerationResult:
         start = time.perf_counter()
-        weights = {t: self.idf.get(t, self.unknown_idf) for t in set(self.analyzer.tokens(query))}
+        terms = self.analyzer.content_terms(query) or set(self.analyzer.tokens(query))
+        weights = {t: self.idf.get(t, self.unknown_idf) for t in terms}
         total = sum(weights.values())
         scored: list[tuple[float, int, int, str]] = []
         for number, passage in enumerate(passages, 1):

@@ -95,10 +95,11 @@ def test_bm25_finds_a_chunk_from_one_of_its_sentences(retrievers, loaded, sample
     for chunk in sample_chunks:
         spans = sentence_spans(chunk.text)
         a, b = max(spans, key=lambda s: s[1] - s[0])
-        sentence = chunk.text[a:b]
-        top = loaded.chunks[retrievers["bm25"].retrieve(sentence, None, 10).hits[0].chunk_id]
-        # The overlapping neighbour of the same document may hold the sentence too.
-        assert top.doc_id == chunk.doc_id and sentence in top.text
+        hits = retrievers["bm25"].retrieve(chunk.text[a:b], None, 10).hits
+        # The same document's other chunks share its title (and maybe the overlap), so they may
+        # outrank it; the chunk itself must still be near the top, and the document first.
+        assert loaded.chunks[hits[0].chunk_id].doc_id == chunk.doc_id
+        assert chunk.chunk_id in [h.chunk_id for h in hits[:3]]
 
 
 @pytest.mark.parametrize("query", ["zzyzx qwertyuiopasdf", "the and of to was", "", "!!! ???"])

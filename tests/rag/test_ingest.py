@@ -1,0 +1,528 @@
+"""``ingest``: manifests, up-to-date detection, generations, atomic swaps, locks, index kinds, damage."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rag.errors import IndexLoadError, IngestError
+from rag.index import dense, sparse
+from rag.index.store import (CHUNKS, CURRENT, GENERATIONS, KEEP_PREVIOUS, MANIFEST, IndexWriter, load_index,
+                             read_manifest, resolve_generation)
+from rag.ingest.pipeline import ingest, passage_text
+from rag.ingest.sources import load_source
+from rag.retrieval.lexical import LexicalAnalyzer
+from rag.retrieval.retrievers import BM25Retriever, DenseRetriever
+from rag.settings import IndexSettings, RagheatSettings
+
+RAGHEAT = Path(sys.executable).parent / "ragheat"
+
+TINY_DOCS = {
+    "tides.txt": "Tides are caused by the gravitational pull of the Moon and the Sun on the oceans.",
+    "volcanoes.md": "# Volcanoes\nA volcano erupts when molten rock called magma rises through the crust.",
+    "bread.txt": "Bread dough rises because yeast ferments sugar and releases carbon dioxide gas.",
+    "sub/chess.md": "# Chess\nChess is a board game in which each player starts with sixteen pieces.",
+}
+
+
+# -- helpers -----------------------------------------------------------------------------------------
+
+def write_folder(folder: Path, docs: dict[str, str]) -> Path:
+    for name, text in docs.items():
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    return folder
+
+
+def copy_index(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst, symlinks=True)
+    return dst
+
+
+def generations(index_dir: Path) -> set[str]:
+    return {p.name for p in (index_dir / GENERATIONS).iterdir() if not p.name.startswith(".")}
+
+
+def leftovers(index_dir: Path) -> list[Path]:
+    return sorted((index_dir / GENERATIONS).glob(".tmp-*"))
+
+
+def current_name(index_dir: Path) -> str:
+    link = index_dir / CURRENT
+    assert link.is_symlink(), f"{link} must be a symlink"
+    return Path(os.readlink(link)).name
+
+
+def with_settings(**sections) -> RagheatSettings:
+    return RagheatSettings(**sections)
+
+
+def query_top(index_dir: Path, settings: RagheatSettings, embedder, text: str):
+    """Load ``index_dir`` from scratch and answer ``text`` with both retrievers; returns top chunks."""
+    loaded = load_index(index_dir, settings.index)
+    analyzer = LexicalAnalyzer(loaded.manifest["lexical"]["stemmer"])
+    dense_hits = DenseRetriever(loaded.faiss_index).retrieve(text, embedder.embed_query(text).vector, 3).hits
+    bm25_hits = BM25Retriever(loaded.bm25, analyzer).retrieve(text, None, 3).hits
+    return loaded.chunks[dense_hits[0].chunk_id], loaded.chunks[bm25_hits[0].chunk_id]
+
+
+@pytest.fixture
+def tiny_source(tmp_path) -> Path:
+    return write_folder(tmp_path / "tiny", TINY_DOCS)
+
+
+# -- manifest --------------------------------------------------------------------------------------------
+
+def test_manifest_describes_the_index_and_counts_match(subset_index, scifact_subset, settings, embedder):
+    manifest = read_manifest(subset_index)
+    for key in ("corpus", "model", "chunking", "lexical", "dense", "counts", "timings_s", "fingerprint",
+                "format_version", "generation", "created_at", "ragheat_version"):
+        assert key in manifest, key
+    corpus = load_source(str(scifact_subset))
+    assert manifest["corpus"]["kind"] == "beir"
+    assert manifest["corpus"]["documents"] == manifest["counts"]["documents"] == 300
+    assert manifest["corpus"]["content_sha256"] == corpus.content_sha256
+    assert manifest["model"] == embedder.identity()
+    assert manifest["model"]["dimension"] == 384
+    assert manifest["chunking"] == {"strategy": "tokens", "window_tokens": settings.chunking.window_tokens,
+                                    "overlap_tokens": settings.chunking.overlap_tokens}
+    assert manifest["lexical"]["bm25"] == {"k1": settings.retrieval.bm25_k1, "b": settings.retrieval.bm25_b,
+                                           "method": "lucene"}
+    assert manifest["lexical"]["stemmer"] == "english"
+    assert manifest["dense"] == {"kind": "hnsw", "metric": "inner_product", "M": settings.index.hnsw_m,
+                                 "efConstruction": settings.index.hnsw_ef_construction}
+    assert set(manifest["timings_s"]) >= {"read", "chunk", "embed", "dense", "bm25", "total"}
+    assert all(v >= 0 for v in manifest["timings_s"].values())
+    assert manifest["timings_s"]["total"] >= manifest["timings_s"]["embed"]
+    assert len(manifest["fingerprint"]) == 64
+    assert manifest["generation"] == current_name(subset_index)
+
+    folder = resolve_generation(subset_index)
+    lines = (folder / CHUNKS).read_text(encoding="utf-8").splitlines()
+    loaded = load_index(subset_index, settings.index)
+    n = manifest["counts"]["chunks"]
+    assert n > 300
+    assert len(lines) == len(loaded.chunks) == loaded.faiss_index.ntotal == sparse.bm25_size(loaded.bm25) == n
+    assert manifest["counts"]["vocabulary"] == len(loaded.idf)
+
+    # Every chunk is an exact span of its document, and every document has chunks.
+    texts = {d.doc_id: d for d in corpus.documents}
+    for c in loaded.chunks:
+        assert texts[c.doc_id].text[c.start:c.end] == c.text
+        assert c.title == texts[c.doc_id].title
+    assert {c.doc_id for c in loaded.chunks} == set(texts)
+    assert [c.chunk_id for c in loaded.chunks] == list(range(n))
+
+
+def test_manifest_counts_skipped_documents(tmp_path, settings, embedder):
+    folder = tmp_path / "beir"
+    folder.mkdir()
+    rows = [{"_id": "1", "title": "Tides", "text": "The Moon raises tides."},
+            {"_id": "2", "title": "", "text": ""},
+            {"_id": "1", "title": "Tides", "text": "Duplicate id."},
+            {"_id": "3", "title": "Lava", "text": "Volcanoes erupt lava."}]
+    (folder / "corpus.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    report = ingest(str(folder), tmp_path / "index", settings, embedder=embedder)
+    corpus = report.manifest["corpus"]
+    assert (corpus["documents"], corpus["skipped_empty"], corpus["skipped_duplicate"]) == (2, 1, 1)
+    assert report.manifest["counts"]["chunks"] == 2
+
+
+# -- up to date, new generations, pruning -------------------------------------------------------------
+
+def test_second_ingest_of_the_subset_is_skipped(subset_index, scifact_subset, settings, embedder, tmp_path):
+    index = copy_index(subset_index, tmp_path / "index")
+    before = current_name(index)
+    gens = generations(index)
+    started = time.perf_counter()
+    report = ingest(str(scifact_subset), index, settings, embedder=embedder)
+    assert report.skipped is True
+    assert report.generation is None
+    assert report.manifest["generation"] == before
+    assert current_name(index) == before
+    assert generations(index) == gens
+    assert time.perf_counter() - started < 5, "an up-to-date check must not re-embed the corpus"
+
+
+def test_source_and_setting_changes_make_new_generations(tiny_source, tmp_path, settings, embedder):
+    index = tmp_path / "index"
+    first = ingest(str(tiny_source), index, settings, embedder=embedder)
+    assert first.skipped is False
+    assert first.generation.parent == index / GENERATIONS
+    assert current_name(index) == first.generation.name == first.manifest["generation"]
+    assert first.manifest["counts"] == {"documents": 4, "chunks": 4, "vocabulary": first.manifest["counts"]["vocabulary"]}
+
+    again = ingest(str(tiny_source), index, settings, embedder=embedder)
+    assert again.skipped and again.generation is None
+    assert again.manifest["generation"] == first.generation.name
+    assert current_name(index) == first.generation.name
+
+    # A search-time setting is not part of the build: still up to date.
+    search_only = with_settings(index={"hnsw_ef_search": 16, "ivf_nprobe": 2})
+    assert ingest(str(tiny_source), index, search_only, embedder=embedder).skipped
+
+    # The source changes: a new generation becomes current and answers with the new text.
+    (tiny_source / "bread.txt").write_text("Sourdough bread rises slowly with wild yeast and lactobacilli.",
+                                           encoding="utf-8")
+    second = ingest(str(tiny_source), index, settings, embedder=embedder)
+    assert not second.skipped
+    assert second.generation.name != first.generation.name
+    assert current_name(index) == second.generation.name
+    assert second.manifest["corpus"]["content_sha256"] != first.manifest["corpus"]["content_sha256"]
+    _, bm25_top = query_top(index, settings, embedder, "sourdough lactobacilli")
+    assert "Sourdough" in bm25_top.text
+
+    # A build setting changes: a new generation again, recorded in its manifest.
+    overlap = with_settings(chunking={"overlap_tokens": 8})
+    third = ingest(str(tiny_source), index, overlap, embedder=embedder)
+    assert not third.skipped
+    assert current_name(index) == third.generation.name
+    assert third.manifest["chunking"]["overlap_tokens"] == 8
+    assert third.manifest["fingerprint"] != second.manifest["fingerprint"]
+    assert ingest(str(tiny_source), index, overlap, embedder=embedder).skipped
+
+    flat = with_settings(index={"kind": "flat"})
+    fourth = ingest(str(tiny_source), index, flat, embedder=embedder)
+    assert not fourth.skipped and fourth.manifest["dense"]["kind"] == "flat"
+    assert current_name(index) == fourth.generation.name
+
+    forced = ingest(str(tiny_source), index, flat, embedder=embedder, force=True)
+    assert not forced.skipped and forced.generation.name != fourth.generation.name
+    assert current_name(index) == forced.generation.name
+
+    # Only the current generation and KEEP_PREVIOUS older ones remain.
+    assert len(generations(index)) == KEEP_PREVIOUS + 1
+    assert current_name(index) in generations(index)
+    assert leftovers(index) == []
+
+
+def test_pruning_keeps_the_most_recent_previous_generation(tiny_source, tmp_path, settings, embedder):
+    """The generation kept for rollback is the one that was current just before, however fast the builds."""
+    index = tmp_path / "index"
+    published = []
+    for _ in range(6):
+        published.append(ingest(str(tiny_source), index, settings, embedder=embedder, force=True).generation.name)
+        assert current_name(index) == published[-1]
+        assert generations(index) == set(published[-1 - KEEP_PREVIOUS:]), (
+            f"after publishing {published} the index keeps {sorted(generations(index))}")
+
+
+def test_stale_temporary_generations_are_removed_by_the_next_build(tiny_source, tmp_path, settings, embedder):
+    index = tmp_path / "index"
+    ingest(str(tiny_source), index, settings, embedder=embedder)
+    stale = index / GENERATIONS / ".tmp-20000101T000000-deadbeef"
+    (stale / "bm25").mkdir(parents=True)
+    (stale / "dense.faiss").write_bytes(b"half written")
+    ingest(str(tiny_source), index, settings, embedder=embedder, force=True)
+    assert not stale.exists()
+    assert leftovers(index) == []
+
+
+def test_ingest_into_a_new_nested_folder(tiny_source, tmp_path, settings, embedder):
+    index = tmp_path / "a" / "b" / "index"
+    report = ingest(str(tiny_source), index, settings, embedder=embedder)
+    assert (index / CURRENT).resolve() == report.generation.resolve()
+    assert (report.generation / MANIFEST).is_file()
+    dense_top, bm25_top = query_top(index, settings, embedder, "what makes bread dough rise")
+    assert dense_top.doc_id == bm25_top.doc_id == "bread.txt"
+
+
+# -- locking -------------------------------------------------------------------------------------------
+
+def test_second_writer_gets_a_clear_error(tiny_source, tmp_path, settings, embedder):
+    index = tmp_path / "index"
+    ingest(str(tiny_source), index, settings, embedder=embedder)
+    before = current_name(index)
+    with IndexWriter.open(index) as writer:
+        assert writer.folder.is_dir()
+        with pytest.raises(IndexLoadError) as info:
+            ingest(str(tiny_source), index, settings, embedder=embedder, force=True)
+        assert "another ingest" in str(info.value)
+        assert str(index) in str(info.value)
+    assert not writer.folder.exists(), "an unpublished writer removes its folder"
+    assert current_name(index) == before
+    # The lock is released: the next writer succeeds.
+    assert not ingest(str(tiny_source), index, settings, embedder=embedder, force=True).skipped
+
+
+def test_failed_build_leaves_the_index_untouched(tiny_source, tmp_path, settings, embedder):
+    """ivfpq cannot train on 4 vectors: the error names the minimum; nothing changes on disk."""
+    index = tmp_path / "index"
+    ingest(str(tiny_source), index, settings, embedder=embedder)
+    before, gens = current_name(index), generations(index)
+    ivfpq = with_settings(index={"kind": "ivfpq", "pq_nbits": 8})
+    with pytest.raises(IngestError) as info:
+        ingest(str(tiny_source), index, ivfpq, embedder=embedder)
+    message = str(info.value)
+    assert "256" in message and "ivfpq" in message and " 4" in message
+    assert current_name(index) == before
+    assert generations(index) == gens
+    assert leftovers(index) == []
+    load_index(index, settings.index)
+
+
+def test_ivfpq_on_a_tiny_corpus_into_a_fresh_folder(tiny_source, tmp_path, embedder):
+    index = tmp_path / "index"
+    with pytest.raises(IngestError, match="256"):
+        ingest(str(tiny_source), index, with_settings(index={"kind": "ivfpq"}), embedder=embedder)
+    assert not (index / CURRENT).exists()
+    with pytest.raises(IndexLoadError):
+        read_manifest(index)
+
+
+# -- atomicity under kill and Ctrl-C --------------------------------------------------------------------
+
+def start_ingest(source: Path, index: Path, log: Path, *extra: str) -> subprocess.Popen:
+    assert RAGHEAT.is_file(), f"{RAGHEAT} is missing: install the package into the venv"
+    with open(log, "wb") as out:
+        return subprocess.Popen(
+            [str(RAGHEAT), "ingest", str(source), "--index", str(index), *extra],
+            stdout=out, stderr=subprocess.STDOUT, cwd=log.parent, start_new_session=True,
+            # Python turns SIGINT into KeyboardInterrupt only if it is not ignored when it starts.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+def wait_for_tmp(process: subprocess.Popen, index: Path, log: Path, timeout: float = 120.0) -> Path:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = leftovers(index)
+        if found:
+            return found[0]
+        if process.poll() is not None:
+            pytest.fail(f"ingest exited ({process.returncode}) before building: {log.read_text(errors='replace')}")
+        time.sleep(0.01)
+    process.kill()
+    pytest.fail(f"no {GENERATIONS}/.tmp-* appeared within {timeout} s: {log.read_text(errors='replace')}")
+
+
+def assert_still_serves(index: Path, before: str, settings, embedder, probe) -> None:
+    assert current_name(index) == before
+    loaded = load_index(index, settings.index)
+    assert loaded.manifest["generation"] == before
+    dense_top, bm25_top = query_top(index, settings, embedder, probe.text)
+    assert dense_top.chunk_id == bm25_top.chunk_id == probe.chunk_id
+
+
+def test_sigkill_during_ingest_leaves_current_intact(subset_index, scifact_subset, tmp_path, settings, embedder,
+                                                     tiny_source):
+    index = copy_index(subset_index, tmp_path / "index")
+    before = current_name(index)
+    probe = load_index(index, settings.index).chunks[17]
+    log = tmp_path / "ingest.log"
+    process = start_ingest(scifact_subset, index, log, "--window", "128")
+    try:
+        tmp = wait_for_tmp(process, index, log)
+        # While it builds, a second writer is refused (the first holds the lock) ...
+        with pytest.raises(IndexLoadError, match="another ingest"):
+            ingest(str(tiny_source), index, settings, embedder=embedder)
+        # ... and readers still get the old generation.
+        assert current_name(index) == before
+        os.kill(process.pid, signal.SIGKILL)
+        assert process.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert tmp.exists(), "the half-built generation is left behind by a killed process"
+    assert_still_serves(index, before, settings, embedder, probe)
+
+    # The next build takes the (released) lock, removes the leftovers and publishes.
+    report = ingest(str(tiny_source), index, settings, embedder=embedder)
+    assert not report.skipped
+    assert leftovers(index) == []
+    assert current_name(index) == report.generation.name != before
+    assert load_index(index, settings.index).manifest["corpus"]["kind"] == "folder"
+
+
+def test_ctrl_c_during_ingest_cleans_up_and_keeps_current(subset_index, scifact_subset, tmp_path, settings,
+                                                          embedder):
+    index = copy_index(subset_index, tmp_path / "index")
+    before = current_name(index)
+    gens = generations(index)
+    probe = load_index(index, settings.index).chunks[3]
+    log = tmp_path / "ingest.log"
+    process = start_ingest(scifact_subset, index, log, "--window", "128")
+    try:
+        wait_for_tmp(process, index, log)
+        os.kill(process.pid, signal.SIGINT)
+        code = process.wait(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    output = log.read_text(errors="replace")
+    assert code != 0, output
+    assert code == 130, output
+    assert "interrupted" in output
+    assert "Traceback" not in output
+    assert leftovers(index) == [], "Ctrl-C must remove the half-built generation"
+    assert generations(index) == gens
+    assert_still_serves(index, before, settings, embedder, probe)
+    assert not list(index.glob(f".{CURRENT}.*")), "no half-made link is left next to current"
+
+
+# -- index kinds -----------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def subset_vectors(subset_index, settings) -> np.ndarray:
+    """The subset's chunk embeddings, read back from its (flat-storage) HNSW index."""
+    index = load_index(subset_index, settings.index).faiss_index
+    vectors = index.reconstruct_n(0, index.ntotal)
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-3)
+    return vectors
+
+
+def own_chunk_recall(index, vectors: np.ndarray, ids: list[int], k: int = 10) -> list[int]:
+    """Sampled ids whose own vector does not find them in the top ``k``."""
+    return [i for i in ids if i not in dense.search(index, vectors[i], k)[0].tolist()]
+
+
+@pytest.mark.parametrize("kind", ["flat", "hnsw", "ivfpq"])
+def test_each_index_kind_finds_chunks_by_their_own_vector(subset_vectors, tmp_path, kind):
+    n, dim = subset_vectors.shape
+    assert n >= 256, "ivfpq with pq_nbits=8 needs 256 training vectors"
+    settings = IndexSettings(kind=kind, pq_nbits=8, ivf_nlist=8, ivf_nprobe=8, device="cpu")
+    params = dense.build_params(settings, n, dim)
+    assert params["kind"] == kind
+    built = dense.build_index(subset_vectors, params)
+    assert built.ntotal == n
+    dense.save_index(built, tmp_path)
+    loaded = dense.load_index(tmp_path, settings)
+    assert loaded.ntotal == n
+    sample = random.Random(7).sample(range(n), 20)
+    assert own_chunk_recall(loaded, subset_vectors, sample) == []
+
+
+def test_ivfpq_params_and_minimum(subset_vectors):
+    n, dim = subset_vectors.shape
+    params = dense.build_params(IndexSettings(kind="ivfpq", pq_nbits=8, ivf_nlist=0), n, dim)
+    assert params == {"kind": "ivfpq", "metric": "inner_product", "nlist": dense.auto_nlist(n), "m": 48,
+                      "nbits": 8}
+    assert 1 <= params["nlist"] <= n // 39
+    with pytest.raises(IngestError) as info:
+        dense.build_params(IndexSettings(kind="ivfpq", pq_nbits=8), 255, dim)
+    assert "256" in str(info.value) and "255" in str(info.value)
+    with pytest.raises(IngestError, match="nlist=300"):
+        dense.build_params(IndexSettings(kind="ivfpq", pq_nbits=4, ivf_nlist=300), 299, dim)
+    # Fewer bits need fewer training vectors.
+    assert dense.build_params(IndexSettings(kind="ivfpq", pq_nbits=4, ivf_nlist=4), 16, dim)["nbits"] == 4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["flat", "ivfpq"])
+def test_ingest_builds_each_index_kind_on_the_subset(scifact_subset, tmp_path, embedder, kind):
+    settings = with_settings(index={"kind": kind, "pq_nbits": 8, "ivf_nlist": 8, "ivf_nprobe": 8, "device": "cpu"})
+    report = ingest(str(scifact_subset), tmp_path / "index", settings, embedder=embedder)
+    assert report.manifest["dense"]["kind"] == kind
+    if kind == "ivfpq":
+        assert report.manifest["dense"] == {"kind": "ivfpq", "metric": "inner_product", "nlist": 8, "m": 48,
+                                            "nbits": 8}
+    loaded = load_index(tmp_path / "index", settings.index)
+    assert loaded.faiss_index.ntotal == len(loaded.chunks) >= 256
+    sample = random.Random(11).sample(loaded.chunks, 20)
+    vectors = embedder.embed_many([passage_text(c) for c in sample])
+    missed = [c.chunk_id for c, v in zip(sample, vectors)
+              if c.chunk_id not in dense.search(loaded.faiss_index, v, 10)[0].tolist()]
+    assert missed == []
+
+
+# -- damaged indexes --------------------------------------------------------------------------------------
+
+@pytest.fixture
+def damaged(subset_index, tmp_path):
+    index = copy_index(subset_index, tmp_path / "index")
+    return index, resolve_generation(index)
+
+
+def assert_load_error(index: Path, settings, *needles: str) -> IndexLoadError:
+    with pytest.raises(IndexLoadError) as info:
+        load_index(index, settings.index)
+    for needle in needles:
+        assert needle in str(info.value), f"{needle!r} not in {info.value}"
+    return info.value
+
+
+def test_truncated_dense_file(damaged, settings):
+    index, folder = damaged
+    path = folder / dense.DENSE_FILE
+    with open(path, "r+b") as fh:
+        fh.truncate(path.stat().st_size // 2)
+    assert_load_error(index, settings, str(folder))
+
+
+def test_empty_dense_file(damaged, settings):
+    index, folder = damaged
+    (folder / dense.DENSE_FILE).write_bytes(b"")
+    assert_load_error(index, settings, str(folder))
+
+
+def test_missing_chunk_line_is_a_count_mismatch(damaged, settings):
+    index, folder = damaged
+    lines = (folder / CHUNKS).read_text(encoding="utf-8").splitlines(keepends=True)
+    del lines[len(lines) // 2]
+    (folder / CHUNKS).write_text("".join(lines), encoding="utf-8")
+    error = assert_load_error(index, settings, str(folder), "chunks.jsonl", str(len(lines) + 1))
+    assert "dense.faiss" not in error.reason and "bm25" not in error.reason  # only the wrong part is named
+
+
+def test_garbled_chunk_line_names_file_and_line(damaged, settings):
+    index, folder = damaged
+    lines = (folder / CHUNKS).read_text(encoding="utf-8").splitlines(keepends=True)
+    lines[4] = "{not json\n"
+    (folder / CHUNKS).write_text("".join(lines), encoding="utf-8")
+    assert_load_error(index, settings, str(folder / CHUNKS), "line 5")
+
+
+def test_bad_manifest_json(damaged, settings):
+    index, folder = damaged
+    (folder / MANIFEST).write_text('{"format_version": 1, "counts": ', encoding="utf-8")
+    assert_load_error(index, settings, str(folder), MANIFEST)
+    with pytest.raises(IndexLoadError):
+        read_manifest(index)
+
+
+def test_manifest_of_another_format_version(damaged, settings):
+    index, folder = damaged
+    manifest = json.loads((folder / MANIFEST).read_text())
+    manifest["format_version"] = 99
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+    assert_load_error(index, settings, str(folder), "format_version")
+
+
+def test_missing_current_link(damaged, settings):
+    index, _ = damaged
+    (index / CURRENT).unlink()
+    assert_load_error(index, settings, str(index), CURRENT)
+
+
+def test_current_pointing_at_a_removed_generation(damaged, settings):
+    index, folder = damaged
+    shutil.rmtree(folder)
+    assert_load_error(index, settings, str(index))
+
+
+def test_missing_bm25_index(damaged, settings):
+    index, folder = damaged
+    shutil.rmtree(folder / sparse.BM25_DIR)
+    assert_load_error(index, settings, str(folder))
+
+
+def test_missing_index_folder(tmp_path, settings):
+    assert_load_error(tmp_path / "nowhere", settings, str(tmp_path / "nowhere"), "does not exist")
+
+
+def test_folder_that_is_not_an_index(tmp_path, settings):
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "notes.txt").write_text("hello")
+    assert_load_error(tmp_path / "junk", settings, str(tmp_path / "junk"))
