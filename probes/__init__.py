@@ -1,1 +1,2 @@
-"""Placeholder."""
+"""eBPF kernel probes (BCC) attributing run-queue, off-CPU and syscall latency to RAG stages.
+Nothing here yet: the probes land with their own issue."""
