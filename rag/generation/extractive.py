@@ -44,12 +44,17 @@ class ExtractiveGenerator:
                     scored.append((coverage + RANK_PRIOR / number, number, position, sentence))
         scored.sort(key=lambda s: (-s[0], s[1], s[2]))
         chosen: list[AnswerSentence] = []
-        seen: set[str] = set()
+        keys: list[str] = []
         for _, number, _, sentence in scored:
             key = " ".join(sentence.lower().split())
-            if key in seen:  # overlapping chunks repeat sentences
+            # Overlapping chunks repeat sentences, whole or cut at a chunk edge (a prefix or suffix).
+            if any(k.startswith(key) or k.endswith(key) for k in keys):
                 continue
-            seen.add(key)
+            whole = next((i for i, k in enumerate(keys) if key.startswith(k) or key.endswith(k)), None)
+            if whole is not None:  # the full sentence of a fragment chosen earlier replaces it
+                keys[whole], chosen[whole] = key, AnswerSentence(sentence, number)
+                continue
+            keys.append(key)
             chosen.append(AnswerSentence(sentence, number))
             if len(chosen) == self.max_sentences:
                 break

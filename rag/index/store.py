@@ -141,7 +141,9 @@ class IndexWriter:
 
     def __init__(self, index_dir: Path, lock_fd: int) -> None:
         self.index_dir = index_dir
-        self.generation = time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
+        now = time.time_ns()
+        self.generation = (time.strftime("%Y%m%dT%H%M%S", time.localtime(now // 10**9)) + f".{now % 10**9:09d}-"
+                           + uuid.uuid4().hex[:8])
         self.generations = index_dir / GENERATIONS
         self.folder = self.generations / f".tmp-{self.generation}"
         self._lock_fd = lock_fd
@@ -160,8 +162,8 @@ class IndexWriter:
                 raise IndexLoadError(index_dir, "another ingest is writing this index right now") from None
             writer = cls(index_dir, lock_fd)
             writer._remove_leftovers()
-            writer.folder.mkdir(parents=True)
             try:
+                writer.folder.mkdir(parents=True)
                 yield writer
             finally:
                 if not writer.published:
@@ -174,6 +176,8 @@ class IndexWriter:
         if self.generations.is_dir():
             for stale in self.generations.glob(".tmp-*"):
                 shutil.rmtree(stale, ignore_errors=True)
+        for link in self.index_dir.glob(f".{CURRENT}.*"):  # a swap killed before its rename
+            link.unlink(missing_ok=True)
 
     def publish(self, manifest: dict) -> Path:
         """Write the manifest, make the generation durable, then swap ``current`` to it."""

@@ -49,7 +49,11 @@ def _token_windows(offsets, word_ids, window: int, overlap: int) -> list[Span]:
         spans.append((offsets[start][0], offsets[end - 1][1]))
         if end >= n:
             return spans
-        start = max(end - overlap, start + 1)
+        next_start = max(end - overlap, start + 1)
+        word_start = next_start  # begin the overlap at a word start, not on a word's tail
+        while word_start > start and word_ids[word_start] == word_ids[word_start - 1]:
+            word_start -= 1
+        start = word_start if word_start > start else next_start
 
 
 class TokenWindowChunker:
@@ -67,14 +71,15 @@ class TokenWindowChunker:
             raise ValueError(f"overlap ({overlap}) must be smaller than window ({window})")
         self.tokenizer = plain_tokenizer(tokenizer)
         self.window, self.overlap = window, overlap
-        self.budget = budget or window
+        self.budget = budget  # None: titles are not embedded with chunks, or may be truncated
 
     def split(self, documents: Sequence[Document]) -> list[list[Span]]:
         encodings = self.tokenizer.encode_batch([d.text for d in documents], add_special_tokens=False)
         titles = self.tokenizer.encode_batch([d.title for d in documents], add_special_tokens=False)
         spans = []
         for enc, title in zip(encodings, titles):
-            window = max(self.window // 2, min(self.window, self.budget - len(title.ids)))
+            window = self.window if self.budget is None else \
+                max(self.window // 2, min(self.window, self.budget - len(title.ids)))
             spans.append(_token_windows(enc.offsets, enc.word_ids, window, min(self.overlap, window - 1)))
         return spans
 
@@ -87,18 +92,20 @@ class SemanticDensityChunker:
 
     Adjacent sentences are embedded; a chunk ends where their cosine similarity falls below
     ``threshold`` (once the chunk has ``min_tokens``), and always before it would pass
-    ``max_tokens``. A sentence longer than ``max_tokens`` is split into token windows.
+    ``max_tokens``. A sentence longer than ``max_tokens`` is split into token windows. As with the
+    token-window chunker, a long title lowers a document's ``max_tokens`` so title + chunk fit ``budget``.
     """
 
     name = "semantic"
 
     def __init__(self, tokenizer: Tokenizer, embed: Callable[[Sequence[str]], np.ndarray],
-                 threshold: float, min_tokens: int, max_tokens: int) -> None:
+                 threshold: float, min_tokens: int, max_tokens: int, budget: int | None = None) -> None:
         if min_tokens > max_tokens:
             raise ValueError(f"min_tokens ({min_tokens}) must not exceed max_tokens ({max_tokens})")
         self.tokenizer = plain_tokenizer(tokenizer)
         self.embed = embed
         self.threshold, self.min_tokens, self.max_tokens = threshold, min_tokens, max_tokens
+        self.budget = budget
 
     def params(self) -> dict:
         return {"strategy": self.name, "semantic_threshold": self.threshold,
@@ -109,29 +116,32 @@ class SemanticDensityChunker:
         texts = [d.text[a:b] for d, spans in zip(documents, per_doc) for a, b in spans]
         encodings = self.tokenizer.encode_batch(texts, add_special_tokens=False)
         vectors = self.embed(texts) if texts else np.zeros((0, 1), np.float32)
+        titles = self.tokenizer.encode_batch([d.title for d in documents], add_special_tokens=False)
         out: list[list[Span]] = []
         cursor = 0
-        for spans in per_doc:
+        for spans, title in zip(per_doc, titles):
             count = len(spans)
-            out.append(self._group(spans, encodings[cursor:cursor + count], vectors[cursor:cursor + count]))
+            limit = self.max_tokens if self.budget is None else \
+                max(self.max_tokens // 2, min(self.max_tokens, self.budget - len(title.ids)))
+            out.append(self._group(spans, encodings[cursor:cursor + count], vectors[cursor:cursor + count], limit))
             cursor += count
         return out
 
-    def _group(self, spans: list[Span], encodings, vectors: np.ndarray) -> list[Span]:
+    def _group(self, spans: list[Span], encodings, vectors: np.ndarray, max_tokens: int) -> list[Span]:
         chunks: list[Span] = []
         current: Span | None = None
         size = 0
         for i, (span, enc) in enumerate(zip(spans, encodings)):
             tokens = len(enc.ids)
-            if tokens > self.max_tokens:  # one huge sentence: flush, then window it
+            if tokens > max_tokens:  # one huge sentence: flush, then window it
                 if current:
                     chunks.append(current)
-                windows = _token_windows(enc.offsets, enc.word_ids, self.max_tokens, 0)
+                windows = _token_windows(enc.offsets, enc.word_ids, max_tokens, 0)
                 chunks.extend((span[0] + a, span[0] + b) for a, b in windows)
                 current, size = None, 0
                 continue
             similar = i > 0 and float(vectors[i] @ vectors[i - 1]) >= self.threshold
-            if current is not None and (size + tokens > self.max_tokens or (size >= self.min_tokens and not similar)):
+            if current is not None and (size + tokens > max_tokens or (size >= self.min_tokens and not similar)):
                 chunks.append(current)
                 current, size = None, 0
             current = span if current is None else (current[0], span[1])

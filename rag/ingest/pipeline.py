@@ -37,7 +37,7 @@ def make_chunker(settings: RagheatSettings, embedder: OnnxEmbedder):
     c = settings.chunking
     if c.strategy == "semantic":
         return SemanticDensityChunker(embedder.tokenizer, embedder.embed_many, c.semantic_threshold,
-                                      c.min_tokens, c.max_tokens)
+                                      c.min_tokens, c.max_tokens, budget=settings.embedding.max_seq_length - 2)
     return TokenWindowChunker(embedder.tokenizer, c.window_tokens, c.overlap_tokens,
                               budget=settings.embedding.max_seq_length - 2)
 
@@ -100,13 +100,14 @@ def ingest(source: str, index_dir: Path, settings: RagheatSettings, *, embedder:
         timings["chunk"] = time.perf_counter() - t
 
         texts = [passage_text(c) for c in chunks]
+        # Validate the index parameters for this many vectors before spending minutes on embeddings.
+        params = dense.build_params(settings.index, len(chunks), embedder.dimension)
         t = time.perf_counter()
         vectors = embedder.embed_many(texts, progress=steps.start("embed", len(texts)))
         timings["embed"] = time.perf_counter() - t
 
         t = time.perf_counter()
         advance = steps.start(f"dense index ({settings.index.kind})", 1)
-        params = dense.build_params(settings.index, len(chunks), vectors.shape[1])
         dense.save_index(dense.build_index(vectors, params), writer.folder)
         advance()
         timings["dense"] = time.perf_counter() - t
@@ -135,7 +136,7 @@ def ingest(source: str, index_dir: Path, settings: RagheatSettings, *, embedder:
             "timings_s": {k: round(v, 3) for k, v in timings.items()},
         }
         generation = writer.publish(manifest)
-    return IngestReport(Path(index_dir), generation, manifest, skipped=False)
+    return IngestReport(Path(index_dir), generation, read_manifest(generation), skipped=False)
 
 
 def _fingerprint(corpus: Corpus, config: dict) -> str:

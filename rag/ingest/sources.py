@@ -79,14 +79,15 @@ def load_source(source: str) -> Corpus:
 def load_beir(folder: Path) -> Corpus:
     collector = _Collector()
     corpus_file = folder / "corpus.jsonl"
-    with open(corpus_file, encoding="utf-8") as fh:
-        for line_no, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
+    with open(corpus_file, "rb") as fh:
+        for line_no, raw in enumerate(fh, 1):
             try:
+                line = raw.decode("utf-8")
+                if not line.strip():
+                    continue
                 row = json.loads(line)
                 collector.add(str(row["_id"]), row.get("title", ""), row.get("text", ""))
-            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
                 raise IngestError(f"{corpus_file}:{line_no}: not a BEIR corpus row ({exc})") from exc
     return collector.corpus(folder.name, "beir", str(folder.resolve()))
 
@@ -98,6 +99,9 @@ def load_text_folder(folder: Path) -> Corpus:
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError as exc:
             raise IngestError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+        if not text.strip():  # an empty file: its name is no document
+            collector.empty += 1
+            continue
         title, body = _title_and_body(text, path)
         collector.add(str(path.relative_to(folder)), title, body)
     if not collector.documents and not collector.empty:

@@ -16,9 +16,9 @@ class WeightedRRF:
     name = "rrf"
 
     def __init__(self, weights: Mapping[str, float], k: float = 60.0) -> None:
-        if k <= 0:
+        if not k > 0:  # also rejects NaN
             raise ValueError(f"k must be greater than 0. Currently, the k is {k}")
-        if any(w < 0 for w in weights.values()):
+        if any(not w >= 0 for w in weights.values()):  # also rejects NaN
             raise ValueError(f"weights must not be negative: {dict(weights)}")
         self.weights = dict(weights)
         self.k = k

@@ -160,7 +160,7 @@ def test_source_and_setting_changes_make_new_generations(tiny_source, tmp_path, 
     first = ingest(str(tiny_source), index, settings, embedder=embedder)
     assert first.skipped is False
     assert first.generation.parent == index / GENERATIONS
-    assert current_name(index) == first.generation.name == first.manifest["generation"]
+    assert current_name(index) == first.generation.name == read_manifest(index)["generation"]
     assert first.manifest["counts"] == {"documents": 4, "chunks": 4, "vocabulary": first.manifest["counts"]["vocabulary"]}
 
     again = ingest(str(tiny_source), index, settings, embedder=embedder)
@@ -205,6 +205,16 @@ def test_source_and_setting_changes_make_new_generations(tiny_source, tmp_path, 
     assert len(generations(index)) == KEEP_PREVIOUS + 1
     assert current_name(index) in generations(index)
     assert leftovers(index) == []
+
+
+def test_report_manifest_is_the_published_manifest(tiny_source, tmp_path, settings, embedder):
+    """A fresh build and an up-to-date check report the same manifest: the one on disk."""
+    index = tmp_path / "index"
+    built = ingest(str(tiny_source), index, settings, embedder=embedder)
+    on_disk = json.loads((built.generation / MANIFEST).read_text())
+    skipped = ingest(str(tiny_source), index, settings, embedder=embedder)
+    assert skipped.manifest == on_disk
+    assert built.manifest == on_disk
 
 
 def test_pruning_keeps_the_most_recent_previous_generation(tiny_source, tmp_path, settings, embedder):
