@@ -2,11 +2,18 @@
 # Install ragheat into .venv at the repo root. Idempotent: run it again at will.
 #   scripts/install.sh          the service, CLI, model and demo corpus
 #   scripts/install.sh --test   plus what the test suite needs (system packages included)
+#   scripts/install.sh --gpu    with faiss-gpu and onnxruntime-gpu in place of their CPU builds
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-with_test=0
-[ "${1:-}" = "--test" ] && with_test=1
+with_test=0 with_gpu=0
+for arg in "$@"; do
+  case "$arg" in
+    --test) with_test=1 ;;
+    --gpu) with_gpu=1 ;;
+    *) echo "usage: scripts/install.sh [--test] [--gpu]" >&2; exit 2 ;;
+  esac
+done
 
 apt_packages=(python3 python3-venv python3-dev build-essential)
 if command -v apt-get >/dev/null 2>&1; then
@@ -39,5 +46,10 @@ if [ "$with_test" -eq 1 ]; then
   "${pip[@]}" install -e ".[test]"
 else
   "${pip[@]}" install -e .
+fi
+if [ "$with_gpu" -eq 1 ]; then
+  # The GPU builds install the same modules (faiss, onnxruntime): remove the CPU builds first.
+  .venv/bin/python -m pip uninstall -q -y faiss-cpu onnxruntime
+  "${pip[@]}" install "faiss-gpu>=1.8" "onnxruntime-gpu>=1.18"
 fi
 echo "ragheat installed in .venv ($(.venv/bin/python --version))"
