@@ -109,8 +109,12 @@ def serve(
     host: Optional[str] = typer.Option(None, help="bind address"),
     port: Optional[int] = typer.Option(None, help="port"),
     log_level: str = typer.Option("info", help="uvicorn log level"),
+    prometheus: bool = typer.Option(False, "--prometheus", help="also start a local Prometheus scraping this server"),
+    telemetry_on: bool = typer.Option(True, "--telemetry/--no-telemetry", help="metrics, traces and OTLP export"),
 ) -> None:
-    """Serve the HTTP API (OpenAPI docs at /docs)."""
+    """Serve the HTTP API (OpenAPI docs at /docs, metrics at /metrics)."""
+    import contextlib
+
     import uvicorn
 
     from rag.api.app import create_app
@@ -121,7 +125,30 @@ def serve(
     pipeline = RagPipeline(settings, settings.server.index_dir)
     pipeline.warm_up()  # a missing or corrupt index stops here, with its path, before anything binds
     app = create_app(settings, pipeline=pipeline)
-    uvicorn.run(app, host=settings.server.host, port=settings.server.port, log_level=log_level)
+    telemetry = None
+    if telemetry_on:
+        from telemetry import build_telemetry
+        from telemetry.asgi import instrument_app
+
+        telemetry = build_telemetry(settings, pipeline)
+        instrument_app(app, telemetry)
+    with contextlib.ExitStack() as stack:
+        if prometheus:
+            if telemetry is None or not settings.telemetry.metrics:
+                _fail("--prometheus needs metrics: drop --no-telemetry and keep telemetry.metrics on")
+            if settings.server.port == 0:
+                _fail("--prometheus needs a fixed --port to scrape")
+            from telemetry.prometheus_server import LocalPrometheus
+
+            scrape_host = "127.0.0.1" if settings.server.host in ("0.0.0.0", "::") else settings.server.host
+            url = stack.enter_context(LocalPrometheus(f"{scrape_host}:{settings.server.port}"))
+            out.print(f"prometheus: {url}  (scraping http://{scrape_host}:{settings.server.port}/metrics, "
+                      "exemplar storage on)")
+        try:
+            uvicorn.run(app, host=settings.server.host, port=settings.server.port, log_level=log_level)
+        finally:
+            if telemetry is not None:
+                telemetry.shutdown()
 
 
 @app.command()

@@ -34,6 +34,7 @@ class StageError(RagheatError):
         super().__init__(f"stage {stage!r} failed: {type(cause).__name__}: {cause}")
         self.stage = stage
         self.cause = cause
+        self.stages: list = []  # StageTimings of the request up to the failure, filled by the pipeline
 
     @classmethod
     def from_exception(cls, stage: str, exc: BaseException) -> "StageError":

@@ -64,8 +64,9 @@ class RagPipeline:
         self.index = index
 
     def retrieve(self, query: str, k: int, retrievers: Sequence[str] | None = None,
-                 stages: list[StageTiming] | None = None) -> FusionResult:
-        """Fused top-``k`` chunks; appends one ``StageTiming`` per stage run to ``stages``."""
+                 stages: list[StageTiming] | None = None, counts: dict[str, int] | None = None) -> FusionResult:
+        """Fused top-``k`` chunks; appends one ``StageTiming`` per stage run to ``stages`` and each
+        retriever's hit count to ``counts``."""
         stages = [] if stages is None else stages
         names = list(dict.fromkeys(retrievers or self.settings.retrieval.retrievers))
         vector = None
@@ -78,6 +79,8 @@ class RagPipeline:
         for name in names:
             with _stage(f"retrieve_{name}", stages):
                 results.append(self.retrievers[name].retrieve(query, vector, depth))
+            if counts is not None:
+                counts[name] = len(results[-1].hits)
         if len(results) == 1:
             return FusionResult(results[0].hits[:k], 0.0)
         with _stage("fuse", stages):
@@ -87,12 +90,17 @@ class RagPipeline:
         if not self.ready:
             raise RuntimeError("RagPipeline.warm_up() has not run")
         stages: list[StageTiming] = []
-        fused = self.retrieve(query, top_k, retrievers, stages)
-        sources = [Source(n, self.index.chunks[hit.chunk_id], hit.score) for n, hit in enumerate(fused.hits, 1)]
-        passages = [s.chunk for s in sources[: self.settings.generation.passages]]
-        with _stage("generate", stages):
-            generation = self.generator.generate(query, passages)
-        return QueryResult(generation.answer, generation.generator, sources, stages, generation.sentences)
+        counts: dict[str, int] = {}
+        try:
+            fused = self.retrieve(query, top_k, retrievers, stages, counts)
+            sources = [Source(n, self.index.chunks[hit.chunk_id], hit.score) for n, hit in enumerate(fused.hits, 1)]
+            passages = [s.chunk for s in sources[: self.settings.generation.passages]]
+            with _stage("generate", stages):
+                generation = self.generator.generate(query, passages)
+        except StageError as exc:
+            exc.stages = stages  # what ran before (and including) the failing stage, for telemetry
+            raise
+        return QueryResult(generation.answer, generation.generator, sources, stages, generation.sentences, counts)
 
     def chunk_hits_to_docs(self, hits: Sequence[Hit]) -> list[tuple[str, float]]:
         """Collapse chunk hits to documents, keeping each document's best rank (for evaluation)."""
@@ -112,7 +120,7 @@ class _stage:
         self.start = time.perf_counter()
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        self.stages.append(StageTiming(self.name, time.perf_counter() - self.start))
+        self.stages.append(StageTiming(self.name, time.perf_counter() - self.start, self.start))
         if exc is not None and not isinstance(exc, StageError):
             raise StageError(self.name, exc) from exc
         return False

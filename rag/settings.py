@@ -113,6 +113,35 @@ class ServerSettings(_Section):
     default_top_k: int = Field(5, ge=1, le=100)
 
 
+class TelemetrySettings(_Section):
+    """Metrics, traces and their export. The OTLP exporters read the standard OpenTelemetry variables
+    (``OTEL_EXPORTER_OTLP_ENDPOINT``, ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``, ``..._METRICS_ENDPOINT``,
+    ``..._HEADERS``, ``..._TIMEOUT``, ``OTEL_SERVICE_NAME``); they are not repeated here."""
+
+    metrics: bool = Field(True, description="Prometheus metrics at GET /metrics")
+    tracing: bool = Field(True, description="a span per request and per stage (trace ids become exemplars)")
+    otlp: Literal["auto", "on", "off"] = Field(
+        "auto", description="OTLP/HTTP export of spans and metrics; auto = on when an OTEL_EXPORTER_OTLP_*ENDPOINT is set")
+    otlp_metrics_interval_s: float = Field(10.0, gt=0, description="how often metrics are pushed over OTLP")
+    capture_content: bool = Field(False, description="record query and passage text in spans")
+    qps_window_s: float = Field(10.0, gt=0, description="sliding window for the request rate behind qps_bucket")
+    qps_edges: list[float] = Field(default_factory=lambda: [1.0, 10.0, 50.0, 200.0],
+                                   description="qps_bucket edges (requests/s); labels 0-1, 1-10, ..., 200+")
+    span_queue_size: int = Field(2048, ge=16, description="finished spans waiting for export; beyond it they are dropped and counted")
+    export_batch_size: int = Field(256, ge=1)
+    export_timeout_s: float = Field(5.0, gt=0, description="one OTLP export attempt, retries included")
+    service_name: str = Field("ragheat", min_length=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> "TelemetrySettings":
+        edges = self.qps_edges
+        if not edges or edges[0] <= 0 or any(b <= a for a, b in zip(edges, edges[1:])):
+            raise ValueError(f"telemetry.qps_edges must be positive and strictly increasing, got {edges}")
+        if self.export_batch_size > self.span_queue_size:
+            raise ValueError("telemetry.export_batch_size must not exceed telemetry.span_queue_size")
+        return self
+
+
 class RagheatSettings(BaseSettings):
     """All of ragheat's configuration, one section per concern."""
 
@@ -124,6 +153,7 @@ class RagheatSettings(BaseSettings):
     retrieval: RetrievalSettings = Field(default_factory=RetrievalSettings)
     generation: GenerationSettings = Field(default_factory=GenerationSettings)
     server: ServerSettings = Field(default_factory=ServerSettings)
+    telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
 
     @model_validator(mode="after")
     def _check(self) -> "RagheatSettings":

@@ -75,8 +75,12 @@ class GenerationResult:
 
 @dataclass(frozen=True)
 class StageTiming:
+    """How long one stage took; ``start`` is a ``time.perf_counter()`` reading, so telemetry can place
+    the stage on a trace's timeline after the fact without the stages knowing about tracing."""
+
     name: str
     seconds: float
+    start: float = 0.0
 
     @property
     def ms(self) -> float:
@@ -99,3 +103,4 @@ class QueryResult:
     sources: list[Source]
     stages: list[StageTiming] = field(default_factory=list)
     sentences: list[AnswerSentence] = field(default_factory=list)
+    retrieved: dict[str, int] = field(default_factory=dict)  # hits per retriever, before fusion

@@ -16,6 +16,8 @@ for arg in "$@"; do
 done
 
 apt_packages=(python3 python3-venv python3-dev build-essential)
+# The tests run a real Prometheus (and promtool); `ragheat serve --prometheus` uses it too.
+if [ "$with_test" -eq 1 ]; then apt_packages+=(prometheus); fi
 if command -v apt-get >/dev/null 2>&1; then
   sudo=""
   [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1 && sudo="sudo"

@@ -1,3 +1,17 @@
-"""Telemetry for ragheat: Prometheus metrics and OpenTelemetry traces built from the stage timings that
-``rag/`` returns (``rag.types.StageTiming``). Nothing here yet: the metrics contract lands with the
-telemetry issue, and ``rag/`` is kept free of any metrics library so that it can."""
+"""Telemetry for ragheat: Prometheus metrics, OpenTelemetry traces and OTLP export, built from the stage
+timings that ``rag/`` returns. ``rag/`` never imports this package; the command line wires it in.
+
+    telemetry = build_telemetry(settings, pipeline)   # after pipeline.warm_up()
+    instrument_app(app, telemetry)                    # middleware + GET /metrics
+"""
+
+from __future__ import annotations
+
+
+def build_telemetry(settings, pipeline, **kwargs):
+    """A ``Telemetry`` for a warmed-up pipeline (its manifest names the data source and the model)."""
+    from telemetry.recorder import Telemetry
+
+    manifest = pipeline.index.manifest
+    return Telemetry(settings.telemetry, data_source=manifest["corpus"]["name"], model=manifest["model"]["name"],
+                     **kwargs)

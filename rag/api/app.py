@@ -7,7 +7,7 @@ import logging
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, StreamingResponse
 
@@ -88,23 +88,28 @@ def create_app(settings: RagheatSettings, index_dir: Path | None = None,
     app.add_middleware(BodyLimitMiddleware, limit=server.max_body_bytes)
     install_error_handlers(app)
 
-    def run_query(request: QueryRequest):
+    def run_query(request: QueryRequest, http: Request):
+        # Left on request.state for whoever observes requests (telemetry's middleware); rag/ never calls it.
+        http.state.rag_query = request.query
+        http.state.rag_top_k = request.top_k or server.default_top_k
         if len(request.query) > server.max_query_chars:
             raise ApiError(422, "invalid_request", f"query: {len(request.query)} characters is over the limit of "
                                                    f"{server.max_query_chars} (server.max_query_chars)")
         if not pipeline.ready:
             raise ApiError(503, "not_ready", "the index is still loading")
-        return pipeline.query(request.query, request.top_k or server.default_top_k, request.retrievers)
+        result = pipeline.query(request.query, request.top_k or server.default_top_k, request.retrievers)
+        http.state.rag_result = result
+        return result
 
     @app.post("/v1/query", response_model=QueryResponse, responses=ERROR_RESPONSES)
-    def query(request: QueryRequest) -> QueryResponse:
+    def query(request: QueryRequest, http: Request) -> QueryResponse:
         """Retrieve, fuse and answer; the answer's ``[n]`` markers refer to ``citations[n-1]``."""
-        return QueryResponse.from_result(run_query(request))
+        return QueryResponse.from_result(run_query(request, http))
 
     @app.post("/v1/query/stream", responses={200: {"content": {"text/event-stream": {}}}, **ERROR_RESPONSES})
-    async def query_stream(request: QueryRequest):
+    async def query_stream(request: QueryRequest, http: Request):
         """Server-sent events: ``sources`` first, then one ``answer`` event per sentence, then ``done``."""
-        result = await run_in_threadpool(run_query, request)
+        result = await run_in_threadpool(run_query, request, http)
 
         def events():
             yield _sse("sources", [citation(s).model_dump() for s in result.sources])

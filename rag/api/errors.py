@@ -64,5 +64,6 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StageError)
     async def _stage(request: Request, exc: StageError):
+        request.state.rag_error = exc
         log.exception("stage %s failed", exc.stage, exc_info=exc.cause)
         return error_response(500, "stage_failed", f"the {exc.stage} stage failed", stage=exc.stage)

@@ -1,0 +1,35 @@
+"""Named histogram bucket sets, shared by the metrics (``telemetry.metrics``) and the dashboards.
+
+Change an edge here and both follow; ``tests/telemetry/test_buckets.py`` holds a literal snapshot so
+that a change is always deliberate.
+"""
+
+from __future__ import annotations
+
+SLO_SECONDS = 0.42
+"""The end-to-end latency objective: 99 % of requests within 420 ms. It must be an exact bucket edge so
+that the SLI (share of requests <= 0.42 s) is read off ``le="0.42"`` without interpolation."""
+
+LATENCY_SECONDS: tuple[float, ...] = (
+    0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075,
+    0.01, 0.015, 0.02, 0.03, 0.05, 0.075,
+    0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.38,
+    0.4, 0.42, 0.45, 0.5, 0.6, 0.75,
+    1.0, 1.5, 2.5, 5.0, 10.0,
+)
+"""Stage and request latency, 0.5 ms to 10 s.
+
+Roughly log-spaced (about 1.5x per step) from 0.5 ms, where the cheapest stages (fusion, BM25) live, up to
+0.3 s; then dense between 0.3 and 0.5 s (0.35, 0.38, 0.40, 0.42, 0.45, 0.50) so heatmaps show how close
+to the 420 ms objective the tail runs and burn-rate rules can use 0.42 exactly; then coarse up to 10 s,
+past any sane request. 30 edges keep per-series cost moderate: a label combination costs 32 series.
+"""
+
+RETRIEVED_DOCUMENTS: tuple[float, ...] = (0, 1, 2, 3, 5, 10, 20, 50, 100, 200, 500, 1000)
+"""Documents a retriever returned for one request: zero (nothing matched) must stand out, then the
+usual top-k sizes, then the deep candidate lists handed to fusion."""
+
+BUCKET_SETS: dict[str, tuple[float, ...]] = {
+    "latency_seconds": LATENCY_SECONDS,
+    "retrieved_documents": RETRIEVED_DOCUMENTS,
+}

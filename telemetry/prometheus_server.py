@@ -1,0 +1,107 @@
+"""A real Prometheus started beside the service: ``ragheat serve --prometheus`` and the integration tests.
+
+It uses the ``prometheus`` binary (Debian's package ``prometheus``), a generated config that scrapes the
+service, a throw-away TSDB folder, and exemplar storage enabled so trace ids on histogram buckets are kept.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from rag.errors import ConfigurationError
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def scrape_config(target: str, scrape_interval_s: float = 5.0, job: str = "ragheat") -> str:
+    """The generated prometheus.yml: one job scraping ``target`` (host:port), OpenMetrics preferred."""
+    interval = f"{scrape_interval_s:g}s"
+    return (
+        "global:\n"
+        f"  scrape_interval: {interval}\n"
+        f"  evaluation_interval: {interval}\n"
+        "scrape_configs:\n"
+        f"  - job_name: {job}\n"
+        "    metrics_path: /metrics\n"
+        "    scrape_protocols: [OpenMetricsText1.0.0, PrometheusText0.0.4]\n"
+        f"    static_configs:\n      - targets: ['{target}']\n"
+    )
+
+
+class LocalPrometheus:
+    """``with LocalPrometheus("127.0.0.1:8000") as url:`` runs Prometheus on a free loopback port."""
+
+    def __init__(self, target: str, scrape_interval_s: float = 5.0, port: int = 0, binary: str = "prometheus",
+                 extra_config: str = "") -> None:
+        self.binary = shutil.which(binary)
+        if self.binary is None:
+            raise ConfigurationError("the prometheus binary was not found: install Debian's package 'prometheus' "
+                                     "(scripts/install.sh --test does)")
+        self.target, self.scrape_interval_s = target, scrape_interval_s
+        self.port = port or free_port()
+        self.extra_config = extra_config
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> str:
+        self.folder = Path(tempfile.mkdtemp(prefix="ragheat-prometheus-"))
+        config = self.folder / "prometheus.yml"
+        text = scrape_config(self.target, self.scrape_interval_s)
+        # Prometheus 2.42 does not know scrape_protocols (2.49+); it always asks for OpenMetrics first.
+        if not self._supports_scrape_protocols():
+            text = "\n".join(line for line in text.splitlines() if "scrape_protocols" not in line) + "\n"
+        config.write_text(text + self.extra_config)
+        self.log = open(self.folder / "prometheus.log", "wb")
+        self.process = subprocess.Popen(
+            [self.binary, f"--config.file={config}", f"--storage.tsdb.path={self.folder / 'data'}",
+             f"--web.listen-address=127.0.0.1:{self.port}", "--enable-feature=exemplar-storage",
+             "--enable-feature=native-histograms", "--web.enable-lifecycle"],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        self._wait_ready()
+        return self.url
+
+    def _supports_scrape_protocols(self) -> bool:
+        version = subprocess.run([self.binary, "--version"], capture_output=True, text=True).stdout.split()
+        try:
+            major, minor = (int(x) for x in version[2].split("+")[0].split(".")[:2])
+        except (IndexError, ValueError):
+            return False
+        return (major, minor) >= (2, 49)
+
+    def _wait_ready(self, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"prometheus exited ({self.process.returncode}); see {self.folder}/prometheus.log")
+            try:
+                if httpx.get(self.url + "/-/ready", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError(f"prometheus at {self.url} was not ready within {timeout_s} s")
+
+    def query(self, promql: str) -> list[dict]:
+        body = httpx.get(self.url + "/api/v1/query", params={"query": promql}, timeout=10).json()
+        if body.get("status") != "success":
+            raise RuntimeError(f"{promql}: {body.get('error')}")
+        return body["data"]["result"]
+
+    def __exit__(self, *exc) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        self.log.close()
+        shutil.rmtree(self.folder, ignore_errors=True)

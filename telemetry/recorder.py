@@ -1,0 +1,240 @@
+"""Turns one request's stats (``rag.types`` timings) into metrics, exemplars and spans.
+
+``rag/`` measures; this module exports. Stage spans are created after the fact from the stage
+timings, so the pipeline stays free of tracing code and pays nothing for it on its hot path.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Mapping
+
+from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_context
+from prometheus_client import CollectorRegistry
+
+from rag import __version__
+from rag.errors import StageError
+from rag.settings import TelemetrySettings
+from rag.types import QueryResult, StageTiming
+from telemetry.metrics import PrometheusMetrics, request_outcome, status_class
+from telemetry.qps import QpsBuckets, SlidingWindowRate
+from telemetry.tracing import BoundedSpanProcessor, otlp_configured
+
+log = logging.getLogger("ragheat.telemetry")
+
+
+@dataclass
+class RequestScope:
+    """What is known when a request starts; handed back to ``finish``."""
+
+    route: str
+    qps_bucket: str
+    start_perf: float
+    start_ns: int
+    span: object | None = None
+    trace_id: str | None = None
+
+
+@dataclass
+class RequestInfo:
+    """What the API learned about the request (set on ``request.state`` by the endpoints)."""
+
+    query: str | None = None
+    top_k: int | None = None
+    result: QueryResult | None = None
+    error: BaseException | None = None
+
+
+class Telemetry:
+    """Metrics registry, tracer and OTLP exporters for one service instance.
+
+    >>> telemetry = Telemetry(TelemetrySettings())
+    >>> scope = telemetry.start("/v1/query"); ...; telemetry.finish(scope, 200, RequestInfo(result=result))
+    """
+
+    def __init__(self, settings: TelemetrySettings, *, registry: CollectorRegistry | None = None,
+                 span_exporter=None, data_source: str = "", model: str = "", environ: Mapping[str, str] = os.environ,
+                 clock=time.monotonic) -> None:
+        self.settings = settings
+        self.data_source, self.model = data_source, model
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.rate = SlidingWindowRate(settings.qps_window_s, clock=clock)
+        self.buckets = QpsBuckets(settings.qps_edges)
+        self.metrics = PrometheusMetrics(self.registry, self.buckets.labels) if settings.metrics else None
+        if self.metrics:
+            self.metrics.qps.set_function(self.rate.rate)
+        self.otlp = settings.otlp == "on" or (settings.otlp == "auto" and otlp_configured(environ))
+        self.tracer_provider = self.tracer = None
+        self.meter_provider = self._otel_request = self._otel_stage = None
+        if settings.tracing or self.otlp:
+            self._setup_otel(span_exporter)
+
+    # -- set-up ------------------------------------------------------------------------------
+    def _setup_otel(self, span_exporter) -> None:
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+
+        resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", self.settings.service_name),
+                                    "service.version": __version__})
+        if self.settings.tracing:
+            self.tracer_provider = TracerProvider(resource=resource)
+            if span_exporter is None and self.otlp:
+                from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+                span_exporter = OTLPSpanExporter(timeout=self.settings.export_timeout_s)
+            if span_exporter is not None:
+                self.span_processor = BoundedSpanProcessor(
+                    span_exporter, lambda reason, n: self._dropped("spans", reason, n),
+                    max_queue=self.settings.span_queue_size, batch_size=self.settings.export_batch_size)
+                self.tracer_provider.add_span_processor(self.span_processor)
+            self.tracer = self.tracer_provider.get_tracer("ragheat", __version__)
+        if self.otlp:
+            self._setup_otlp_metrics(resource)
+
+    def _setup_otlp_metrics(self, resource) -> None:
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        from opentelemetry.sdk.metrics import Histogram, MeterProvider
+        from opentelemetry.sdk.metrics.export import MetricExportResult, PeriodicExportingMetricReader
+        from opentelemetry.sdk.metrics.view import ExponentialBucketHistogramAggregation
+
+        on_drop = self._dropped
+
+        class CountingExporter(OTLPMetricExporter):
+            def export(self, metrics_data, timeout_millis: float = 10_000, **kwargs):
+                result = super().export(metrics_data, timeout_millis=timeout_millis, **kwargs)
+                if result is not MetricExportResult.SUCCESS:
+                    on_drop("metrics", "export_failed", 1)
+                return result
+
+        # Base-2 exponential histograms: a collector can turn them into Prometheus native histograms.
+        exporter = CountingExporter(timeout=self.settings.export_timeout_s,
+                                    preferred_aggregation={Histogram: ExponentialBucketHistogramAggregation()})
+        reader = PeriodicExportingMetricReader(exporter,
+                                               export_interval_millis=self.settings.otlp_metrics_interval_s * 1000,
+                                               export_timeout_millis=self.settings.export_timeout_s * 1000)
+        self.meter_provider = MeterProvider(resource=resource, metric_readers=[reader])
+        meter = self.meter_provider.get_meter("ragheat", __version__)
+        self._otel_stage = meter.create_histogram(
+            "ragheat.stage.duration", unit="s", description="Time one RAG pipeline stage took for one request.")
+        self._otel_request = meter.create_histogram(
+            "ragheat.request.duration", unit="s", description="End-to-end time of one API request.")
+
+    def _dropped(self, signal: str, reason: str, count: int) -> None:
+        if self.metrics:
+            self.metrics.telemetry_dropped.labels(signal, reason).inc(count)
+
+    # -- per request ---------------------------------------------------------------------------
+    def start(self, route: str) -> RequestScope:
+        """Called when a request arrives: counts it towards the rate and opens its span."""
+        scope = RequestScope(route, self.buckets.label(self.rate.record()), time.perf_counter(), time.time_ns())
+        if self.tracer is not None:
+            scope.span = self.tracer.start_span(
+                f"POST {route}", kind=SpanKind.SERVER, start_time=scope.start_ns,
+                attributes={"http.request.method": "POST", "http.route": route, "rag.qps_bucket": scope.qps_bucket})
+            scope.trace_id = format(scope.span.get_span_context().trace_id, "032x")
+        if self.metrics:
+            self.metrics.in_flight.labels(route).inc()
+        return scope
+
+    def finish(self, scope: RequestScope, status: int, info: RequestInfo) -> None:
+        """Called when the response is complete. Never raises: telemetry must not fail a request."""
+        try:
+            self._finish(scope, status, info)
+        except Exception:  # pragma: no cover - defensive
+            log.exception("telemetry could not record a request")
+
+    def _finish(self, scope: RequestScope, status: int, info: RequestInfo) -> None:
+        end_perf = time.perf_counter()
+        seconds = end_perf - scope.start_perf
+        outcome = request_outcome(status)
+        failed = info.error.stage if isinstance(info.error, StageError) else None
+        stages: list[StageTiming] = info.result.stages if info.result else getattr(info.error, "stages", []) or []
+        exemplar = {"trace_id": scope.trace_id} if scope.trace_id else None
+        if self.metrics:
+            m = self.metrics
+            m.in_flight.labels(scope.route).dec()
+            m.requests.labels(scope.route, status_class(status)).inc()
+            m.request_duration.labels(scope.route, scope.qps_bucket, outcome).observe(seconds, exemplar)
+            for stage in stages:
+                stage_outcome = "error" if stage.name == failed else "ok"
+                m.stage_duration.labels(stage.name, scope.qps_bucket, stage_outcome).observe(stage.seconds, exemplar)
+            if failed:
+                m.stage_errors.labels(failed).inc()
+            if info.result:
+                for retriever, count in info.result.retrieved.items():
+                    m.retrieved.labels(retriever).observe(count)
+        if self._otel_request is not None:
+            self._otel_request.record(seconds, {"route": scope.route, "qps_bucket": scope.qps_bucket,
+                                                "outcome": outcome})
+            for stage in stages:
+                self._otel_stage.record(stage.seconds, {"stage": stage.name, "qps_bucket": scope.qps_bucket,
+                                                        "outcome": "error" if stage.name == failed else "ok"})
+        if scope.span is not None:
+            self._end_spans(scope, status, info, stages, failed, end_perf)
+
+    def _end_spans(self, scope, status, info, stages, failed, end_perf) -> None:
+        span = scope.span
+        parent = set_span_in_context(span)
+        to_ns = lambda perf: scope.start_ns + int((perf - scope.start_perf) * 1e9)  # noqa: E731
+        capture = self.settings.capture_content
+        for stage in stages:
+            name, attributes = self._stage_span(stage, info)
+            child = self.tracer.start_span(name, context=parent, start_time=to_ns(stage.start),
+                                           attributes=attributes)
+            if stage.name == failed:
+                child.set_status(Status(StatusCode.ERROR, type(info.error.cause).__name__))
+                child.record_exception(info.error.cause)
+            child.end(end_time=to_ns(stage.start + stage.seconds))
+        span.set_attribute("http.response.status_code", status)
+        if info.top_k is not None:
+            span.set_attribute("gen_ai.retrieval.top_k", info.top_k)
+        if capture and info.query is not None:
+            span.set_attribute("gen_ai.retrieval.query.text", info.query)
+        if capture and info.result is not None:
+            span.set_attribute("rag.answer", info.result.answer)
+        if status >= 500:
+            span.set_status(Status(StatusCode.ERROR, f"HTTP {status}"))
+        span.end(end_time=to_ns(end_perf))
+
+    def _stage_span(self, stage: StageTiming, info: RequestInfo) -> tuple[str, dict]:
+        attributes: dict = {"rag.stage": stage.name}
+        if stage.name.startswith("retrieve_"):
+            retriever = stage.name.removeprefix("retrieve_")
+            attributes.update({"gen_ai.operation.name": "retrieval", "gen_ai.data_source.id": self.data_source,
+                               "rag.retriever": retriever})
+            if info.top_k is not None:
+                attributes["gen_ai.retrieval.top_k"] = info.top_k
+            if info.result is not None:
+                attributes["rag.retrieved_documents"] = info.result.retrieved.get(retriever, 0)
+            if self.settings.capture_content and info.query is not None:
+                attributes["gen_ai.retrieval.query.text"] = info.query
+            return f"retrieval {retriever}", attributes
+        if stage.name == "embed":
+            attributes.update({"gen_ai.operation.name": "embeddings", "gen_ai.request.model": self.model})
+            return f"embeddings {self.model}".strip(), attributes
+        if stage.name == "generate" and info.result is not None:
+            attributes["rag.generator"] = info.result.generator
+            if self.settings.capture_content:
+                attributes["gen_ai.retrieval.documents"] = json.dumps(
+                    [{"id": s.chunk.doc_id, "score": s.score, "text": s.chunk.text} for s in info.result.sources])
+        return stage.name, attributes
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def force_flush(self, timeout_s: float = 10.0) -> None:
+        if self.tracer_provider is not None:
+            self.tracer_provider.force_flush(int(timeout_s * 1000))
+        if self.meter_provider is not None:
+            self.meter_provider.force_flush(int(timeout_s * 1000))
+
+    def shutdown(self) -> None:
+        """Stop exporters without waiting on a dead collector for long."""
+        for provider in (self.tracer_provider, self.meter_provider):
+            if provider is not None:
+                try:
+                    provider.shutdown()
+                except Exception:  # pragma: no cover - defensive
+                    log.exception("telemetry shutdown failed")
