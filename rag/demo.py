@@ -15,6 +15,7 @@ from rag.api.server import BackgroundServer
 from rag.errors import IndexLoadError
 from rag.index.store import read_manifest
 from rag.ingest.pipeline import ingest
+from rag.pipeline import RagPipeline
 from rag.settings import RagheatSettings
 
 SAMPLE_QUESTIONS = {
@@ -48,8 +49,16 @@ def run_demo(settings: RagheatSettings, index: Path, source: str, port: int, *, 
                       f"chunks in {manifest['timings_s']['total']:.1f} s")
     questions = SAMPLE_QUESTIONS["wiki" if manifest["corpus"]["kind"] == "wiki" else "default"]
 
-    with BackgroundServer(create_app(settings, index), port=port) as url, httpx.Client(base_url=url) as client:
-        console.print(f"serving on {url}  (OpenAPI: {url}/docs)\n")
+    from telemetry import build_telemetry
+    from telemetry.asgi import instrument_app
+
+    pipeline = RagPipeline(settings, index)
+    pipeline.warm_up()
+    app = create_app(settings, pipeline=pipeline)
+    telemetry = build_telemetry(settings, pipeline)
+    instrument_app(app, telemetry)
+    with BackgroundServer(app, port=port) as url, httpx.Client(base_url=url) as client:
+        console.print(f"serving on {url}  (OpenAPI: {url}/docs, metrics: {url}/metrics)\n")
         for question in questions:
             data = _ask(client, question)
             console.print(f"[bold cyan]Q:[/] {question}")
@@ -59,6 +68,8 @@ def run_demo(settings: RagheatSettings, index: Path, source: str, port: int, *, 
                               f"{c['chunk_end']})[/]")
             console.print()
         console.print(_timing_table(client, questions))
+        console.print(_p99_from_metrics(client))
+    telemetry.shutdown()
 
 
 def _ask(client: httpx.Client, question: str) -> dict:
@@ -84,3 +95,24 @@ def _timing_table(client: httpx.Client, questions: list[str]) -> Table:
     for name, values in [*per_stage.items(), ("end to end (HTTP)", end_to_end)]:
         table.add_row(name, f"{statistics.median(values):.2f}", f"{max(values):.2f}")
     return table
+
+
+def _p99_from_metrics(client: httpx.Client) -> str:
+    """P99 per stage as the server's own histograms report it (bucket upper bounds, as Prometheus would)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    buckets: dict[str, dict[float, float]] = {}
+    for family in text_string_to_metric_families(client.get("/metrics").text):
+        if family.name == "ragheat_stage_duration_seconds":
+            for sample in family.samples:
+                if sample.name.endswith("_bucket"):
+                    stage_buckets = buckets.setdefault(sample.labels["stage"], {})
+                    le = float(sample.labels["le"])
+                    stage_buckets[le] = stage_buckets.get(le, 0.0) + sample.value
+    parts = []
+    for stage, counts in buckets.items():
+        edges = sorted(counts)
+        total = counts[edges[-1]]
+        p99 = next(edge for edge in edges if counts[edge] >= 0.99 * total) if total else float("nan")
+        parts.append(f"{stage} <= {p99 * 1000:g} ms")
+    return "P99 from GET /metrics (histogram bucket bounds): " + ", ".join(parts)
