@@ -114,6 +114,7 @@ def serve(
 ) -> None:
     """Serve the HTTP API (OpenAPI docs at /docs, metrics at /metrics)."""
     import contextlib
+    import signal
 
     import uvicorn
 
@@ -144,6 +145,9 @@ def serve(
             url = stack.enter_context(LocalPrometheus(f"{scrape_host}:{settings.server.port}"))
             out.print(f"prometheus: {url}  (scraping http://{scrape_host}:{settings.server.port}/metrics, "
                       "exemplar storage on)")
+        # uvicorn re-raises SIGTERM after its graceful shutdown; exiting through SystemExit lets the
+        # ExitStack stop the local Prometheus and the telemetry exporters instead of dying mid-way.
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
         try:
             uvicorn.run(app, host=settings.server.host, port=settings.server.port, log_level=log_level)
         finally:

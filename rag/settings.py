@@ -7,6 +7,7 @@ Combinations are validated when the object is built, with a sentence naming the 
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Literal
@@ -135,7 +136,8 @@ class TelemetrySettings(_Section):
     @model_validator(mode="after")
     def _check(self) -> "TelemetrySettings":
         edges = self.qps_edges
-        if not edges or edges[0] <= 0 or any(b <= a for a, b in zip(edges, edges[1:])):
+        if (not edges or not all(math.isfinite(e) for e in edges) or edges[0] <= 0
+                or any(b <= a for a, b in zip(edges, edges[1:]))):
             raise ValueError(f"telemetry.qps_edges must be positive and strictly increasing, got {edges}")
         if self.export_batch_size > self.span_queue_size:
             raise ValueError("telemetry.export_batch_size must not exceed telemetry.span_queue_size")

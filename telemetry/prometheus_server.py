@@ -39,6 +39,17 @@ def scrape_config(target: str, scrape_interval_s: float = 5.0, job: str = "raghe
     )
 
 
+def _die_with_parent() -> None:
+    """In the child: ask Linux to SIGTERM it when its parent dies, so no Prometheus outlives the server."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 class LocalPrometheus:
     """``with LocalPrometheus("127.0.0.1:8000") as url:`` runs Prometheus on a free loopback port."""
 
@@ -66,7 +77,7 @@ class LocalPrometheus:
             [self.binary, f"--config.file={config}", f"--storage.tsdb.path={self.folder / 'data'}",
              f"--web.listen-address=127.0.0.1:{self.port}", "--enable-feature=exemplar-storage",
              "--enable-feature=native-histograms", "--web.enable-lifecycle"],
-            stdout=self.log, stderr=subprocess.STDOUT)
+            stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
         self._wait_ready()
         return self.url
 

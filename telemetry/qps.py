@@ -23,10 +23,13 @@ class SlidingWindowRate:
 
     def __init__(self, window_s: float = 10.0, resolution_s: float = 0.25,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        if window_s <= 0 or resolution_s <= 0 or resolution_s > window_s:
-            raise ValueError(f"need 0 < resolution_s ({resolution_s}) <= window_s ({window_s})")
+        if not (0 < resolution_s <= window_s < math.inf):  # also rejects NaN
+            raise ValueError(f"need 0 < resolution_s ({resolution_s}) <= window_s ({window_s}) < inf")
         self.window_s, self.resolution_s, self.clock = window_s, resolution_s, clock
-        self._slots = [0] * int(math.ceil(window_s / resolution_s))
+        slots = round(window_s / resolution_s)  # 2.1 / 0.3 is 7.000000000000001 in floating point
+        if not math.isclose(slots * resolution_s, window_s):
+            slots = math.ceil(window_s / resolution_s)
+        self._slots = [0] * max(1, slots)
         self._slot_ids = [-1] * len(self._slots)  # which absolute slot each ring entry holds
         self._lock = threading.Lock()
 
@@ -60,7 +63,8 @@ class QpsBuckets:
 
     def __init__(self, edges: Sequence[float]) -> None:
         edges = list(edges)
-        if not edges or any(b <= a for a, b in zip(edges, edges[1:])) or edges[0] <= 0:
+        if (not edges or not all(math.isfinite(e) for e in edges) or edges[0] <= 0
+                or any(b <= a for a, b in zip(edges, edges[1:]))):
             raise ValueError(f"qps edges must be positive and strictly increasing: {edges}")
         self.edges = edges
         bounds = [0.0, *edges]

@@ -62,7 +62,7 @@ class Telemetry:
         self.settings = settings
         self.data_source, self.model = data_source, model
         self.registry = registry if registry is not None else CollectorRegistry()
-        self.rate = SlidingWindowRate(settings.qps_window_s, clock=clock)
+        self.rate = SlidingWindowRate(settings.qps_window_s, min(0.25, settings.qps_window_s), clock=clock)
         self.buckets = QpsBuckets(settings.qps_edges)
         self.metrics = PrometheusMetrics(self.registry, self.buckets.labels) if settings.metrics else None
         if self.metrics:

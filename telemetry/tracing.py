@@ -25,18 +25,18 @@ def otlp_configured(environ=os.environ) -> bool:
 
 
 class BoundedSpanProcessor(SpanProcessor):
-    """Queues finished spans (``put_nowait``: never blocks) and exports them in batches on a daemon thread.
+    """Queues finished spans (``put_nowait``: never blocks) and exports them on a daemon thread, in batches
+    of whatever has queued up while the previous export ran (up to ``batch_size``).
 
     ``on_drop(reason, count)`` is called for spans lost to a full queue or a failed export.
     """
 
     def __init__(self, exporter: SpanExporter, on_drop: Callable[[str, int], None], max_queue: int = 2048,
-                 batch_size: int = 256, flush_interval_s: float = 1.0) -> None:
+                 batch_size: int = 256) -> None:
         self.exporter, self.on_drop = exporter, on_drop
-        self.batch_size, self.flush_interval_s = batch_size, flush_interval_s
+        self.batch_size = batch_size
         self._queue: queue.Queue[ReadableSpan | None] = queue.Queue(maxsize=max_queue)
         self._flush_done = threading.Condition()
-        self._idle = True
         self._thread = threading.Thread(target=self._run, name="ragheat-span-export", daemon=True)
         self._thread.start()
 
@@ -53,19 +53,10 @@ class BoundedSpanProcessor(SpanProcessor):
 
     def _run(self) -> None:
         while True:
-            batch: list[ReadableSpan] = []
-            try:
-                item = self._queue.get(timeout=self.flush_interval_s)
-            except queue.Empty:
-                with self._flush_done:
-                    self._idle = True
-                    self._flush_done.notify_all()
-                continue
-            self._idle = False
+            item = self._queue.get()
+            batch = [] if item is None else [item]
             stop = item is None
-            if not stop:
-                batch.append(item)
-            while len(batch) < self.batch_size and not stop:
+            while len(batch) < self.batch_size and not stop:  # whatever else is already waiting
                 try:
                     item = self._queue.get_nowait()
                 except queue.Empty:
@@ -75,6 +66,10 @@ class BoundedSpanProcessor(SpanProcessor):
                     batch.append(item)
             if batch:
                 self._export(batch)
+            with self._flush_done:
+                for _ in range(len(batch) + stop):
+                    self._queue.task_done()
+                self._flush_done.notify_all()
             if stop:
                 return
 
@@ -88,9 +83,9 @@ class BoundedSpanProcessor(SpanProcessor):
             self.on_drop("export_failed", len(batch))
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
-        """Wait until the queue has drained (used by tests and at shutdown)."""
+        """Wait until every queued span has been exported or dropped (used by tests and at shutdown)."""
         with self._flush_done:
-            return self._flush_done.wait_for(lambda: self._queue.empty() and self._idle, timeout_millis / 1000)
+            return self._flush_done.wait_for(lambda: self._queue.unfinished_tasks == 0, timeout_millis / 1000)
 
     def shutdown(self) -> None:
         try:

@@ -1,0 +1,100 @@
+"""The shared bucket sets are a contract with the dashboards and the SLO rules: a literal snapshot here makes
+every change deliberate, and a real scrape shows the histograms use exactly these edges."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from telemetry.buckets import BUCKET_SETS, LATENCY_SECONDS, RETRIEVED_DOCUMENTS, SLO_SECONDS
+from telemetry.metrics import PrometheusMetrics
+from telemetry.qps import QpsBuckets
+
+LATENCY_SNAPSHOT = (
+    0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075,
+    0.01, 0.015, 0.02, 0.03, 0.05, 0.075,
+    0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.38,
+    0.4, 0.42, 0.45, 0.5, 0.6, 0.75,
+    1.0, 1.5, 2.5, 5.0, 10.0,
+)
+RETRIEVED_SNAPSHOT = (0, 1, 2, 3, 5, 10, 20, 50, 100, 200, 500, 1000)
+
+
+def test_latency_edges_match_the_snapshot():
+    assert tuple(LATENCY_SECONDS) == LATENCY_SNAPSHOT
+    assert len(LATENCY_SECONDS) == 30
+
+
+def test_retrieved_documents_edges_match_the_snapshot():
+    assert tuple(RETRIEVED_DOCUMENTS) == RETRIEVED_SNAPSHOT
+
+
+def test_bucket_sets_name_the_same_tuples():
+    assert BUCKET_SETS == {"latency_seconds": LATENCY_SECONDS, "retrieved_documents": RETRIEVED_DOCUMENTS}
+
+
+def test_slo_is_an_exact_latency_edge():
+    assert SLO_SECONDS == 0.42
+    # Exact float equality: the SLI is read off le="0.42" with no interpolation.
+    assert any(edge == SLO_SECONDS for edge in LATENCY_SECONDS)
+    assert LATENCY_SECONDS.index(SLO_SECONDS) == LATENCY_SNAPSHOT.index(0.42)
+
+
+@pytest.mark.parametrize("edges", [LATENCY_SECONDS, RETRIEVED_DOCUMENTS], ids=["latency", "retrieved"])
+def test_edges_are_finite_and_strictly_increasing(edges):
+    assert all(math.isfinite(e) for e in edges)
+    assert all(b > a for a, b in zip(edges, edges[1:]))
+
+
+def test_latency_range_and_dense_band_around_the_slo():
+    assert LATENCY_SECONDS[0] == 0.0005
+    assert LATENCY_SECONDS[-1] == 10.0
+    band = [e for e in LATENCY_SECONDS if 0.3 <= e <= 0.5]
+    assert len(band) >= 6, band
+    # Both neighbours of the objective are close to it: the heatmap resolves the tail around 420 ms.
+    i = LATENCY_SECONDS.index(SLO_SECONDS)
+    assert LATENCY_SECONDS[i + 1] - LATENCY_SECONDS[i - 1] <= 0.05 + 1e-12
+
+
+def test_retrieved_documents_start_at_zero():
+    # "Nothing matched" must be its own bucket (le="0").
+    assert RETRIEVED_DOCUMENTS[0] == 0
+
+
+def _bucket_edges(text: str, family: str) -> dict[tuple, list[float]]:
+    """``le`` edges of each series of a histogram family, in exposition order, keyed by the other labels."""
+    edges: dict[tuple, list[float]] = {}
+    for fam in text_string_to_metric_families(text):
+        if fam.name != family:
+            continue
+        for s in fam.samples:
+            if s.name == family + "_bucket":
+                key = tuple(sorted((k, v) for k, v in s.labels.items() if k != "le"))
+                edges.setdefault(key, []).append(float(s.labels["le"]))
+    return edges
+
+
+def test_scraped_histograms_use_exactly_these_edges():
+    registry = CollectorRegistry()
+    labels = QpsBuckets([1.0, 10.0, 50.0, 200.0]).labels
+    metrics = PrometheusMetrics(registry, labels)
+    metrics.stage_duration.labels("embed", labels[0], "ok").observe(0.42)
+    metrics.request_duration.labels("/v1/query", labels[0], "ok").observe(0.0004)
+    metrics.retrieved.labels("bm25").observe(0)
+    text = generate_latest(registry).decode()
+
+    for family in ("ragheat_stage_duration_seconds", "ragheat_request_duration_seconds"):
+        series = _bucket_edges(text, family)
+        assert series, f"{family} has no bucket series in the scrape"
+        for key, les in series.items():
+            assert les == [*LATENCY_SECONDS, math.inf], (family, key)
+    retrieved = _bucket_edges(text, "ragheat_retrieved_documents")
+    assert set(k for key in retrieved for k, _ in key) == {"retriever"}
+    for key, les in retrieved.items():
+        assert les == [*(float(e) for e in RETRIEVED_DOCUMENTS), math.inf], key
+    # The SLO edge is exposed as the literal le="0.42", and an observation of exactly 0.42 s counts as within it.
+    assert 'ragheat_stage_duration_seconds_bucket{le="0.42",outcome="ok",qps_bucket="0-1",stage="embed"} 1.0' in text
+    assert 'ragheat_stage_duration_seconds_bucket{le="0.4",outcome="ok",qps_bucket="0-1",stage="embed"} 0.0' in text
