@@ -2,15 +2,16 @@
 
     .venv/bin/python benchmarks/bench_telemetry.py --beir ../shared/data/scifact --index data/index/scifact
 
-Two `ragheat serve` processes run at once: one with `--no-telemetry`, one with metrics, spans and OTLP
-export (traces and exponential-histogram metrics every second) to a real OTLP/HTTP receiver in this
-process. Three measurements, each alternating between the two servers so both see the same machine:
+Three `ragheat serve` processes run at once: `off` (`--no-telemetry`), `on` (metrics, spans for every
+request, OTLP export of traces and exponential-histogram metrics every 10 s) and `on_sampled` (the
+same with --sample-ratio of requests traced). OTLP goes to a real OTLP/HTTP receiver in its own
+process. Measurements alternate between the servers so all see the same machine:
 
-1. latency at concurrency 1: requests interleaved A, B, A, B...; P50/P99 per server;
+1. latency at concurrency 1: requests interleaved A, B, C, A, B, C...; P50/P99 per server;
 2. throughput with --clients concurrent clients: rounds of --round-s seconds, alternating servers;
-   the median requests/s per server;
-3. the in-process cost of recording one request (Telemetry.start + finish with real stage timings and
-   span creation), in microseconds, with and without an exporter attached.
+   the median requests/s per server, and each server process's CPU time per request (from /proc);
+3. the in-process cost of recording one request (Telemetry.start + finish with real stage timings,
+   spans handed to an in-memory exporter), in microseconds.
 """
 
 from __future__ import annotations
@@ -31,9 +32,24 @@ import numpy as np
 from rag.eval.beir import load_queries
 from rag.pipeline import RagPipeline
 from rag.settings import RagheatSettings
-from telemetry.otlp_receiver import OtlpReceiver
 from telemetry.prometheus_server import free_port
 from telemetry.recorder import RequestInfo, Telemetry
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+RECEIVER = """
+import json, sys
+from telemetry.otlp_receiver import OtlpReceiver
+receiver = OtlpReceiver()
+with receiver as endpoint:
+    print(endpoint, flush=True)
+    sys.stdin.read()
+print(json.dumps({"spans": len(receiver.spans()), "metric_requests": len(receiver.metrics)}), flush=True)
+"""
 
 
 def start_server(index: Path, telemetry: bool, env: dict) -> tuple[subprocess.Popen, str]:
@@ -73,10 +89,13 @@ def latency_interleaved(urls: dict[str, str], queries: list[str], rounds: int) -
                    "mean_ms": float(np.mean(v) * 1000), "n": len(v)} for name, v in samples.items()}
 
 
-def throughput_rounds(urls: dict[str, str], queries: list[str], clients: int, round_s: float, rounds: int) -> dict:
+def throughput_rounds(urls: dict[str, str], pids: dict[str, int], queries: list[str], clients: int, round_s: float,
+                      rounds: int) -> dict:
     per_round = {name: [] for name in urls}
+    cpu_per_request = {name: [] for name in urls}
     for _ in range(rounds):
         for name, url in urls.items():
+            cpu_before = cpu_seconds(pids[name])
             done = [0] * clients
             stop = time.monotonic() + round_s
 
@@ -94,15 +113,20 @@ def throughput_rounds(urls: dict[str, str], queries: list[str], clients: int, ro
             for t in threads:
                 t.join()
             per_round[name].append(sum(done) / round_s)
-    return {name: {"median_rps": statistics.median(v), "rounds_rps": v} for name, v in per_round.items()}
+            cpu_per_request[name].append((cpu_seconds(pids[name]) - cpu_before) / sum(done) * 1e6)
+    return {name: {"median_rps": statistics.median(v), "rounds_rps": v,
+                   "server_cpu_us_per_request": statistics.median(cpu_per_request[name])}
+            for name, v in per_round.items()}
 
 
-def recording_cost_us(settings: RagheatSettings, pipeline: RagPipeline, queries: list[str], exporter: bool) -> float:
+def recording_cost_us(settings: RagheatSettings, pipeline: RagPipeline, queries: list[str], tracing: bool) -> float:
     """Mean microseconds for Telemetry.start + finish on real results (pipeline time excluded)."""
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
     results = [pipeline.query(q, 5) for q in queries[:50]]
-    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"]} if exporter else {}
-    telemetry = Telemetry(settings.telemetry.model_copy(update={"otlp": "on" if exporter else "off"}),
-                          data_source="bench", model="bench", environ=env)
+    telemetry = Telemetry(settings.telemetry.model_copy(update={"otlp": "off", "tracing": tracing}),
+                          data_source="bench", model="bench", environ={},
+                          span_exporter=InMemorySpanExporter() if tracing else None)
     n = 5000
     start = time.perf_counter()
     for i in range(n):
@@ -121,39 +145,48 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--round-s", type=float, default=8.0)
+    parser.add_argument("--sample-ratio", type=float, default=0.1)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     queries = list(load_queries(args.beir).values())[: args.queries]
 
-    receiver = OtlpReceiver()
-    with receiver as endpoint:
-        os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = endpoint
-        env_on = {**os.environ, "RAGHEAT_TELEMETRY__OTLP_METRICS_INTERVAL_S": "1"}
-        env_off = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-        off, url_off = start_server(args.index, False, env_off)
-        on, url_on = start_server(args.index, True, env_on)
-        try:
-            urls = {"off": url_off, "on": url_on}
-            report = {"latency_c1": latency_interleaved(urls, queries, args.rounds),
-                      "throughput": throughput_rounds(urls, queries, args.clients, args.round_s, args.rounds)}
-        finally:
-            for p in (off, on):
-                p.terminate()
-                p.wait(15)
-        # Proof that "on" really exported: what reached the receiver over OTLP/HTTP.
-        report["otlp_received"] = {"spans": len(receiver.spans()), "metric_requests": len(receiver.metrics)}
-        settings = RagheatSettings()
-        pipeline = RagPipeline(settings, args.index)
-        pipeline.warm_up()
-        report["recording_cost_us"] = {"metrics_and_spans_no_export": recording_cost_us(settings, pipeline, queries, False),
-                                       "metrics_spans_otlp": recording_cost_us(settings, pipeline, queries, True)}
+    receiver = subprocess.Popen([sys.executable, "-c", RECEIVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                text=True)
+    endpoint = receiver.stdout.readline().strip()
+    if not endpoint.startswith("http://"):
+        raise SystemExit("the OTLP receiver did not start")
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "RAGHEAT_TELEMETRY"))}
+    env_on = {**base, "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint}  # metrics pushed every 10 s (the default)
+    envs = {"off": (False, base), "on": (True, env_on),
+            "on_sampled": (True, {**env_on, "RAGHEAT_TELEMETRY__TRACE_SAMPLE_RATIO": str(args.sample_ratio)})}
+    servers = {name: start_server(args.index, telemetry, env) for name, (telemetry, env) in envs.items()}
+    try:
+        urls = {name: url for name, (_, url) in servers.items()}
+        pids = {name: process.pid for name, (process, _) in servers.items()}
+        report = {"latency_c1": latency_interleaved(urls, queries, args.rounds),
+                  "throughput": throughput_rounds(urls, pids, queries, args.clients, args.round_s, args.rounds)}
+    finally:
+        for process, _ in servers.values():
+            process.terminate()
+            process.wait(15)
+    receiver_cpu = cpu_seconds(receiver.pid)
+    receiver.stdin.close()
+    # Proof that "on" really exported: what reached the receiver over OTLP/HTTP.
+    report["otlp_received"] = {**json.loads(receiver.stdout.readline()), "receiver_cpu_s": receiver_cpu}
+    receiver.wait(10)
+    settings = RagheatSettings()
+    pipeline = RagPipeline(settings, args.index)
+    pipeline.warm_up()
+    report["recording_cost_us"] = {"metrics_only": recording_cost_us(settings, pipeline, queries, False),
+                                   "metrics_and_spans": recording_cost_us(settings, pipeline, queries, True)}
     lat, thr = report["latency_c1"], report["throughput"]
     report["summary"] = {
-        "throughput_loss_pct": (1 - thr["on"]["median_rps"] / thr["off"]["median_rps"]) * 100,
-        "p99_added_ms": lat["on"]["p99_ms"] - lat["off"]["p99_ms"],
-        "p50_added_ms": lat["on"]["p50_ms"] - lat["off"]["p50_ms"],
-        "mean_added_us": (lat["on"]["mean_ms"] - lat["off"]["mean_ms"]) * 1000,
-    }
+        name: {"throughput_loss_pct": (1 - thr[name]["median_rps"] / thr["off"]["median_rps"]) * 100,
+               "p99_added_ms": lat[name]["p99_ms"] - lat["off"]["p99_ms"],
+               "p50_added_ms": lat[name]["p50_ms"] - lat["off"]["p50_ms"],
+               "server_cpu_added_us_per_request": thr[name]["server_cpu_us_per_request"]
+               - thr["off"]["server_cpu_us_per_request"]}
+        for name in ("on", "on_sampled")}
     text = json.dumps(report, indent=2)
     print(text)
     if args.json:

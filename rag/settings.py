@@ -125,11 +125,13 @@ class TelemetrySettings(_Section):
         "auto", description="OTLP/HTTP export of spans and metrics; auto = on when an OTEL_EXPORTER_OTLP_*ENDPOINT is set")
     otlp_metrics_interval_s: float = Field(10.0, gt=0, description="how often metrics are pushed over OTLP")
     capture_content: bool = Field(False, description="record query and passage text in spans")
+    trace_sample_ratio: float = Field(0.1, ge=0.0, le=1.0,
+                                      description="share of requests traced (head sampling); exemplars come from traced ones")
     qps_window_s: float = Field(10.0, gt=0, description="sliding window for the request rate behind qps_bucket")
     qps_edges: list[float] = Field(default_factory=lambda: [1.0, 10.0, 50.0, 200.0],
                                    description="qps_bucket edges (requests/s); labels 0-1, 1-10, ..., 200+")
     span_queue_size: int = Field(2048, ge=16, description="finished spans waiting for export; beyond it they are dropped and counted")
-    export_batch_size: int = Field(256, ge=1)
+    export_batch_size: int = Field(512, ge=1, description="spans per OTLP request (sent sooner after 2 s)")
     export_timeout_s: float = Field(5.0, gt=0, description="one OTLP export attempt, retries included")
     service_name: str = Field("ragheat", min_length=1)
 

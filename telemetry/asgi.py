@@ -22,7 +22,9 @@ class TelemetryMiddleware:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in ROUTES:
             return await self.app(scope, receive, send)
-        request_scope = self.telemetry.start(scope["path"])
+        trace_headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers", ())
+                         if k in (b"traceparent", b"tracestate")}
+        request_scope = self.telemetry.start(scope["path"], trace_headers or None)
         status = 500  # if the app dies before sending a status line, that is what the client sees
 
         async def send_with_status(message):

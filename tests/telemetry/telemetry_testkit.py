@@ -47,7 +47,9 @@ def with_telemetry(settings, **update):
 
 @contextmanager
 def serve(settings, pipeline, *, exporter: InMemorySpanExporter | None = None, environ=None, **telemetry_update):
-    """A real uvicorn server with telemetry wired in exactly as ``ragheat serve`` does it."""
+    """A real uvicorn server with telemetry wired in exactly as ``ragheat serve`` does it.
+    Every request is traced unless the test says otherwise (the default samples 10 %)."""
+    telemetry_update.setdefault("trace_sample_ratio", 1.0)
     s = with_telemetry(settings, **telemetry_update)
     kwargs = {"registry": CollectorRegistry(), "span_exporter": exporter}
     if environ is not None:
