@@ -13,16 +13,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import numpy as np
 
+from rag.api.server import start_serve_process
 from rag.embedding.embedder import OnnxEmbedder
 from rag.eval.beir import load_queries
 from rag.index import dense, sparse
@@ -46,12 +44,6 @@ def timed(fn, items) -> list[float]:
         fn(item)
         out.append(time.perf_counter() - start)
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main() -> None:
@@ -95,22 +87,8 @@ def main() -> None:
     results["pipeline_in_process_ms"] = summary(
         [timed(lambda q: pipeline.query(q, 5), queries) for _ in range(args.rounds)])
 
-    port = free_port()
-    ragheat = Path(sys.executable).parent / "ragheat"
-    server = subprocess.Popen([str(ragheat), "serve", "--index", str(args.index), "--port", str(port),
-                               "--log-level", "warning"], env={**os.environ})
+    server, url = start_serve_process(args.index, env={**os.environ})
     try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(url + "/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline or server.poll() is not None:
-                raise SystemExit("server did not become ready")
-            time.sleep(0.1)
         stage_ms: dict[str, list[float]] = {}
         with httpx.Client(base_url=url) as client:
             def ask(q):

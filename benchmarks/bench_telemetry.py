@@ -32,7 +32,7 @@ import numpy as np
 from rag.eval.beir import load_queries
 from rag.pipeline import RagPipeline
 from rag.settings import RagheatSettings
-from telemetry.prometheus_server import free_port
+from rag.api.server import start_serve_process
 from telemetry.recorder import RequestInfo, Telemetry
 
 
@@ -50,27 +50,6 @@ with receiver as endpoint:
     sys.stdin.read()
 print(json.dumps({"spans": len(receiver.spans()), "metric_requests": len(receiver.metrics)}), flush=True)
 """
-
-
-def start_server(index: Path, telemetry: bool, env: dict) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    ragheat = Path(sys.executable).parent / "ragheat"
-    args = [str(ragheat), "serve", "--index", str(index), "--port", str(port), "--log-level", "warning"]
-    if not telemetry:
-        args.append("--no-telemetry")
-    process = subprocess.Popen(args, env=env)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/readyz", timeout=1).status_code == 200:
-                return process, url
-        except httpx.TransportError:
-            pass
-        if process.poll() is not None:
-            break
-        time.sleep(0.1)
-    raise SystemExit(f"server {args} did not start")
 
 
 def latency_interleaved(urls: dict[str, str], queries: list[str], rounds: int) -> dict:
@@ -142,9 +121,9 @@ def main() -> None:
     parser.add_argument("--beir", type=Path, required=True)
     parser.add_argument("--index", type=Path, required=True)
     parser.add_argument("--queries", type=int, default=200)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--clients", type=int, default=4)
-    parser.add_argument("--round-s", type=float, default=8.0)
+    parser.add_argument("--round-s", type=float, default=6.0)
     parser.add_argument("--sample-ratio", type=float, default=0.1)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
@@ -157,9 +136,10 @@ def main() -> None:
         raise SystemExit("the OTLP receiver did not start")
     base = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "RAGHEAT_TELEMETRY"))}
     env_on = {**base, "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint}  # metrics pushed every 10 s (the default)
-    envs = {"off": (False, base), "on": (True, env_on),
+    envs = {"off": (False, base), "on": (True, {**env_on, "RAGHEAT_TELEMETRY__TRACE_SAMPLE_RATIO": "1.0"}),
             "on_sampled": (True, {**env_on, "RAGHEAT_TELEMETRY__TRACE_SAMPLE_RATIO": str(args.sample_ratio)})}
-    servers = {name: start_server(args.index, telemetry, env) for name, (telemetry, env) in envs.items()}
+    servers = {name: start_serve_process(args.index, () if telemetry else ("--no-telemetry",), env)
+               for name, (telemetry, env) in envs.items()}
     try:
         urls = {name: url for name, (_, url) in servers.items()}
         pids = {name: process.pid for name, (process, _) in servers.items()}

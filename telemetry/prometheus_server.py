@@ -7,21 +7,14 @@ service, a throw-away TSDB folder, and exemplar storage enabled so trace ids on 
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import httpx
 
+from rag.api.server import free_port, wait_until_ok
 from rag.errors import ConfigurationError
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def scrape_config(target: str, scrape_interval_s: float = 5.0, job: str = "ragheat") -> str:
@@ -90,17 +83,8 @@ class LocalPrometheus:
         return (major, minor) >= (2, 49)
 
     def _wait_ready(self, timeout_s: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"prometheus exited ({self.process.returncode}); see {self.folder}/prometheus.log")
-            try:
-                if httpx.get(self.url + "/-/ready", timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise TimeoutError(f"prometheus at {self.url} was not ready within {timeout_s} s")
+        wait_until_ok(self.url + "/-/ready", timeout_s, lambda: self.process.poll() is None,
+                      f"prometheus (log: {self.folder}/prometheus.log)")
 
     def query(self, promql: str) -> list[dict]:
         body = httpx.get(self.url + "/api/v1/query", params={"query": promql}, timeout=10).json()

@@ -1,13 +1,55 @@
-"""Run the app under uvicorn in a background thread on a loopback socket (demo, tests, benchmarks)."""
+"""Run the service for a while: in a background thread (demo, tests) or as a `ragheat serve` process
+(benchmarks), on a loopback port, and wait until it answers."""
 
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
+from typing import Callable, Sequence
 
 import httpx
 import uvicorn
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def wait_until_ok(url: str, timeout_s: float, alive: Callable[[], bool], what: str) -> None:
+    """Poll ``url`` until it answers 200; fail early, naming ``what``, if ``alive()`` turns false."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not alive():
+            raise RuntimeError(f"{what} stopped during start-up (see its log)")
+        try:
+            if httpx.get(url, timeout=1.0).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(f"{what}: {url} did not answer 200 within {timeout_s} s")
+
+
+def start_serve_process(index: Path, extra_args: Sequence[str] = (), env: dict | None = None,
+                        ready_timeout_s: float = 120.0) -> tuple[subprocess.Popen, str]:
+    """``ragheat serve --index INDEX`` on a free port as a child process; returns it and its URL once ready."""
+    port = free_port()
+    ragheat = Path(sys.executable).parent / "ragheat"
+    process = subprocess.Popen([str(ragheat), "serve", "--index", str(index), "--port", str(port),
+                                "--log-level", "warning", *extra_args], env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_ok(url + "/readyz", ready_timeout_s, lambda: process.poll() is None, "ragheat serve")
+    except Exception:
+        process.kill()
+        raise
+    return process, url
 
 
 class BackgroundServer:
@@ -32,21 +74,8 @@ class BackgroundServer:
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]},
                                        name="ragheat-uvicorn", daemon=True)
         self.thread.start()
-        self._wait_ready()
+        wait_until_ok(self.url + "/readyz", self.ready_timeout, self.thread.is_alive, "the server")
         return self.url
-
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + self.ready_timeout
-        while time.monotonic() < deadline:
-            if not self.thread.is_alive():
-                raise RuntimeError("the server stopped during start-up (see the log above)")
-            try:
-                if httpx.get(self.url + "/readyz", timeout=1.0).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
-        raise TimeoutError(f"{self.url}/readyz was not ready within {self.ready_timeout} s")
 
     def __exit__(self, *exc) -> None:
         self.server.should_exit = True
