@@ -247,6 +247,48 @@ def evaluate(
 
 @app.command()
 @_guard
+def bench(
+    url: str = typer.Option(..., "--url", help="the service, e.g. http://127.0.0.1:8000"),
+    rates: str = typer.Option("5,10,20,40", help="open loop: offered req/s, '5,10,20' or 'start:stop:step'"),
+    mode: str = typer.Option("open", help="open (Poisson arrivals) | closed (N concurrent clients)"),
+    concurrency: str = typer.Option("1,2,4,8", help="closed loop: client counts, comma list"),
+    duration: float = typer.Option(10.0, min=0.1, help="measured seconds per step"),
+    warmup: float = typer.Option(2.0, min=0.0, help="unmeasured seconds before each step"),
+    queries: Optional[Path] = typer.Option(None, help="plain lines or a BEIR queries.jsonl (default: built-in)"),
+    slo_ms: float = typer.Option(420.0, help="P99 objective used for the knee"),
+    max_error_rate: float = typer.Option(0.001, help="error share allowed at the knee"),
+    timeout: float = typer.Option(10.0, help="per-request timeout, seconds"),
+    seed: int = typer.Option(0, help="seed for arrivals and query order"),
+    out_dir: Path = typer.Option(Path("out/bench"), "--out", help="results.json goes here"),
+) -> None:
+    """Sweep load against a running service; report percentiles per step and the knee (max rate meeting the SLO)."""
+    from loadgen.arrivals import parse_rates
+    from loadgen.runner import DEFAULT_QUERIES, load_queries, shuffled
+    from loadgen.sweep import results_table, run_sweep, write_results
+
+    if mode not in ("open", "closed"):
+        _fail(f"--mode must be open or closed, not {mode!r}")
+    try:
+        levels = parse_rates(rates) if mode == "open" else [float(int(c)) for c in concurrency.split(",") if c.strip()]
+        texts = load_queries(queries) if queries else DEFAULT_QUERIES
+    except (ValueError, OSError) as exc:
+        _fail(str(exc))
+    if mode == "closed" and (not levels or min(levels) < 1):
+        _fail("--concurrency takes positive whole numbers, e.g. 1,2,4")
+    with progress_bar() as progress:
+        results = run_sweep(url, shuffled(texts, seed), mode=mode, levels=levels, duration_s=duration,
+                            warmup_s=warmup, slo_ms=slo_ms, max_error_rate=max_error_rate, seed=seed,
+                            timeout_s=timeout, progress=progress)
+    path = write_results(results, out_dir)
+    out.print(results_table(results))
+    knee = results["knee_qps"]
+    if mode == "open":
+        out.print(f"knee: {knee:g} req/s" if knee is not None else "knee: none of the offered rates met the SLO")
+    out.print(f"wrote {path}" + ("  (interrupted: partial results)" if results["interrupted"] else ""))
+
+
+@app.command()
+@_guard
 def demo(
     index: Path = typer.Option(Path("data/index/wiki"), "--index", help="where the demo index lives"),
     source: str = typer.Option("wiki", help="corpus to ingest when the index is absent"),

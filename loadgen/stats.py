@@ -1,0 +1,55 @@
+"""Percentiles, per-step results and the knee of a rate sweep."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+PERCENTILES = {"p50": 50.0, "p90": 90.0, "p99": 99.0, "p99.9": 99.9}
+
+
+def percentiles_ms(seconds: Sequence[float]) -> dict[str, float | None]:
+    """P50/P90/P99/P99.9 in milliseconds (linear interpolation between order statistics); None when empty."""
+    if len(seconds) == 0:
+        return {name: None for name in PERCENTILES}
+    values = np.asarray(seconds, dtype=np.float64) * 1000.0
+    return {name: float(np.percentile(values, q)) for name, q in PERCENTILES.items()}
+
+
+@dataclass
+class StepResult:
+    """One step of a sweep, as written to results.json."""
+
+    mode: str
+    offered_qps: float | None  # None for closed-loop steps
+    concurrency: int | None
+    duration_s: float
+    requests: int
+    errors: int
+    achieved_qps: float
+    latency_ms: dict
+    send_error_ms: dict = field(default_factory=dict)  # actual minus intended send time (open loop)
+    stages_ms: dict = field(default_factory=dict)  # stage -> percentiles, from the server's stage timings
+    interrupted: bool = False
+
+    @property
+    def error_rate(self) -> float:
+        return self.errors / self.requests if self.requests else 0.0
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "error_rate": self.error_rate}
+
+
+def find_knee(steps: Sequence[StepResult], slo_ms: float, max_error_rate: float = 0.001) -> float | None:
+    """The highest offered rate that meets the SLO (P99 <= slo_ms, errors <= max_error_rate) with every
+    lower offered rate meeting it too: a passing step above a failing one is noise, not capacity."""
+    knee = None
+    for step in sorted((s for s in steps if s.offered_qps is not None and not s.interrupted),
+                       key=lambda s: s.offered_qps):
+        p99 = step.latency_ms.get("p99")
+        if step.requests == 0 or p99 is None or p99 > slo_ms or step.error_rate > max_error_rate:
+            break
+        knee = step.offered_qps
+    return knee

@@ -1,0 +1,75 @@
+"""A sweep: one step per offered rate (open loop) or per concurrency (closed loop), then the knee."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Sequence
+
+from rich.table import Table
+
+from loadgen.runner import closed_loop, open_loop
+from loadgen.stats import StepResult, find_knee
+
+
+def run_sweep(url: str, queries: Sequence[str], *, mode: str, levels: Sequence[float], duration_s: float,
+              warmup_s: float, slo_ms: float, max_error_rate: float, seed: int = 0, timeout_s: float = 10.0,
+              progress=None) -> dict:
+    """Run every step; Ctrl-C ends the sweep and keeps what was measured (the cut step marked interrupted)."""
+    target = url.rstrip("/") + "/v1/query"
+    steps: list[StepResult] = []
+    interrupted = False
+    started = time.time()
+    for level in levels:
+        label = f"{level:g} req/s" if mode == "open" else f"{int(level)} clients"
+        task = progress.add_task(f"step {label}", total=1.0) if progress is not None else None
+        tick = (lambda f, t=task: progress.update(t, completed=f)) if progress is not None else None
+        holder: dict = {}
+        try:
+            if mode == "open":
+                step = asyncio.run(open_loop(target, queries, level, duration_s, warmup_s, seed=seed + len(steps),
+                                             timeout_s=timeout_s, progress=tick, holder=holder))
+            else:
+                step = asyncio.run(closed_loop(target, queries, int(level), duration_s, warmup_s,
+                                               timeout_s=timeout_s, progress=tick))
+        except KeyboardInterrupt:
+            interrupted = True
+            if "result" in holder:
+                steps.append(holder["result"])
+            break
+        if progress is not None:
+            progress.update(task, completed=1.0)
+        steps.append(step)
+    return {
+        "url": url, "mode": mode, "slo_ms": slo_ms, "max_error_rate": max_error_rate,
+        "duration_s": duration_s, "warmup_s": warmup_s, "started_at": started, "interrupted": interrupted,
+        "knee_qps": find_knee(steps, slo_ms, max_error_rate) if mode == "open" else None,
+        "steps": [s.to_json() for s in steps],
+    }
+
+
+def write_results(results: dict, out_dir: Path) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "results.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(results, indent=2, sort_keys=True))
+    tmp.replace(path)
+    return path
+
+
+def results_table(results: dict) -> Table:
+    table = Table(title=f"{results['mode']}-loop sweep against {results['url']} (SLO P99 <= {results['slo_ms']:g} ms)")
+    first = "offered req/s" if results["mode"] == "open" else "clients"
+    for column in (first, "achieved", "errors", "P50 ms", "P90 ms", "P99 ms", "P99.9 ms", "send err P99 ms", "SLO"):
+        table.add_column(column, justify="right")
+    fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+    for step in results["steps"]:
+        lat = step["latency_ms"]
+        meets = lat["p99"] is not None and lat["p99"] <= results["slo_ms"] and step["error_rate"] <= results["max_error_rate"]
+        level = step["offered_qps"] if results["mode"] == "open" else step["concurrency"]
+        table.add_row(f"{level:g}" + (" (cut)" if step["interrupted"] else ""), f"{step['achieved_qps']:.1f}",
+                      f"{step['error_rate'] * 100:.2f}%", fmt(lat["p50"]), fmt(lat["p90"]), fmt(lat["p99"]),
+                      fmt(lat["p99.9"]), fmt(step["send_error_ms"].get("p99")), "yes" if meets else "no")
+    return table
