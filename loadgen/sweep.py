@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from pathlib import Path
@@ -10,7 +9,7 @@ from typing import Sequence
 
 from rich.table import Table
 
-from loadgen.runner import closed_loop, open_loop
+from loadgen.runner import closed_loop, open_loop, run
 from loadgen.stats import StepResult, find_knee
 
 
@@ -29,10 +28,10 @@ def run_sweep(url: str, queries: Sequence[str], *, mode: str, levels: Sequence[f
         holder: dict = {}
         try:
             if mode == "open":
-                step = asyncio.run(open_loop(target, queries, level, duration_s, warmup_s, seed=seed + len(steps),
+                step = run(open_loop(target, queries, level, duration_s, warmup_s, seed=seed + len(steps),
                                              timeout_s=timeout_s, progress=tick, holder=holder))
             else:
-                step = asyncio.run(closed_loop(target, queries, int(level), duration_s, warmup_s,
+                step = run(closed_loop(target, queries, int(level), duration_s, warmup_s,
                                                timeout_s=timeout_s, progress=tick))
         except KeyboardInterrupt:
             interrupted = True

@@ -259,7 +259,7 @@ def bench(
     max_error_rate: float = typer.Option(0.001, help="error share allowed at the knee"),
     timeout: float = typer.Option(10.0, help="per-request timeout, seconds"),
     seed: int = typer.Option(0, help="seed for arrivals and query order"),
-    out_dir: Path = typer.Option(Path("out/bench"), "--out", help="results.json goes here"),
+    out_dir: Path = typer.Option(Path("out/bench"), "--out", help="results.json, report.html and its PNGs go here"),
 ) -> None:
     """Sweep load against a running service; report percentiles per step and the knee (max rate meeting the SLO)."""
     from loadgen.arrivals import parse_rates
@@ -280,11 +280,14 @@ def bench(
                             warmup_s=warmup, slo_ms=slo_ms, max_error_rate=max_error_rate, seed=seed,
                             timeout_s=timeout, progress=progress)
     path = write_results(results, out_dir)
+    from loadgen.report import render_report
+
+    report = render_report(path)
     out.print(results_table(results))
     knee = results["knee_qps"]
     if mode == "open":
         out.print(f"knee: {knee:g} req/s" if knee is not None else "knee: none of the offered rates met the SLO")
-    out.print(f"wrote {path}" + ("  (interrupted: partial results)" if results["interrupted"] else ""))
+    out.print(f"wrote {path} and {report}" + ("  (interrupted: partial results)" if results["interrupted"] else ""))
 
 
 @app.command()

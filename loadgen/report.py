@@ -1,0 +1,144 @@
+"""report.html and its PNG images, rendered from results.json alone (so any stored run can be redrawn).
+
+Images: latency buckets × stage (heatmap), latency over time per stage (heatmaps), and P50/P99 against
+offered load with the SLO line and the knee. Latency buckets are the telemetry bucket edges, so the
+report reads like the Grafana heatmaps of the same service.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+import numpy as np
+
+from rag.pipeline import STAGES
+from telemetry.buckets import LATENCY_SECONDS
+
+END_TO_END = "end to end"
+
+
+def _edges_ms() -> np.ndarray:
+    return np.array([0.0, *(e * 1000 for e in LATENCY_SECONDS), np.inf])
+
+
+def _bucket_labels() -> list[str]:
+    return [f"<= {e * 1000:g}" for e in LATENCY_SECONDS] + [f"> {LATENCY_SECONDS[-1] * 1000:g}"]
+
+
+def _series(results: dict) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Per series (stages and end to end): values in ms, and their times on one sweep-wide axis."""
+    values: dict[str, list[float]] = {}
+    times: dict[str, list[float]] = {}
+    offset = 0.0
+    for step in results["steps"]:
+        samples = step.get("samples") or {}
+        t = samples.get("t_s", [])
+        for name, series in [(END_TO_END, samples.get("latency_ms", [])), *samples.get("stages_ms", {}).items()]:
+            for ti, v in zip(t, series):
+                if v is not None:
+                    values.setdefault(name, []).append(v)
+                    times.setdefault(name, []).append(offset + ti)
+        offset += max(step["duration_s"], (t[-1] if t else 0.0)) + results.get("warmup_s", 0.0)
+    rank = {name: i for i, name in enumerate(STAGES)}  # pipeline order, not alphabetical
+    order = sorted((n for n in values if n != END_TO_END), key=lambda n: (rank.get(n, len(rank)), n))
+    order += [END_TO_END] if END_TO_END in values else []
+    return {n: values[n] for n in order}, {n: times[n] for n in order}
+
+
+def render_report(results_path: Path, out_dir: Path | None = None) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import LogNorm
+
+    results = json.loads(Path(results_path).read_text())
+    out_dir = Path(out_dir or Path(results_path).parent)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    values, times = _series(results)
+    edges, labels = _edges_ms(), _bucket_labels()
+    images = []
+
+    if values:  # 1. latency buckets x stage
+        names = list(values)
+        counts = np.array([np.histogram(values[n], bins=edges)[0] for n in names]).T
+        share = counts / np.maximum(counts.sum(axis=0, keepdims=True), 1)
+        fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(names), 8))
+        mesh = ax.imshow(np.where(share > 0, share, np.nan), aspect="auto", origin="lower", cmap="inferno_r",
+                         norm=LogNorm(vmin=1e-4, vmax=1))
+        ax.set_xticks(range(len(names)), names, rotation=30, ha="right")
+        ax.set_yticks(range(len(labels)), labels, fontsize=7)
+        ax.axhline(list(LATENCY_SECONDS).index(0.42) + 0.5, color="tab:blue", lw=1, ls="--")
+        ax.set_ylabel("latency bucket (ms)")
+        ax.set_title(f"share of requests per latency bucket, whole sweep (--- = SLO {results['slo_ms']:g} ms)")
+        fig.colorbar(mesh, ax=ax, label="share of the stage's requests")
+        images.append(_save(fig, out_dir / "heatmap_stage_buckets.png", "Latency buckets by stage"))
+
+    if values:  # 2. latency over time, one heatmap per series
+        fig, axes = plt.subplots(len(values), 1, figsize=(11, 2.2 * len(values)), sharex=True, squeeze=False)
+        horizon = max(max(t) for t in times.values()) if times else 1.0
+        time_bins = np.linspace(0, horizon + 1e-9, min(120, max(10, int(horizon))) + 1)
+        for ax, name in zip(axes[:, 0], values):
+            grid, _, _ = np.histogram2d(times[name], values[name], bins=[time_bins, edges])
+            ax.imshow(np.where(grid.T > 0, grid.T, np.nan), aspect="auto", origin="lower", cmap="viridis",
+                      norm=LogNorm(vmin=1, vmax=max(1, grid.max())),
+                      extent=[time_bins[0], time_bins[-1], 0, len(labels)])
+            ax.set_yticks([0.5, list(LATENCY_SECONDS).index(0.01) + 0.5, list(LATENCY_SECONDS).index(0.42) + 0.5],
+                          ["0.5 ms", "10 ms", "420 ms"], fontsize=7)
+            ax.set_ylabel(name, rotation=0, ha="right", fontsize=8)
+        axes[-1, 0].set_xlabel("seconds into the sweep (steps back to back, warm-ups left out)")
+        fig.suptitle("latency over time per stage (colour: requests per cell)")
+        images.append(_save(fig, out_dir / "heatmap_time_stage.png", "Latency over time per stage"))
+
+    steps = [s for s in results["steps"] if s.get("offered_qps") is not None and s["latency_ms"]["p50"] is not None]
+    if steps:  # 3. P50/P99 vs offered load
+        rates = [s["offered_qps"] for s in steps]
+        fig, ax = plt.subplots(figsize=(8, 5))
+        ax.plot(rates, [s["latency_ms"]["p50"] for s in steps], "o-", label="P50")
+        ax.plot(rates, [s["latency_ms"]["p99"] for s in steps], "s-", label="P99")
+        ax.axhline(results["slo_ms"], color="tab:red", ls="--", label=f"SLO {results['slo_ms']:g} ms")
+        if results.get("knee_qps") is not None:
+            ax.axvline(results["knee_qps"], color="tab:green", ls=":", label=f"knee {results['knee_qps']:g} req/s")
+        ax.set_yscale("log")
+        ax.set_xlabel("offered load (req/s, open loop)")
+        ax.set_ylabel("latency from intended send time (ms)")
+        ax.legend()
+        ax.grid(alpha=0.3)
+        images.append(_save(fig, out_dir / "latency_vs_load.png", "P50 and P99 against offered load"))
+
+    page = out_dir / "report.html"
+    page.write_text(_html(results, images))
+    return page
+
+
+def _save(fig, path: Path, title: str) -> tuple[str, str]:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path.name, title
+
+
+def _html(results: dict, images: list[tuple[str, str]]) -> str:
+    rows = []
+    for s in results["steps"]:
+        lat = s["latency_ms"]
+        cell = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+        level = s["offered_qps"] if s["offered_qps"] is not None else f"{s['concurrency']} clients"
+        rows.append(f"<tr><td>{level}</td><td>{s['achieved_qps']:.1f}</td><td>{s['error_rate'] * 100:.2f}%</td>"
+                    + "".join(f"<td>{cell(lat[k])}</td>" for k in ("p50", "p90", "p99", "p99.9")) + "</tr>")
+    knee = results.get("knee_qps")
+    figures = "".join(f'<figure><img src="{html.escape(src)}" alt="{html.escape(t)}"><figcaption>{html.escape(t)}'
+                      "</figcaption></figure>" for src, t in images)
+    return f"""<!doctype html><html><head><meta charset="utf-8"><title>ragheat bench report</title>
+<style>body{{font-family:sans-serif;margin:2em;max-width:1200px}}table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}img{{max-width:100%}}</style></head><body>
+<h1>ragheat bench: {html.escape(results['url'])}</h1>
+<p>{html.escape(results['mode'])} loop, {results['duration_s']:g} s per step after {results['warmup_s']:g} s warm-up;
+SLO: P99 &le; {results['slo_ms']:g} ms with errors &le; {results['max_error_rate'] * 100:g} %.
+<b>Knee: {"none" if knee is None else f"{knee:g} req/s"}</b>{" (sweep interrupted)" if results.get("interrupted") else ""}</p>
+<table><tr><th>offered</th><th>achieved req/s</th><th>errors</th><th>P50 ms</th><th>P90 ms</th><th>P99 ms</th>
+<th>P99.9 ms</th></tr>{"".join(rows)}</table>{figures}</body></html>"""
