@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -23,23 +24,23 @@ from loadgen.stats import StepResult, percentiles_ms
 
 @dataclass
 class Outcome:
-    intended: float  # loop time the request was meant to be sent
+    intended: float  # perf_counter time the request was meant to be sent
     sent: float
     done: float
     ok: bool
     stages: list | None  # [{"name", "ms"}] from the response, when asked for
 
 
-async def _post(session: aiohttp.ClientSession, url: str, body: bytes, want_stages: bool, intended: float,
-                loop) -> Outcome:
-    sent = loop.time()
+async def _post(session: aiohttp.ClientSession, url: str, body: bytes, want_stages: bool,
+                intended: float) -> Outcome:
+    sent = _now()
     try:
         async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as response:
             payload = await response.read()
             ok = 200 <= response.status < 300
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
-        return Outcome(intended, sent, loop.time(), False, None)
-    done = loop.time()
+        return Outcome(intended, sent, _now(), False, None)
+    done = _now()
     stages = None
     if ok and want_stages:
         try:
@@ -58,6 +59,22 @@ def run(coro):
         return asyncio.run(coro)
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         return runner.run(coro)
+
+
+TIMER_SLACK_S = 0.0015  # event-loop timers fire on millisecond ticks (libuv), so the last stretch is polled
+# All timestamps come from perf_counter: uvloop's loop.time() is libuv's cached millisecond clock, too coarse
+# to time requests that take a few milliseconds.
+_now = time.perf_counter
+
+
+async def _sleep_until(when: float) -> None:
+    """Sleep on the timer until just before ``when``, then yield to the loop (serving responses meanwhile)
+    until it arrives: a plain sleep would fire up to a millisecond late on libuv's millisecond timers."""
+    delay = when - _now()
+    if delay > TIMER_SLACK_S:
+        await asyncio.sleep(delay - TIMER_SLACK_S)
+    while _now() < when:
+        await asyncio.sleep(0)
 
 
 def _bodies(queries: Sequence[str], top_k: int) -> list[bytes]:
@@ -81,15 +98,13 @@ async def open_loop(url: str, queries: Sequence[str], rate: float, duration_s: f
     tasks: list[asyncio.Task] = []
     interrupted = False
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        start = loop.time() + 0.05
+        start = _now() + 0.05
         try:
             for i, offset in enumerate(offsets):
                 intended = start + offset
-                delay = intended - loop.time()
-                if delay > 0:
-                    await asyncio.sleep(delay)
+                await _sleep_until(intended)
                 tasks.append(loop.create_task(
-                    _post(session, url, bodies[i % len(bodies)], want_stages, intended, loop)))
+                    _post(session, url, bodies[i % len(bodies)], want_stages, intended)))
                 if progress is not None and i % 64 == 0:
                     progress(min(1.0, offset / (warmup_s + duration_s)))
         except asyncio.CancelledError:
@@ -113,22 +128,22 @@ async def closed_loop(url: str, queries: Sequence[str], concurrency: int, durati
     connector = aiohttp.TCPConnector(limit=0)
     outcomes: list[Outcome] = []
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
-        start = loop.time()
+        start = _now()
         stop = start + warmup_s + duration_s
 
         async def client(i: int) -> None:
             j = i
-            while loop.time() < stop:
-                now = loop.time()
-                outcome = await _post(session, url, bodies[j % len(bodies)], want_stages, now, loop)
+            while _now() < stop:
+                now = _now()
+                outcome = await _post(session, url, bodies[j % len(bodies)], want_stages, now)
                 if now >= start + warmup_s:
                     outcomes.append(outcome)
                 j += concurrency
 
         async def ticker() -> None:
-            while loop.time() < stop:
+            while _now() < stop:
                 if progress is not None:
-                    progress(min(1.0, (loop.time() - start) / (stop - start)))
+                    progress(min(1.0, (_now() - start) / (stop - start)))
                 await asyncio.sleep(0.2)
 
         await asyncio.gather(*(client(i) for i in range(concurrency)), ticker())
