@@ -33,10 +33,12 @@ SAMPLE_QUESTIONS = {
     ],
 }
 REPEATS = 20  # each sample question is asked this many times for the timing table
+SWEEP_RATES = (25, 50, 100, 150, 200, 250)  # req/s; on two cores the demo's knee lies in this range
+SWEEP_SECONDS = 3.0
 
 
 def run_demo(settings: RagheatSettings, index: Path, source: str, port: int, *, console: Console,
-             progress) -> None:
+             progress, bench_dir: Path = Path("out/demo-bench")) -> None:
     try:
         manifest = read_manifest(index)
         console.print(f"using index {index} ({manifest['counts']['chunks']} chunks of {manifest['corpus']['name']})")
@@ -69,7 +71,38 @@ def run_demo(settings: RagheatSettings, index: Path, source: str, port: int, *, 
             console.print()
         console.print(_timing_table(client, questions))
         console.print(_p99_from_metrics(client))
+        _short_sweep(url, bench_dir, console)
     telemetry.shutdown()
+
+
+def _short_sweep(url: str, out_dir: Path, console: Console) -> None:
+    """A short open-loop sweep from a separate process (so the load generator does not share the server's
+    interpreter), then the report's path and a one-screen summary."""
+    import json
+    import subprocess
+    import sys
+
+    console.print(f"\nshort load sweep ({', '.join(f'{r:g}' for r in SWEEP_RATES)} req/s, "
+                  f"{SWEEP_SECONDS:g} s each) ...")
+    ragheat = Path(sys.executable).parent / "ragheat"
+    done = subprocess.run([str(ragheat), "bench", "--url", url, "--rates", ",".join(f"{r:g}" for r in SWEEP_RATES),
+                           "--duration", str(SWEEP_SECONDS), "--warmup", "1", "--out", str(out_dir)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        console.print(f"[red]the sweep failed:[/] {done.stderr.strip()[-500:]}")
+        return
+    results = json.loads((out_dir / "results.json").read_text())
+    knee = results["knee_qps"]
+    console.print(f"report: {(out_dir / 'report.html').resolve()}")
+    if knee is None:
+        console.print(f"knee: none of the offered rates kept P99 within {results['slo_ms']:g} ms")
+        return
+    step = next(s for s in results["steps"] if s["offered_qps"] == knee)
+    stages = ", ".join(f"{name} {p['p99']:.1f}" for name, p in step["stages_ms"].items())
+    if knee == max(SWEEP_RATES):
+        console.print("(the sweep's highest rate still met the objective: the real knee lies above it)")
+    console.print(f"knee: [bold]{knee:g} req/s[/] (highest offered rate with P99 <= {results['slo_ms']:g} ms); "
+                  f"at the knee P99 end to end {step['latency_ms']['p99']:.1f} ms; per stage (ms): {stages}")
 
 
 def _ask(client: httpx.Client, question: str) -> dict:
