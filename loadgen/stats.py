@@ -33,6 +33,7 @@ class StepResult:
     send_error_ms: dict = field(default_factory=dict)  # actual minus intended send time (open loop)
     stages_ms: dict = field(default_factory=dict)  # stage -> percentiles, from the server's stage timings
     interrupted: bool = False
+    stages_source: str = "responses"  # or "prometheus"
     # Per successful request, for the report's heatmaps: seconds since the step's measured start,
     # end-to-end ms, and each stage's ms (None where a response carried no such stage).
     samples: dict = field(default_factory=dict)

@@ -13,10 +13,33 @@ from loadgen.runner import closed_loop, open_loop, run
 from loadgen.stats import StepResult, find_knee
 
 
+def prometheus_stage_percentiles(prometheus_url: str, window_s: float, at: float) -> dict:
+    """Per-stage P50/P90/P99/P99.9 (ms) over the last ``window_s`` before ``at``, from the service's own
+    histograms as Prometheus scraped them (bucket-interpolated, so coarser than per-response timings)."""
+    import httpx
+
+    from loadgen.stats import PERCENTILES
+
+    window = f"{max(1, int(round(window_s)))}s"
+    out: dict[str, dict] = {}
+    for name, q in PERCENTILES.items():
+        promql = (f"histogram_quantile({q / 100}, sum by (le, stage) "
+                  f"(rate(ragheat_stage_duration_seconds_bucket[{window}])))")
+        body = httpx.get(prometheus_url.rstrip("/") + "/api/v1/query", params={"query": promql, "time": at},
+                         timeout=10).json()
+        if body.get("status") != "success":
+            raise RuntimeError(f"prometheus at {prometheus_url}: {body.get('error')}")
+        for series in body["data"]["result"]:
+            value = float(series["value"][1])
+            out.setdefault(series["metric"].get("stage", "?"), {})[name] = value * 1000 if value == value else None
+    return out
+
+
 def run_sweep(url: str, queries: Sequence[str], *, mode: str, levels: Sequence[float], duration_s: float,
               warmup_s: float, slo_ms: float, max_error_rate: float, seed: int = 0, timeout_s: float = 10.0,
-              progress=None) -> dict:
-    """Run every step; Ctrl-C ends the sweep and keeps what was measured (the cut step marked interrupted)."""
+              progress=None, prometheus_url: str | None = None) -> dict:
+    """Run every step; Ctrl-C ends the sweep and keeps what was measured (the cut step marked interrupted).
+    With ``prometheus_url``, per-stage percentiles come from Prometheus instead of the responses."""
     target = url.rstrip("/") + "/v1/query"
     steps: list[StepResult] = []
     interrupted = False
@@ -40,6 +63,10 @@ def run_sweep(url: str, queries: Sequence[str], *, mode: str, levels: Sequence[f
             break
         if progress is not None:
             progress.update(task, completed=1.0)
+        if prometheus_url:
+            time.sleep(min(5.0, duration_s / 4))  # let a scrape after the step land
+            step.stages_ms = prometheus_stage_percentiles(prometheus_url, duration_s, time.time())
+            step.stages_source = "prometheus"
         steps.append(step)
     return {
         "url": url, "mode": mode, "slo_ms": slo_ms, "max_error_rate": max_error_rate,

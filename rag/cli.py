@@ -260,6 +260,8 @@ def bench(
     timeout: float = typer.Option(10.0, help="per-request timeout, seconds"),
     seed: int = typer.Option(0, help="seed for arrivals and query order"),
     out_dir: Path = typer.Option(Path("out/bench"), "--out", help="results.json, report.html and its PNGs go here"),
+    prometheus_url: Optional[str] = typer.Option(None, "--prometheus", help="take per-stage percentiles from this "
+                                                 "Prometheus (scraping the service) instead of the responses"),
 ) -> None:
     """Sweep load against a running service; report percentiles per step and the knee (max rate meeting the SLO)."""
     from loadgen.arrivals import parse_rates
@@ -278,7 +280,7 @@ def bench(
     with progress_bar() as progress:
         results = run_sweep(url, shuffled(texts, seed), mode=mode, levels=levels, duration_s=duration,
                             warmup_s=warmup, slo_ms=slo_ms, max_error_rate=max_error_rate, seed=seed,
-                            timeout_s=timeout, progress=progress)
+                            timeout_s=timeout, progress=progress, prometheus_url=prometheus_url)
     path = write_results(results, out_dir)
     from loadgen.report import render_report
 

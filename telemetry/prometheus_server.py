@@ -9,6 +9,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import httpx
@@ -72,6 +73,7 @@ class LocalPrometheus:
              "--enable-feature=native-histograms", "--web.enable-lifecycle"],
             stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
         self._wait_ready()
+        self._wait_first_scrape()
         return self.url
 
     def _supports_scrape_protocols(self) -> bool:
@@ -85,6 +87,16 @@ class LocalPrometheus:
     def _wait_ready(self, timeout_s: float = 30.0) -> None:
         wait_until_ok(self.url + "/-/ready", timeout_s, lambda: self.process.poll() is None,
                       f"prometheus (log: {self.folder}/prometheus.log)")
+
+    def _wait_first_scrape(self, timeout_s: float = 30.0) -> None:
+        """Prometheus hands new targets to its scrapers only every 5 s; until the first scrape an ``up``
+        series does not exist and every query is empty, so wait for it (up or down, it says which)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.query('up{job="ragheat"}'):
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"prometheus at {self.url} did not scrape {self.target} within {timeout_s} s")
 
     def query(self, promql: str) -> list[dict]:
         body = httpx.get(self.url + "/api/v1/query", params={"query": promql}, timeout=10).json()

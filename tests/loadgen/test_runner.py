@@ -147,3 +147,27 @@ def test_bench_command_end_to_end(tmp_path):
         failed = subprocess.run([str(ragheat), "bench", "--url", "http://127.0.0.1:9", *bad, "--out", str(tmp_path)],
                                 capture_output=True, text=True, timeout=60, env=env)
         assert failed.returncode == 2 and message in failed.stdout + failed.stderr
+
+
+def test_stage_percentiles_from_a_real_prometheus(settings, pipeline):
+    """--prometheus: per-stage percentiles read back from a real Prometheus scraping the real service."""
+    from prometheus_client import CollectorRegistry
+
+    from rag.api.app import create_app
+    from rag.api.server import BackgroundServer
+    from telemetry import build_telemetry
+    from telemetry.asgi import instrument_app
+    from telemetry.prometheus_server import LocalPrometheus
+
+    app = create_app(settings, pipeline=pipeline)
+    telemetry = build_telemetry(settings, pipeline, registry=CollectorRegistry())
+    instrument_app(app, telemetry)
+    with BackgroundServer(app) as url, LocalPrometheus(url.removeprefix("http://"), scrape_interval_s=1) as prom:
+        results = run_sweep(url, ["vitamin D and bone density", "aspirin"], mode="open", levels=[20],
+                            duration_s=4.0, warmup_s=0.5, slo_ms=420, max_error_rate=0.001, prometheus_url=prom)
+    telemetry.shutdown()
+    step = results["steps"][0]
+    assert step["stages_source"] == "prometheus"
+    assert set(step["stages_ms"]) == {"embed", "retrieve_dense", "retrieve_bm25", "fuse", "generate"}
+    for stage, p in step["stages_ms"].items():
+        assert p["p50"] is not None and 0 < p["p50"] <= p["p99"] < 1000, (stage, p)
