@@ -124,7 +124,6 @@ async def closed_loop(url: str, queries: Sequence[str], concurrency: int, durati
                       progress: Callable[[float], None] | None = None) -> StepResult:
     """``concurrency`` clients, each sending its next request when the previous one returns."""
     bodies = _bodies(queries, top_k)
-    loop = asyncio.get_running_loop()
     connector = aiohttp.TCPConnector(limit=0)
     outcomes: list[Outcome] = []
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
