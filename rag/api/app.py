@@ -90,14 +90,14 @@ def create_app(settings: RagheatSettings, index_dir: Path | None = None,
 
     def run_query(request: QueryRequest, http: Request):
         # Left on request.state for whoever observes requests (telemetry's middleware); rag/ never calls it.
-        http.state.rag_query = request.query
-        http.state.rag_top_k = request.top_k or server.default_top_k
+        top_k = request.top_k or server.default_top_k
+        http.state.rag_query, http.state.rag_top_k = request.query, top_k
         if len(request.query) > server.max_query_chars:
             raise ApiError(422, "invalid_request", f"query: {len(request.query)} characters is over the limit of "
                                                    f"{server.max_query_chars} (server.max_query_chars)")
         if not pipeline.ready:
             raise ApiError(503, "not_ready", "the index is still loading")
-        result = pipeline.query(request.query, request.top_k or server.default_top_k, request.retrievers)
+        result = pipeline.query(request.query, top_k, request.retrievers)
         http.state.rag_result = result
         return result
 
