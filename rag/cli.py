@@ -292,6 +292,92 @@ def bench(
     out.print(f"wrote {path} and {report}" + ("  (interrupted: partial results)" if results["interrupted"] else ""))
 
 
+@app.command("ann-bench")
+@_guard
+def ann_bench(
+    beir: Path = typer.Option(..., "--beir", help="BEIR folder whose index provides the first vector set"),
+    index: Optional[Path] = typer.Option(None, "--index", help="its index (built if absent; flat or hnsw)"),
+    wiki: bool = typer.Option(True, "--wiki/--no-wiki", help="also the Wikipedia corpus in small chunks"),
+    wiki_window: int = typer.Option(20, min=8, help="token window for the Wikipedia chunks (20 gives ~50k)"),
+    holdout: int = typer.Option(1000, min=10, help="Wikipedia chunks held out as queries"),
+    threads: str = typer.Option("1,2,4,8,16", help="concurrent searchers"),
+    seconds: float = typer.Option(1.0, min=0.1, help="seconds per throughput measurement"),
+    out_dir: Path = typer.Option(Path("out/ann-bench"), "--out", help="results.json and plots go here"),
+) -> None:
+    """Compare flat, HNSW (M 16/32/64, efSearch sweep) and IVF-PQ (nprobe sweep) on real embeddings."""
+    import numpy as np
+
+    from rag.eval.beir import load_queries
+    from rag.index import annbench
+    from rag.ingest.pipeline import ingest as run_ingest
+    from rag.pipeline import RagPipeline
+
+    try:
+        thread_counts = [int(t) for t in threads.split(",") if t.strip()]
+        if not thread_counts or min(thread_counts) < 1:
+            raise ValueError
+    except ValueError:
+        _fail(f"--threads takes positive whole numbers, e.g. 1,2,4; got {threads!r}")
+    settings = load_settings()
+    index = index or Path("data/index") / beir.resolve().name
+    with progress_bar() as progress:
+        run_ingest(str(beir), index, settings, progress=progress)
+    pipeline = RagPipeline(settings, index)
+    pipeline.warm_up()
+    faiss_index = pipeline.index.faiss_index
+    if pipeline.index.manifest["dense"]["kind"] == "ivfpq":
+        _fail(f"{index} is an ivfpq index, whose vectors are compressed; give a flat or hnsw index")
+    datasets = {beir.resolve().name: (faiss_index.reconstruct_n(0, faiss_index.ntotal),
+                                      np.stack([pipeline.embedder.embed_query(q).vector
+                                                for q in load_queries(beir).values()]))}
+    if wiki:
+        datasets["wiki"] = _wiki_vectors(pipeline.embedder, wiki_window, holdout)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    points = []
+    for name, (base, queries) in datasets.items():
+        out.print(f"[bold]{name}[/]: {len(base):,} vectors, {len(queries):,} queries")
+        points += annbench.run_ann_bench(name, base, queries, threads=thread_counts, seconds=seconds,
+                                         report=lambda line: out.print(line, highlight=False))
+    (out_dir / "results.json").write_text(json.dumps([p.to_json() for p in points], indent=2))
+    images = annbench.plot(points, out_dir)
+    table = Table(title="ANN indexes: recall@10 vs exact, throughput and P99 by concurrent searchers")
+    for column in ("data", "index", "search", "build s", "MB", "recall@10", *(f"QPS/P99 @{t}" for t in thread_counts)):
+        table.add_column(column, justify="right")
+    for p in points:
+        if p.concurrency:
+            table.add_row(p.dataset, p.index, p.search, f"{p.build_s:.1f}", f"{p.memory_mb:.1f}",
+                          f"{p.recall_at_10:.4f}", *(f"{p.concurrency[str(t)]['qps']:.0f}/"
+                                                     f"{p.concurrency[str(t)]['p99_ms']:.2f}" for t in thread_counts))
+    out.print(table)
+    out.print(f"wrote {out_dir / 'results.json'} and {', '.join(str(i) for i in images)}")
+
+
+def _wiki_vectors(embedder, window: int, holdout: int):
+    """Wikipedia summaries in ``window``-token chunks, embedded once and cached under data/annbench/."""
+    import numpy as np
+
+    from rag.ingest.chunking import TokenWindowChunker
+    from rag.ingest.sources import load_wiki
+
+    cache = Path("data/annbench") / f"wiki-w{window}-{embedder.files.precision}.npy"
+    if cache.is_file():
+        vectors = np.load(cache)
+    else:
+        docs = load_wiki().documents
+        chunker = TokenWindowChunker(embedder.tokenizer, window, 0)
+        texts = [d.text[a:b] for d, spans in zip(docs, chunker.split(docs)) for a, b in spans]
+        with progress_bar() as progress:
+            task = progress.add_task(f"embed wiki ({len(texts):,} chunks)", total=len(texts))
+            vectors = embedder.embed_many(texts, progress=lambda n: progress.advance(task, n))
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        np.save(cache, vectors)
+    rng = np.random.default_rng(0)
+    held = rng.choice(len(vectors), size=min(holdout, len(vectors) // 10), replace=False)
+    keep = np.ones(len(vectors), dtype=bool)
+    keep[held] = False
+    return vectors[keep], vectors[held]
+
+
 @app.command()
 @_guard
 def demo(
