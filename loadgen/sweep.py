@@ -68,6 +68,9 @@ def run_sweep(url: str, queries: Sequence[str], *, mode: str, levels: Sequence[f
             step.stages_ms = prometheus_stage_percentiles(prometheus_url, duration_s, time.time())
             step.stages_source = "prometheus"
         steps.append(step)
+        if step.interrupted:  # Ctrl-C reached the step as a cancellation and it returned what it had
+            interrupted = True
+            break
     return {
         "url": url, "mode": mode, "slo_ms": slo_ms, "max_error_rate": max_error_rate,
         "duration_s": duration_s, "warmup_s": warmup_s, "started_at": started, "interrupted": interrupted,

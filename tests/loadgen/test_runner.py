@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
+import time
 
 import pytest
 from aiohttp import web
@@ -170,3 +171,26 @@ def test_stage_percentiles_from_a_real_prometheus(settings, pipeline):
     assert set(step["stages_ms"]) == {"embed", "retrieve_dense", "retrieve_bm25", "fuse", "generate"}
     for stage, p in step["stages_ms"].items():
         assert p["p50"] is not None and 0 < p["p50"] <= p["p99"] < 1000, (stage, p)
+
+
+def test_ctrl_c_stops_the_sweep_and_keeps_what_was_measured(tmp_path):
+    import json
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    ragheat = Path(sys.executable).parent / "ragheat"
+    with FakeServer() as url:
+        process = subprocess.Popen([str(ragheat), "bench", "--url", url, "--rates", "10,20", "--duration", "60",
+                                    "--warmup", "0.2", "--out", str(tmp_path)], stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+        time.sleep(4)
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=30)  # far sooner than the 120 s the sweep would take
+    assert process.returncode == 0, err
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["interrupted"] is True and len(results["steps"]) == 1
+    step = results["steps"][0]
+    assert step["interrupted"] and step["requests"] > 10 and step["duration_s"] < 10
+    assert "(cut)" in out and (tmp_path / "report.html").exists()
