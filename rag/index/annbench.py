@@ -144,16 +144,8 @@ def plot(points: Sequence[AnnPoint], out_dir) -> list:
         for label in dict.fromkeys(p.index for p in mine):
             series = [p for p in mine if p.index == label]
             ax.plot([p.recall_at_10 for p in series], [p.qps_1 for p in series], "o-", label=label)
-        ax.set_xlabel("recall@10 (against exact search)")
-        ax.set_ylabel("queries/s, one searcher")
-        ax.set_yscale("log")
-        ax.set_title(f"{dataset}: recall vs throughput ({mine[0].vectors:,} vectors)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        files.append(out_dir / f"ann_{dataset}_recall_qps.png")
-        fig.tight_layout()
-        fig.savefig(files[-1], dpi=110)
-        plt.close(fig)
+        files.append(_finish(fig, ax, out_dir / f"ann_{dataset}_recall_qps.png", "recall@10 (against exact search)",
+                             "queries/s, one searcher", f"{dataset}: recall vs throughput ({mine[0].vectors:,} vectors)"))
 
         fig, ax = plt.subplots(figsize=(8, 5))
         for p in mine:
@@ -163,14 +155,18 @@ def plot(points: Sequence[AnnPoint], out_dir) -> list:
                 ax.plot(xs, ys, "o-", label=f"{p.index} {p.search}")
                 for threads, x, y in zip(p.concurrency, xs, ys):
                     ax.annotate(threads, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
-        ax.set_xlabel("queries/s (labels: concurrent searchers)")
-        ax.set_ylabel("P99 latency (ms)")
-        ax.set_yscale("log")
-        ax.set_title(f"{dataset}: throughput vs P99 under concurrency")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        files.append(out_dir / f"ann_{dataset}_qps_p99.png")
-        fig.tight_layout()
-        fig.savefig(files[-1], dpi=110)
-        plt.close(fig)
+        files.append(_finish(fig, ax, out_dir / f"ann_{dataset}_qps_p99.png", "queries/s (labels: concurrent searchers)",
+                             "P99 latency (ms)", f"{dataset}: throughput vs P99 under concurrency"))
     return files
+
+
+def _finish(fig, ax, path, xlabel: str, ylabel: str, title: str):
+    import matplotlib.pyplot as plt
+
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title, yscale="log")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
