@@ -98,14 +98,19 @@ def throughput_rounds(urls: dict[str, str], pids: dict[str, int], queries: list[
             for name, v in per_round.items()}
 
 
-def recording_cost_us(settings: RagheatSettings, pipeline: RagPipeline, queries: list[str], tracing: bool) -> float:
-    """Mean microseconds for Telemetry.start + finish on real results (pipeline time excluded)."""
+def recording_cost_us(settings: RagheatSettings, pipeline: RagPipeline, queries: list[str], tracing: bool,
+                      otlp_endpoint: str | None = None, sample_ratio: float = 1.0) -> float:
+    """Mean microseconds for Telemetry.start + finish on real results (pipeline time excluded); with
+    ``otlp_endpoint``, OTLP metrics and spans are exported there for real."""
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     results = [pipeline.query(q, 5) for q in queries[:50]]
-    telemetry = Telemetry(settings.telemetry.model_copy(update={"otlp": "off", "tracing": tracing}),
-                          data_source="bench", model="bench", environ={},
-                          span_exporter=InMemorySpanExporter() if tracing else None)
+    update = {"otlp": "on" if otlp_endpoint else "off", "tracing": tracing, "trace_sample_ratio": sample_ratio,
+              "otlp_metrics_interval_s": 1.0}
+    environ = {"OTEL_EXPORTER_OTLP_ENDPOINT": otlp_endpoint} if otlp_endpoint else {}
+    telemetry = Telemetry(settings.telemetry.model_copy(update=update), data_source="bench", model="bench",
+                          environ=environ,
+                          span_exporter=InMemorySpanExporter() if tracing and not otlp_endpoint else None)
     n = 5000
     start = time.perf_counter()
     for i in range(n):
@@ -114,6 +119,27 @@ def recording_cost_us(settings: RagheatSettings, pipeline: RagPipeline, queries:
     cost = (time.perf_counter() - start) / n * 1e6
     telemetry.shutdown()
     return cost
+
+
+def recording_costs(index: Path, queries: list[str]) -> dict:
+    """Request-path cost of telemetry per configuration, exporting to a real OTLP receiver process."""
+    receiver = subprocess.Popen([sys.executable, "-c", RECEIVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                text=True)
+    endpoint = receiver.stdout.readline().strip()
+    settings = RagheatSettings()
+    pipeline = RagPipeline(settings, index)
+    pipeline.warm_up()
+    try:
+        os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = endpoint  # the span exporter reads the process environment
+        return {
+            "prometheus_metrics_only": recording_cost_us(settings, pipeline, queries, False),
+            "plus_otlp_metrics": recording_cost_us(settings, pipeline, queries, False, endpoint),
+            "plus_otlp_spans_10pct": recording_cost_us(settings, pipeline, queries, True, endpoint, 0.1),
+            "plus_otlp_spans_100pct": recording_cost_us(settings, pipeline, queries, True, endpoint, 1.0),
+        }
+    finally:
+        receiver.stdin.close()
+        receiver.wait(10)
 
 
 def main() -> None:
@@ -126,8 +152,13 @@ def main() -> None:
     parser.add_argument("--round-s", type=float, default=6.0)
     parser.add_argument("--sample-ratio", type=float, default=0.1)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--recording-only", action="store_true",
+                        help="only the in-process recording cost, with real OTLP export (seconds, not minutes)")
     args = parser.parse_args()
     queries = list(load_queries(args.beir).values())[: args.queries]
+    if args.recording_only:
+        print(json.dumps(recording_costs(args.index, queries), indent=2))
+        return
 
     receiver = subprocess.Popen([sys.executable, "-c", RECEIVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 text=True)

@@ -75,7 +75,8 @@ class Telemetry:
         self.tracer_provider = self.tracer = self.span_processor = None
         self._ids = RandomIdGenerator()
         self._scope = InstrumentationScope("ragheat", __version__)
-        self.meter_provider = self._otel_request = self._otel_stage = None
+        self.otlp_metrics = None
+        self.environ = environ
         if settings.tracing or self.otlp:
             self._setup_otel(span_exporter)
 
@@ -84,8 +85,8 @@ class Telemetry:
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
 
-        resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", self.settings.service_name),
-                                    "service.version": __version__})
+        self.service_name = self.environ.get("OTEL_SERVICE_NAME", self.settings.service_name)
+        resource = Resource.create({"service.name": self.service_name, "service.version": __version__})
         if self.settings.tracing:
             from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
 
@@ -106,32 +107,17 @@ class Telemetry:
             self._setup_otlp_metrics(resource)
 
     def _setup_otlp_metrics(self, resource) -> None:
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-        from opentelemetry.sdk.metrics import Histogram, MeterProvider
-        from opentelemetry.sdk.metrics.export import MetricExportResult, PeriodicExportingMetricReader
-        from opentelemetry.sdk.metrics.view import ExponentialBucketHistogramAggregation
+        from telemetry.otlp_metrics import OtlpHistogramPusher, endpoint_from_env, headers_from_env
 
-        on_drop = self._dropped
-
-        class CountingExporter(OTLPMetricExporter):
-            def export(self, metrics_data, timeout_millis: float = 10_000, **kwargs):
-                result = super().export(metrics_data, timeout_millis=timeout_millis, **kwargs)
-                if result is not MetricExportResult.SUCCESS:
-                    on_drop("metrics", "export_failed", 1)
-                return result
-
-        # Base-2 exponential histograms: a collector can turn them into Prometheus native histograms.
-        exporter = CountingExporter(timeout=self.settings.export_timeout_s,
-                                    preferred_aggregation={Histogram: ExponentialBucketHistogramAggregation()})
-        reader = PeriodicExportingMetricReader(exporter,
-                                               export_interval_millis=self.settings.otlp_metrics_interval_s * 1000,
-                                               export_timeout_millis=self.settings.export_timeout_s * 1000)
-        self.meter_provider = MeterProvider(resource=resource, metric_readers=[reader])
-        meter = self.meter_provider.get_meter("ragheat", __version__)
-        self._otel_stage = meter.create_histogram(
-            "ragheat.stage.duration", unit="s", description="Time one RAG pipeline stage took for one request.")
-        self._otel_request = meter.create_histogram(
-            "ragheat.request.duration", unit="s", description="End-to-end time of one API request.")
+        endpoint = endpoint_from_env(self.environ)
+        if endpoint is None:
+            return  # otlp=on without an endpoint variable: traces use the exporter's default, metrics stay local
+        self.otlp_metrics = OtlpHistogramPusher(
+            endpoint, service_name=self.service_name, service_version=__version__,
+            interval_s=self.settings.otlp_metrics_interval_s, timeout_s=self.settings.export_timeout_s,
+            on_drop=lambda n: self._dropped("metrics", "export_failed", n), headers=headers_from_env(self.environ),
+            descriptions={"ragheat.stage.duration": "Time one RAG pipeline stage took for one request.",
+                          "ragheat.request.duration": "End-to-end time of one API request."})
 
     def _dropped(self, signal: str, reason: str, count: int) -> None:
         if self.metrics:
@@ -186,12 +172,13 @@ class Telemetry:
             if info.result:
                 for retriever, count in info.result.retrieved.items():
                     m.child(m.retrieved, retriever).observe(count)
-        if self._otel_request is not None:
-            self._otel_request.record(seconds, {"route": scope.route, "qps_bucket": scope.qps_bucket,
-                                                "outcome": outcome})
+        if self.otlp_metrics is not None:
+            push = self.otlp_metrics.record
+            push("ragheat.request.duration", seconds,
+                 (("route", scope.route), ("qps_bucket", scope.qps_bucket), ("outcome", outcome)))
             for stage in stages:
-                self._otel_stage.record(stage.seconds, {"stage": stage.name, "qps_bucket": scope.qps_bucket,
-                                                        "outcome": "error" if stage.name == failed else "ok"})
+                push("ragheat.stage.duration", stage.seconds, (("stage", stage.name), ("qps_bucket", scope.qps_bucket),
+                                                               ("outcome", "error" if stage.name == failed else "ok")))
         if scope.span is not None:
             self._end_spans(scope, status, info, stages, failed, end_perf)
 
@@ -257,12 +244,12 @@ class Telemetry:
     def force_flush(self, timeout_s: float = 10.0) -> None:
         if self.tracer_provider is not None:
             self.tracer_provider.force_flush(int(timeout_s * 1000))
-        if self.meter_provider is not None:
-            self.meter_provider.force_flush(int(timeout_s * 1000))
+        if self.otlp_metrics is not None:
+            self.otlp_metrics.push()
 
     def shutdown(self) -> None:
         """Stop exporters without waiting on a dead collector for long."""
-        for provider in (self.tracer_provider, self.meter_provider):
+        for provider in (self.tracer_provider, self.otlp_metrics):
             if provider is not None:
                 try:
                     provider.shutdown()
