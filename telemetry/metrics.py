@@ -78,7 +78,7 @@ class PrometheusMetrics:
     def child(self, metric, *label_values):
         """``metric.labels(*label_values)``, cached: ``labels()`` validates and locks on every call, which
         is a measurable share of per-request cost when a request makes eight observations."""
-        key = (metric._name, label_values)
+        key = (id(metric), label_values)
         found = self._children.get(key)
         if found is None:
             found = self._children[key] = metric.labels(*label_values)

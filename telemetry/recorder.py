@@ -104,9 +104,9 @@ class Telemetry:
                 self.tracer_provider.add_span_processor(self.span_processor)
             self.tracer = self.tracer_provider.get_tracer("ragheat", __version__)
         if self.otlp:
-            self._setup_otlp_metrics(resource)
+            self._setup_otlp_metrics()
 
-    def _setup_otlp_metrics(self, resource) -> None:
+    def _setup_otlp_metrics(self) -> None:
         from telemetry.otlp_metrics import OtlpHistogramPusher, endpoint_from_env, headers_from_env
 
         endpoint = endpoint_from_env(self.environ)

@@ -22,7 +22,8 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from rag.pipeline import STAGES
-from telemetry.prometheus_server import LocalPrometheus, free_port
+from rag.api.server import free_port
+from telemetry.prometheus_server import LocalPrometheus
 from telemetry_testkit import QUERIES, serve, trace_id, wait_for
 
 RAGHEAT = Path(sys.executable).parent / "ragheat"
