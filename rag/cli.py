@@ -391,6 +391,14 @@ def demo(
     run_demo(load_settings(), index, source, port, console=out, progress=progress_bar)
 
 
+# Sub-command groups owned by their packages; each module imports its heavy dependencies lazily.
+from dashboards.cli import app as _dashboards_app  # noqa: E402
+from probes.cli import probes as _probes_command  # noqa: E402
+
+app.add_typer(_dashboards_app, name="dashboards")
+app.command("probes")(_probes_command)
+
+
 def main() -> None:  # pragma: no cover
     app()
 

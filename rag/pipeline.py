@@ -17,6 +17,7 @@ from rag.retrieval.fusion import WeightedRRF
 from rag.retrieval.lexical import LexicalAnalyzer
 from rag.retrieval.retrievers import BM25Retriever, DenseRetriever
 from rag.settings import RagheatSettings
+from rag.threadnames import get_name, set_name, stage_comm
 from rag.types import FusionResult, Hit, QueryResult, Source, StageTiming
 
 STAGES = ("embed", "retrieve_dense", "retrieve_bm25", "fuse", "generate")
@@ -35,6 +36,8 @@ class RagPipeline:
         self.index_dir = Path(index_dir)
         self.index: LoadedIndex | None = None
         self.embedder: OnnxEmbedder | None = None
+        self._stage_options = _StageOptions(settings.server.stage_thread_names, settings.faults.delay_stage,
+                                            settings.faults.delay_ms / 1000)
 
     @property
     def ready(self) -> bool:
@@ -71,19 +74,19 @@ class RagPipeline:
         names = list(dict.fromkeys(retrievers or self.settings.retrieval.retrievers))
         vector = None
         if "dense" in names:
-            with _stage("embed", stages):
+            with _stage("embed", stages, self._stage_options):
                 result = self.embedder.embed_query(query)
             vector = result.vector
         depth = k if len(names) == 1 else max(k, self.settings.retrieval.candidates)
         results = []
         for name in names:
-            with _stage(f"retrieve_{name}", stages):
+            with _stage(f"retrieve_{name}", stages, self._stage_options):
                 results.append(self.retrievers[name].retrieve(query, vector, depth))
             if counts is not None:
                 counts[name] = len(results[-1].hits)
         if len(results) == 1:
             return FusionResult(results[0].hits[:k], 0.0)
-        with _stage("fuse", stages):
+        with _stage("fuse", stages, self._stage_options):
             return self.fuser.fuse(results, k)
 
     def query(self, query: str, top_k: int, retrievers: Sequence[str] | None = None) -> QueryResult:
@@ -95,7 +98,7 @@ class RagPipeline:
             fused = self.retrieve(query, top_k, retrievers, stages, counts)
             sources = [Source(n, self.index.chunks[hit.chunk_id], hit.score) for n, hit in enumerate(fused.hits, 1)]
             passages = [s.chunk for s in sources[: self.settings.generation.passages]]
-            with _stage("generate", stages):
+            with _stage("generate", stages, self._stage_options):
                 generation = self.generator.generate(query, passages)
         except StageError as exc:
             exc.stages = stages  # what ran before (and including) the failing stage, for telemetry
@@ -110,17 +113,32 @@ class RagPipeline:
         return list(seen.items())
 
 
-class _stage:
-    """Times a block as one stage and re-raises any failure as a ``StageError`` naming it."""
+class _StageOptions:
+    def __init__(self, thread_names: bool, delay_stage: str | None, delay_s: float) -> None:
+        self.thread_names, self.delay_stage, self.delay_s = thread_names, delay_stage, delay_s
 
-    def __init__(self, name: str, stages: list[StageTiming]) -> None:
-        self.name, self.stages = name, stages
+
+class _stage:
+    """Times a block as one stage and re-raises any failure as a ``StageError`` naming it.
+
+    With ``thread_names`` the OS thread is named ``rh:<stage>`` meanwhile (see ``rag.threadnames``);
+    ``delay_stage``/``delay_s`` add injected latency to one stage (``faults`` settings)."""
+
+    def __init__(self, name: str, stages: list[StageTiming], options: _StageOptions) -> None:
+        self.name, self.stages, self.options = name, stages, options
 
     def __enter__(self) -> None:
+        if self.options.thread_names:
+            self.previous_name = get_name()
+            set_name(stage_comm(self.name))
         self.start = time.perf_counter()
+        if self.name == self.options.delay_stage and self.options.delay_s > 0:
+            time.sleep(self.options.delay_s)
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         self.stages.append(StageTiming(self.name, time.perf_counter() - self.start, self.start))
+        if self.options.thread_names:
+            set_name(self.previous_name)
         if exc is not None and not isinstance(exc, StageError):
             raise StageError(self.name, exc) from exc
         return False

@@ -112,6 +112,8 @@ class ServerSettings(_Section):
     max_query_chars: int = Field(2000, ge=1)
     max_body_bytes: int = Field(64 * 1024, ge=1024)
     default_top_k: int = Field(5, ge=1, le=100)
+    stage_thread_names: bool = Field(True, description="name the OS thread after the stage it runs (rh:embed, ...) "
+                                                       "so kernel probes can attribute scheduler time to stages")
 
 
 class TelemetrySettings(_Section):
@@ -146,6 +148,21 @@ class TelemetrySettings(_Section):
         return self
 
 
+class FaultSettings(_Section):
+    """Fault injection for drills and alert tests; off by default."""
+
+    delay_stage: str | None = Field(None, description="pipeline stage to slow down (one of rag.pipeline.STAGES)")
+    delay_ms: float = Field(0.0, ge=0, le=60_000, description="extra time spent in delay_stage per request")
+
+    @model_validator(mode="after")
+    def _check(self) -> "FaultSettings":
+        from rag.pipeline import STAGES  # late: the pipeline module imports this one
+
+        if self.delay_stage is not None and self.delay_stage not in STAGES:
+            raise ValueError(f"faults.delay_stage must be one of {', '.join(STAGES)}, got {self.delay_stage!r}")
+        return self
+
+
 class RagheatSettings(BaseSettings):
     """All of ragheat's configuration, one section per concern."""
 
@@ -158,6 +175,7 @@ class RagheatSettings(BaseSettings):
     generation: GenerationSettings = Field(default_factory=GenerationSettings)
     server: ServerSettings = Field(default_factory=ServerSettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
+    faults: FaultSettings = Field(default_factory=FaultSettings)
 
     @model_validator(mode="after")
     def _check(self) -> "RagheatSettings":

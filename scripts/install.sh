@@ -16,8 +16,10 @@ for arg in "$@"; do
 done
 
 apt_packages=(python3 python3-venv python3-dev build-essential)
-# The tests run a real Prometheus (and promtool); `ragheat serve --prometheus` uses it too.
-if [ "$with_test" -eq 1 ]; then apt_packages+=(prometheus); fi
+# The tests run a real Prometheus (promtool) and check Alertmanager's config (amtool); `ragheat serve
+# --prometheus` uses Prometheus too. eBPF probes need BCC (Debian's python3-bpfcc) and kernel headers.
+if [ "$with_test" -eq 1 ]; then apt_packages+=(prometheus prometheus-alertmanager); fi
+apt_packages+=(bpfcc-tools python3-bpfcc libcap2-bin)
 if command -v apt-get >/dev/null 2>&1; then
   sudo=""
   [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1 && sudo="sudo"

@@ -29,7 +29,15 @@ RETRIEVED_DOCUMENTS: tuple[float, ...] = (0, 1, 2, 3, 5, 10, 20, 50, 100, 200, 5
 """Documents a retriever returned for one request: zero (nothing matched) must stand out, then the
 usual top-k sizes, then the deep candidate lists handed to fusion."""
 
+KERNEL_LOG2_SECONDS: tuple[float, ...] = tuple(2.0 ** k / 1e6 for k in range(24))
+"""Kernel-side latencies (run-queue wait, off-CPU, system calls): powers of two from 1 us to 8.4 s.
+
+The eBPF probes aggregate in log2 slots of microseconds, as BCC's tools do, because a power of two is
+what the kernel can compute per event for the price of a few instructions; these edges are exactly
+those slots' upper bounds, so exporting them to Prometheus loses nothing and invents nothing."""
+
 BUCKET_SETS: dict[str, tuple[float, ...]] = {
     "latency_seconds": LATENCY_SECONDS,
     "retrieved_documents": RETRIEVED_DOCUMENTS,
+    "kernel_log2_seconds": KERNEL_LOG2_SECONDS,
 }

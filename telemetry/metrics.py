@@ -33,6 +33,47 @@ EXPECTED_METRICS = [
 counters are listed with ``_total``, which the parser strips from the family name)."""
 
 
+# Metric families exported by other processes, named here so that their exporters and the dashboards
+# (``dashboards/``) share one spelling. Each maps a role to the family name as Prometheus stores it.
+KERNEL_METRICS = {
+    "runqueue": "ragheat_kernel_runqueue_seconds",      # histogram {stage}: wakeup -> on CPU
+    "offcpu": "ragheat_kernel_offcpu_seconds",          # histogram {stage, reason}: off CPU -> back on
+    "syscall": "ragheat_kernel_syscall_seconds",        # histogram {stage, family}: enter -> exit
+    "tcp_retransmits": "ragheat_kernel_tcp_retransmits_total",  # counter {state}
+}
+"""``probes/`` (eBPF) exports these; buckets are ``telemetry.buckets.KERNEL_LOG2_SECONDS``."""
+KERNEL_STAGES = STAGES + ("http", "other")
+"""Stage label values of the kernel metrics: a pipeline stage while a thread carries its ``rh:<stage>`` name
+(``rag.threadnames``), ``http`` for the server's event-loop thread, ``other`` for any other thread."""
+OFFCPU_REASONS = ("preempted", "blocked", "uninterruptible")
+SYSCALL_FAMILIES = ("read", "write", "network", "poll", "futex", "memory", "file", "sleep", "other")
+
+VLLM_METRICS = {
+    "step_duration": "ragheat_vllm_step_duration_seconds",        # histogram {phase}
+    "scheduled_tokens": "ragheat_vllm_scheduled_tokens",          # histogram {phase}: tokens per engine step
+    "kv_blocks_allocated": "ragheat_vllm_kv_blocks_allocated",    # histogram: blocks allocated per step
+    "kv_blocks_freed": "ragheat_vllm_kv_blocks_freed",            # histogram: blocks freed per step
+    "kv_free_blocks": "ragheat_vllm_kv_free_blocks",              # gauge
+    "kv_usage": "ragheat_vllm_kv_usage_ratio",                    # gauge 0..1
+    "preemptions": "ragheat_vllm_preemptions_total",              # counter
+    "ttft": "ragheat_generation_ttft_seconds",                    # histogram, client side
+    "inter_token": "ragheat_generation_inter_token_seconds",      # histogram, client side
+    "unsupported_sentences": "ragheat_unsupported_sentences_total",  # counter
+    "device_seconds": "ragheat_stage_device_seconds",             # histogram {stage}: CUDA-event time
+}
+"""vLLM and generation families (the ``vllm`` generator, the ragheat vLLM plugin, CUDA event timers)."""
+VLLM_PHASES = ("prefill", "decode", "mixed")
+VLLM_NATIVE_METRICS = {
+    "ttft": "vllm:time_to_first_token_seconds",
+    "inter_token": "vllm:inter_token_latency_seconds",
+    "kv_usage": "vllm:kv_cache_usage_perc",
+    "running": "vllm:num_requests_running",
+    "waiting": "vllm:num_requests_waiting",
+    "preemptions": "vllm:num_preemptions_total",
+}
+"""vLLM's own metric names (v1 engine) that dashboards read next to ours."""
+
+
 class PrometheusMetrics:
     """The service's metric objects, registered on ``registry`` (a fresh one per app or test)."""
 
