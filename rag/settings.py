@@ -148,6 +148,15 @@ class TelemetrySettings(_Section):
         return self
 
 
+class ProbeSettings(_Section):
+    """eBPF kernel probes (``ragheat probes``, or in-process with ``ragheat serve --probes``)."""
+
+    scheduler: bool = Field(True, description="run-queue latency and off-CPU time per stage")
+    syscalls: bool = Field(False, description="system-call latency per stage and family (costs more per event)")
+    tcp_retransmits: bool = Field(True, description="count TCP retransmissions")
+    port: int = Field(9465, ge=0, le=65535, description="port of the probes' own /metrics")
+
+
 class FaultSettings(_Section):
     """Fault injection for drills and alert tests; off by default."""
 
@@ -175,6 +184,7 @@ class RagheatSettings(BaseSettings):
     generation: GenerationSettings = Field(default_factory=GenerationSettings)
     server: ServerSettings = Field(default_factory=ServerSettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
+    probes: ProbeSettings = Field(default_factory=ProbeSettings)
     faults: FaultSettings = Field(default_factory=FaultSettings)
 
     @model_validator(mode="after")

@@ -16,6 +16,7 @@ from rag.api.errors import ApiError, error_response, install_error_handlers
 from rag.api.schemas import ErrorBody, QueryRequest, QueryResponse, citation
 from rag.pipeline import RagPipeline
 from rag.settings import RagheatSettings
+from rag.threadnames import set_name, stage_comm
 
 log = logging.getLogger("ragheat.api")
 ERROR_RESPONSES = {status: {"model": ErrorBody} for status in (400, 413, 422, 500, 503)}
@@ -78,6 +79,8 @@ def create_app(settings: RagheatSettings, index_dir: Path | None = None,
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        if server.stage_thread_names:
+            set_name(stage_comm("http"))  # the event-loop thread, for kernel probes (rag.threadnames)
         await run_in_threadpool(pipeline.warm_up)  # raises IndexLoadError naming the path: startup fails
         log.info("index %s loaded: %s chunks", pipeline.index.folder, pipeline.index.manifest["counts"]["chunks"])
         yield
