@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from telemetry.buckets import BUCKET_SETS, LATENCY_SECONDS, RETRIEVED_DOCUMENTS, SLO_SECONDS
+from telemetry.buckets import BUCKET_SETS, KERNEL_LOG2_SECONDS, LATENCY_SECONDS, RETRIEVED_DOCUMENTS, SLO_SECONDS
 from telemetry.metrics import PrometheusMetrics
 from telemetry.qps import QpsBuckets
 
@@ -21,6 +21,11 @@ LATENCY_SNAPSHOT = (
     1.0, 1.5, 2.5, 5.0, 10.0,
 )
 RETRIEVED_SNAPSHOT = (0, 1, 2, 3, 5, 10, 20, 50, 100, 200, 500, 1000)
+KERNEL_LOG2_SNAPSHOT = (
+    1e-06, 2e-06, 4e-06, 8e-06, 1.6e-05, 3.2e-05, 6.4e-05, 0.000128,
+    0.000256, 0.000512, 0.001024, 0.002048, 0.004096, 0.008192, 0.016384, 0.032768,
+    0.065536, 0.131072, 0.262144, 0.524288, 1.048576, 2.097152, 4.194304, 8.388608,
+)
 
 
 def test_latency_edges_match_the_snapshot():
@@ -32,8 +37,13 @@ def test_retrieved_documents_edges_match_the_snapshot():
     assert tuple(RETRIEVED_DOCUMENTS) == RETRIEVED_SNAPSHOT
 
 
+def test_kernel_log2_edges_match_the_snapshot():
+    assert tuple(KERNEL_LOG2_SECONDS) == KERNEL_LOG2_SNAPSHOT
+
+
 def test_bucket_sets_name_the_same_tuples():
-    assert BUCKET_SETS == {"latency_seconds": LATENCY_SECONDS, "retrieved_documents": RETRIEVED_DOCUMENTS}
+    assert BUCKET_SETS == {"latency_seconds": LATENCY_SECONDS, "retrieved_documents": RETRIEVED_DOCUMENTS,
+                           "kernel_log2_seconds": KERNEL_LOG2_SECONDS}
 
 
 def test_slo_is_an_exact_latency_edge():
@@ -43,7 +53,8 @@ def test_slo_is_an_exact_latency_edge():
     assert LATENCY_SECONDS.index(SLO_SECONDS) == LATENCY_SNAPSHOT.index(0.42)
 
 
-@pytest.mark.parametrize("edges", [LATENCY_SECONDS, RETRIEVED_DOCUMENTS], ids=["latency", "retrieved"])
+@pytest.mark.parametrize("edges", [LATENCY_SECONDS, RETRIEVED_DOCUMENTS, KERNEL_LOG2_SECONDS],
+                         ids=["latency", "retrieved", "kernel"])
 def test_edges_are_finite_and_strictly_increasing(edges):
     assert all(math.isfinite(e) for e in edges)
     assert all(b > a for a, b in zip(edges, edges[1:]))
