@@ -452,3 +452,19 @@ def test_score_run_recall_at_100_sees_past_rank_10():
 
 def test_score_run_without_judgments():
     assert score_run({"q": ["a"]}, {}) == {"ndcg@10": 0.0, "recall@10": 0.0, "recall@100": 0.0, "mrr@10": 0.0}
+
+
+def test_a_stage_names_its_thread_for_the_kernel_and_restores_it():
+    from rag.pipeline import _stage, _StageOptions
+
+    def comm() -> str:
+        return open("/proc/thread-self/comm").read().strip()
+
+    before, stages = comm(), []
+    with _stage("retrieve_bm25", stages, _StageOptions(True, None, 0.0)):
+        inside = comm()
+    assert (inside, comm()) == ("rh:retrieve_bm2", before)  # the kernel keeps 15 bytes
+    with _stage("fuse", stages, _StageOptions(False, "fuse", 0.02)):
+        assert comm() == before  # naming off: untouched
+    assert [s.name for s in stages] == ["retrieve_bm25", "fuse"]
+    assert stages[1].seconds >= 0.02  # the injected delay is inside the stage's timing
