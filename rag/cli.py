@@ -394,9 +394,11 @@ def demo(
 # Sub-command groups owned by their packages; each module imports its heavy dependencies lazily.
 from dashboards.cli import app as _dashboards_app  # noqa: E402
 from probes.cli import probes as _probes_command  # noqa: E402
+from stack.cli import app as _stack_app  # noqa: E402
 
 app.add_typer(_dashboards_app, name="dashboards")
 app.command("probes")(_probes_command)
+app.add_typer(_stack_app, name="stack")
 
 
 def main() -> None:  # pragma: no cover
