@@ -1,1 +1,5 @@
-"""Grafana dashboards as code and Prometheus SLO rules. Nothing here yet: they land with their own issue."""
+"""Grafana dashboards, Prometheus SLO rules and Alertmanager routes as code (``ragheat dashboards``, docs/dashboards.md).
+
+``boards`` describes the panels, ``slo`` the objectives and burn-rate alerts, ``grafana`` and ``render`` write the
+files, ``verify`` and ``snapshot`` run the panels' PromQL against a live Prometheus.
+"""

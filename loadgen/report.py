@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rag.pipeline import STAGES
+from rag.stages import STAGES
 from telemetry.buckets import LATENCY_SECONDS
 
 END_TO_END = "end to end"

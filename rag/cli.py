@@ -13,17 +13,14 @@ from typing import Optional
 
 import typer
 from pydantic import ValidationError
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from rag.errors import RagheatError
+from rag.clikit import console, fail as _fail, guard, out
 from rag.settings import RagheatSettings
 
 app = typer.Typer(help="ragheat: observability-first RAG on embedded defaults.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
-console = Console(stderr=True)
-out = Console()
 
 
 def load_settings(**overrides: dict) -> RagheatSettings:
@@ -42,29 +39,12 @@ def load_settings(**overrides: dict) -> RagheatSettings:
         _fail(f"invalid setting {where}: {first['msg'].removeprefix('Value error, ')}")
 
 
-def _fail(message: str, code: int = 2):
-    console.print(f"[bold red]error:[/] {message}")
-    raise typer.Exit(code)
-
-
 def progress_bar() -> Progress:
     return Progress(TextColumn("{task.description:<22}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                     TextColumn("eta"), TimeRemainingColumn(), console=console, transient=False)
 
 
-def _guard(fn):
-    """Turn ragheat's own errors into one red sentence and exit code 2, not a traceback."""
-    import functools
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except RagheatError as exc:
-            _fail(str(exc))
-        except KeyboardInterrupt:
-            _fail("interrupted; nothing was changed", code=130)
-    return wrapper
+_guard = guard()
 
 
 @app.command()
@@ -111,6 +91,9 @@ def serve(
     log_level: str = typer.Option("info", help="uvicorn log level"),
     prometheus: bool = typer.Option(False, "--prometheus", help="also start a local Prometheus scraping this server"),
     telemetry_on: bool = typer.Option(True, "--telemetry/--no-telemetry", help="metrics, traces and OTLP export"),
+    generator: Optional[str] = typer.Option(None, help="extractive | openai | vllm (see docs/vllm.md)"),
+    llm_url: Optional[str] = typer.Option(None, "--llm-url", help="openai: the server's /v1 URL"),
+    llm_model: Optional[str] = typer.Option(None, "--llm-model", help="openai: served model; vllm: model folder"),
 ) -> None:
     """Serve the HTTP API (OpenAPI docs at /docs, metrics at /metrics)."""
     import contextlib
@@ -121,7 +104,8 @@ def serve(
     from rag.api.app import create_app
     from rag.pipeline import RagPipeline
 
-    settings = load_settings(server={"host": host, "port": port, "index_dir": index})
+    settings = load_settings(server={"host": host, "port": port, "index_dir": index},
+                             generation={"generator": generator, "base_url": llm_url, "model": llm_model})
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     pipeline = RagPipeline(settings, settings.server.index_dir)
     pipeline.warm_up()  # a missing or corrupt index stops here, with its path, before anything binds
@@ -376,6 +360,73 @@ def _wiki_vectors(embedder, window: int, holdout: int):
     keep = np.ones(len(vectors), dtype=bool)
     keep[held] = False
     return vectors[keep], vectors[held]
+
+
+@app.command("tune-vllm")
+@_guard
+def tune_vllm(
+    model: Path = typer.Option(..., "--model", help="model folder (config.json + tokenizer) for vLLM"),
+    max_num_seqs: str = typer.Option("4,8,16", "--max-num-seqs", help="comma list"),
+    max_model_len: str = typer.Option("1024,2048", "--max-model-len", help="comma list"),
+    block_size: str = typer.Option("", "--block-size", help="comma list; empty = vLLM's default (CPU: multiples of 32)"),
+    rate: float = typer.Option(2.0, min=0.01, help="offered requests per second, Poisson"),
+    duration: float = typer.Option(30.0, min=0.5, help="seconds of load per cell"),
+    prompt_tokens: int = typer.Option(256, min=1, help="prompt length of every request (random token ids)"),
+    max_tokens: int = typer.Option(128, min=1, help="output tokens of every request (ignore_eos)"),
+    slo_ttft_ms: float = typer.Option(1000.0, help="TTFT P99 objective"),
+    slo_e2e_ms: float = typer.Option(10000.0, help="end-to-end P99 objective"),
+    load_format: str = typer.Option("auto", help="vLLM --load-format; dummy = random weights (smoke runs)"),
+    gpu: bool = typer.Option(False, "--gpu", help="GPU vLLM: no CPU environment settings, graphs allowed"),
+    out_dir: Path = typer.Option(Path("out/tune-vllm"), "--out", help="results.json and heatmaps go here"),
+) -> None:
+    """Sweep vLLM's max_num_seqs x max_model_len (x block size) at a fixed offered rate; tokens/s, TTFT and
+    E2E P99 per cell, as a table and a heatmap, with the cells that meet the SLO marked."""
+    from rag.generation.vllm_server import vllm_python
+    from rag.generation.vllm_tuning import run_tuning, write_results
+
+    def numbers(flag: str, text: str) -> list[int]:
+        try:
+            values = [int(v) for v in text.split(",") if v.strip()]
+        except ValueError:
+            _fail(f"{flag} takes whole numbers separated by commas, got {text!r}")
+        if any(v < 1 for v in values):
+            _fail(f"{flag} takes positive numbers, got {text!r}")
+        return values
+
+    seqs, lens = numbers("--max-num-seqs", max_num_seqs), numbers("--max-model-len", max_model_len)
+    blocks = numbers("--block-size", block_size) or [None]
+    if not seqs or not lens:
+        _fail("--max-num-seqs and --max-model-len need at least one value each")
+    if not gpu and any(b % 32 for b in blocks if b):
+        _fail(f"--block-size: vLLM on CPU needs a multiple of 32, got {block_size}")
+    if not (model / "config.json").is_file():
+        _fail(f"--model {model}: no config.json there (a Hugging Face model folder is needed)")
+    if prompt_tokens + max_tokens > min(lens):
+        out.print(f"[yellow]note:[/] prompt + output ({prompt_tokens + max_tokens} tokens) exceeds max_model_len "
+                  f"{min(lens)}: those cells will reject every request")
+    python = vllm_python()
+    table = Table(title=f"vLLM tuning at {rate:g} req/s: {prompt_tokens} prompt + {max_tokens} output tokens")
+    for column in ("block", "max_model_len", "max_num_seqs", "tok/s", "TTFT P99 ms", "E2E P99 ms", "errors", "SLO"):
+        table.add_column(column, justify="right")
+
+    def report(cell) -> None:
+        row = (str(cell.block_size or "default"), str(cell.max_model_len), str(cell.max_num_seqs))
+        if cell.failure:
+            console.print(f"cell {row}: vLLM did not start: {cell.failure}")
+            table.add_row(*row, "-", "-", "-", "-", "[red]failed[/]")
+            return
+        console.print(f"cell seqs={cell.max_num_seqs} len={cell.max_model_len} block={row[0]}: "
+                      f"{cell.tokens_per_s:.1f} tok/s, TTFT P99 {cell.ttft_p99_ms or 0:.0f} ms")
+        table.add_row(*row, f"{cell.tokens_per_s:.1f}", f"{cell.ttft_p99_ms or 0:.1f}", f"{cell.e2e_p99_ms or 0:.1f}",
+                      f"{cell.errors}/{cell.requests}", "[green]meets[/]" if cell.meets_slo else "misses")
+
+    results = run_tuning(model, max_num_seqs=seqs, max_model_len=lens, block_sizes=blocks, rate=rate,
+                         duration_s=duration, prompt_tokens=prompt_tokens, max_tokens=max_tokens,
+                         slo_ttft_ms=slo_ttft_ms, slo_e2e_ms=slo_e2e_ms, load_format=load_format,
+                         python=python, cpu=not gpu, on_cell=report)
+    paths = write_results(results, out_dir)
+    out.print(table)
+    out.print(f"wrote {', '.join(str(p) for p in paths)}")
 
 
 @app.command()

@@ -1,27 +1,31 @@
 """The query path: embed -> retrieve (dense, BM25) -> fuse -> generate, each stage timed.
 
-Stage names form a closed set (``STAGES``) so telemetry can use them as label values.
+Stage names form a closed set (``STAGES``) so telemetry can use them as label values. A streamed
+(language-model) answer is timed as ``generate_prefill`` (request sent -> first token: the time to first
+token) and ``generate_decode`` (first -> last token), then ``support_check``; when the model is down or
+slow, ``generate`` runs the extractive fallback and the result says it is degraded.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from rag.embedding.embedder import OnnxEmbedder
 from rag.errors import IndexLoadError, StageError
 from rag.generation.extractive import ExtractiveGenerator
+from rag.generation.llm import GeneratorUnavailable
+from rag.generation.support import SupportChecker
 from rag.index.store import LoadedIndex, load_index
 from rag.retrieval.fusion import WeightedRRF
 from rag.retrieval.lexical import LexicalAnalyzer
 from rag.retrieval.retrievers import BM25Retriever, DenseRetriever
 from rag.settings import RagheatSettings
-from rag.threadnames import get_name, set_name, stage_comm
-from rag.types import FusionResult, Hit, QueryResult, Source, StageTiming
-
-STAGES = ("embed", "retrieve_dense", "retrieve_bm25", "fuse", "generate")
-RETRIEVERS = ("dense", "bm25")
+from rag.stages import RETRIEVERS, STAGES  # noqa: F401  (re-exported: the pipeline's closed sets)
+from rag.threadnames import original_name, set_name, stage_comm
+from rag.types import Chunk, FusionResult, GenerationResult, GenerationStats, Hit, QueryResult, Source, StageTiming
 
 
 class RagPipeline:
@@ -36,6 +40,7 @@ class RagPipeline:
         self.index_dir = Path(index_dir)
         self.index: LoadedIndex | None = None
         self.embedder: OnnxEmbedder | None = None
+        self.llm = None  # a streaming generator (rag.generation.llm); None = extractive only
         self._stage_options = _StageOptions(settings.server.stage_thread_names, settings.faults.delay_stage,
                                             settings.faults.delay_ms / 1000)
 
@@ -63,6 +68,10 @@ class RagPipeline:
         self.fuser = WeightedRRF({"dense": s.retrieval.dense_weight, "bm25": s.retrieval.bm25_weight},
                                  k=s.retrieval.rrf_k)
         self.generator = ExtractiveGenerator(analyzer, index.idf, s.generation.max_sentences)
+        self.support = SupportChecker(analyzer, index.idf, s.generation.support_threshold)
+        if s.generation.generator != "extractive" and self.llm is None:
+            self.llm = _make_llm(s.generation)
+            self.llm.warm_up()
         self.embedder = embedder
         self.index = index
 
@@ -89,7 +98,11 @@ class RagPipeline:
         with _stage("fuse", stages, self._stage_options):
             return self.fuser.fuse(results, k)
 
-    def query(self, query: str, top_k: int, retrievers: Sequence[str] | None = None) -> QueryResult:
+    def query(self, query: str, top_k: int, retrievers: Sequence[str] | None = None, *,
+              on_sources: Callable[[list[Source]], None] | None = None,
+              on_token: Callable[[str], None] | None = None) -> QueryResult:
+        """Answer ``query``. ``on_sources`` is called once retrieval is done and ``on_token`` with each piece
+        of a streamed answer as it arrives (both on this thread), for ``/v1/query/stream``."""
         if not self.ready:
             raise RuntimeError("RagPipeline.warm_up() has not run")
         stages: list[StageTiming] = []
@@ -97,13 +110,58 @@ class RagPipeline:
         try:
             fused = self.retrieve(query, top_k, retrievers, stages, counts)
             sources = [Source(n, self.index.chunks[hit.chunk_id], hit.score) for n, hit in enumerate(fused.hits, 1)]
+            if on_sources is not None:
+                on_sources(sources)
             passages = [s.chunk for s in sources[: self.settings.generation.passages]]
-            with _stage("generate", stages, self._stage_options):
-                generation = self.generator.generate(query, passages)
+            generation = self._generate(query, passages, stages, on_token)
         except StageError as exc:
             exc.stages = stages  # what ran before (and including) the failing stage, for telemetry
             raise
-        return QueryResult(generation.answer, generation.generator, sources, stages, generation.sentences, counts)
+        return QueryResult(generation.answer, generation.generator, sources, stages, generation.sentences, counts,
+                           generation.stats, generation.support, generation.degraded_reason)
+
+    def _generate(self, query: str, passages: list[Chunk], stages: list[StageTiming],
+                  on_token: Callable[[str], None] | None) -> GenerationResult:
+        if self.llm is not None:
+            try:
+                return self._generate_streamed(query, passages, stages, on_token)
+            except StageError as exc:
+                if not isinstance(exc.cause, GeneratorUnavailable):
+                    raise
+                reason = str(exc.cause)
+        with _stage("generate", stages, self._stage_options):
+            generation = self.generator.generate(query, passages)
+        return dataclasses.replace(generation, degraded_reason=reason) if self.llm is not None else generation
+
+    def _generate_streamed(self, query: str, passages: list[Chunk], stages: list[StageTiming],
+                           on_token: Callable[[str], None] | None) -> GenerationResult:
+        start = time.perf_counter()
+        stream = self.llm.stream(query, passages)
+        pieces = iter(stream)
+        try:
+            with _stage("generate_prefill", stages, self._stage_options):
+                first = next(pieces, None)
+                if first is None:
+                    raise GeneratorUnavailable("the model returned an empty answer")
+            first_at = last = time.perf_counter()
+            texts, gaps = [first], []
+            if on_token is not None:
+                on_token(first)
+            with _stage("generate_decode", stages, self._stage_options):
+                for piece in pieces:
+                    now = time.perf_counter()
+                    gaps.append(now - last)
+                    last = now
+                    texts.append(piece)
+                    if on_token is not None:
+                        on_token(piece)
+        finally:
+            stream.close()
+        text = "".join(texts).strip()
+        with _stage("support_check", stages, self._stage_options):
+            support = self.support.check(text, passages)
+        stats = GenerationStats(first_at - start, tuple(gaps), stream.output_tokens or len(texts), stream.model)
+        return GenerationResult(self.llm.name, [], last - start, text=text, stats=stats, support=support)
 
     def chunk_hits_to_docs(self, hits: Sequence[Hit]) -> list[tuple[str, float]]:
         """Collapse chunk hits to documents, keeping each document's best rank (for evaluation)."""
@@ -111,6 +169,16 @@ class RagPipeline:
         for hit in hits:
             seen.setdefault(self.index.chunks[hit.chunk_id].doc_id, hit.score)
         return list(seen.items())
+
+
+def _make_llm(settings):
+    if settings.generator == "openai":
+        from rag.generation.llm import OpenAIStreamGenerator
+
+        return OpenAIStreamGenerator(settings)
+    from rag.generation.vllm_engine import InProcessVllmGenerator  # needs the vllm package (.venv-vllm)
+
+    return InProcessVllmGenerator(settings)
 
 
 class _StageOptions:
@@ -129,7 +197,7 @@ class _stage:
 
     def __enter__(self) -> None:
         if self.options.thread_names:
-            self.previous_name = get_name()
+            self.restore_name = original_name()  # read before the first rename, cached per thread
             set_name(stage_comm(self.name))
         self.start = time.perf_counter()
         if self.name == self.options.delay_stage and self.options.delay_s > 0:
@@ -138,7 +206,7 @@ class _stage:
     def __exit__(self, exc_type, exc, tb) -> bool:
         self.stages.append(StageTiming(self.name, time.perf_counter() - self.start, self.start))
         if self.options.thread_names:
-            set_name(self.previous_name)
+            set_name(self.restore_name)
         if exc is not None and not isinstance(exc, StageError):
             raise StageError(self.name, exc) from exc
         return False

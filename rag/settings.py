@@ -12,8 +12,10 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from rag.stages import STAGES
 
 RetrieverName = Literal["dense", "bm25"]
 IndexKind = Literal["flat", "hnsw", "ivfpq"]
@@ -96,11 +98,35 @@ class RetrievalSettings(_Section):
 
 
 class GenerationSettings(_Section):
-    """Answer composition."""
+    """Answer composition: extractive (default), or written by a language model with the extractive
+    answer as the fallback when the model is down or slow (docs/vllm.md)."""
 
-    generator: Literal["extractive"] = "extractive"
+    generator: Literal["extractive", "openai", "vllm"] = Field(
+        "extractive", description="extractive | openai (any OpenAI-compatible server, e.g. vLLM) | vllm (in-process engine)")
     max_sentences: int = Field(3, ge=1, le=20, description="sentences in an extractive answer")
     passages: int = Field(5, ge=1, le=100, description="top passages the generator reads")
+    base_url: str = Field("http://127.0.0.1:8001/v1", description="openai: the server's /v1 URL")
+    model: str = Field("", description="openai: served model name (empty = the server's first); vllm: model folder")
+    api: Literal["chat", "completions"] = Field("chat", description="openai: /v1/chat/completions or /v1/completions")
+    max_tokens: int = Field(256, ge=1, le=32768, description="most tokens in a written answer")
+    temperature: float = Field(0.0, ge=0.0, le=2.0)
+    connect_timeout_s: float = Field(0.5, gt=0, le=60, description="openai: connecting to the server")
+    first_token_timeout_s: float = Field(2.0, gt=0, le=600,
+                                         description="no first token (or no next token) within this: fall back to extractive")
+    deadline_s: float = Field(30.0, gt=0, le=3600, description="a written answer taking longer falls back to extractive")
+    support_threshold: float = Field(0.5, ge=0.0, le=1.0,
+                                     description="a sentence is supported when this share of its terms is in its cited passages")
+    vllm_max_model_len: int = Field(4096, ge=64, description="vllm: context length of the in-process engine")
+    vllm_max_num_seqs: int = Field(16, ge=1, description="vllm: sequences the in-process engine batches")
+    vllm_load_format: str = Field("auto", description="vllm: 'dummy' = random weights (tests, no weight files)")
+
+    @model_validator(mode="after")
+    def _check(self) -> "GenerationSettings":
+        if self.generator == "vllm" and not self.model:
+            raise ValueError("generation.model must name a model folder when generation.generator is vllm")
+        if self.generator == "openai" and not self.base_url.startswith(("http://", "https://")):
+            raise ValueError(f"generation.base_url must be an http(s) URL, got {self.base_url!r}")
+        return self
 
 
 class ServerSettings(_Section):
@@ -148,6 +174,17 @@ class TelemetrySettings(_Section):
         return self
 
 
+class GraphSettings(_Section):
+    """The Neo4j server (Bolt) of the knowledge-graph store. Knowledge-graph retrieval has not landed yet:
+    compose.yaml already runs Neo4j and sets these, so they are declared (and validated) now."""
+
+    uri: str = Field("bolt://127.0.0.1:7687", pattern=r"^(bolt|neo4j)(\+s|\+ssc)?://",
+                     description="Bolt URI of the Neo4j server")
+    user: str = Field("neo4j", min_length=1)
+    password: SecretStr = Field(SecretStr(""), description="never logged or printed")
+    database: str = Field("neo4j", min_length=1)
+
+
 class ProbeSettings(_Section):
     """eBPF kernel probes (``ragheat probes``, or in-process with ``ragheat serve --probes``)."""
 
@@ -160,13 +197,11 @@ class ProbeSettings(_Section):
 class FaultSettings(_Section):
     """Fault injection for drills and alert tests; off by default."""
 
-    delay_stage: str | None = Field(None, description="pipeline stage to slow down (one of rag.pipeline.STAGES)")
+    delay_stage: str | None = Field(None, description="pipeline stage to slow down (one of rag.stages.STAGES)")
     delay_ms: float = Field(0.0, ge=0, le=60_000, description="extra time spent in delay_stage per request")
 
     @model_validator(mode="after")
     def _check(self) -> "FaultSettings":
-        from rag.pipeline import STAGES  # late: the pipeline module imports this one
-
         if self.delay_stage is not None and self.delay_stage not in STAGES:
             raise ValueError(f"faults.delay_stage must be one of {', '.join(STAGES)}, got {self.delay_stage!r}")
         return self
@@ -184,6 +219,7 @@ class RagheatSettings(BaseSettings):
     generation: GenerationSettings = Field(default_factory=GenerationSettings)
     server: ServerSettings = Field(default_factory=ServerSettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
+    graph: GraphSettings = Field(default_factory=GraphSettings)
     probes: ProbeSettings = Field(default_factory=ProbeSettings)
     faults: FaultSettings = Field(default_factory=FaultSettings)
 

@@ -63,13 +63,44 @@ class AnswerSentence:
 
 
 @dataclass(frozen=True)
+class SentenceSupport:
+    """One sentence of a written (LLM) answer, scored against the passages it cites."""
+
+    text: str  # as written, markers included
+    citations: tuple[int, ...]  # the [n] it carries (1-based), in order
+    score: float  # share of its content terms found in the cited passages, 0..1
+    supported: bool
+
+
+@dataclass(frozen=True)
+class GenerationStats:
+    """Client-side timing of a streamed generation: time to first token, the gaps between tokens
+    (one per streamed chunk after the first) and the output-token count the server reported."""
+
+    ttft_s: float
+    inter_token_s: tuple[float, ...]
+    output_tokens: int
+    model: str = ""
+
+    @property
+    def time_per_output_token_s(self) -> float | None:
+        return sum(self.inter_token_s) / len(self.inter_token_s) if self.inter_token_s else None
+
+
+@dataclass(frozen=True)
 class GenerationResult:
     generator: str
     sentences: list[AnswerSentence]
     seconds: float
+    text: str | None = None  # a written answer, verbatim (extractive answers are built from ``sentences``)
+    stats: GenerationStats | None = None
+    support: tuple[SentenceSupport, ...] = ()
+    degraded_reason: str | None = None  # why the answer fell back to the extractive generator
 
     @property
     def answer(self) -> str:
+        if self.text is not None:
+            return self.text
         return " ".join(f"{s.text} [{s.citation}]" for s in self.sentences)
 
 
@@ -104,3 +135,14 @@ class QueryResult:
     stages: list[StageTiming] = field(default_factory=list)
     sentences: list[AnswerSentence] = field(default_factory=list)
     retrieved: dict[str, int] = field(default_factory=dict)  # hits per retriever, before fusion
+    generation: GenerationStats | None = None  # streamed generators only
+    support: tuple[SentenceSupport, ...] = ()  # written answers only: each sentence vs its cited passages
+    degraded_reason: str | None = None  # set when the generator was down or slow and the answer is extractive
+
+    @property
+    def degraded(self) -> bool:
+        return self.degraded_reason is not None
+
+    @property
+    def unsupported_sentences(self) -> int:
+        return sum(not s.supported for s in self.support)

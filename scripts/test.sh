@@ -3,4 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh --test
+# vLLM (CPU build) in its own environment, for the generation tests (tests/vllm).
+bash scripts/install_vllm.sh
 exec .venv/bin/python -m pytest "$@"

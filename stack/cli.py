@@ -1,8 +1,140 @@
-"""``ragheat stack ...``: the compose topology without Docker."""
+"""``ragheat stack ...``: the compose topology without Docker (``up``, ``status``, ``down``), and the stack's
+default alert receiver. Heavy modules are imported inside the commands so ``ragheat --help`` stays fast."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Optional
+
 import typer
+from rag.clikit import console, fail as _fail, guard, out
 
 app = typer.Typer(help="Start or stop the whole stack locally (the compose topology without Docker).",
                   no_args_is_help=True)
+DEFAULT_FOLDER = Path("data/stack")
+FOLDER_HELP = "state file, logs, rendered configs and Prometheus data"
+
+
+_guard = guard(interrupted="interrupted; whatever had started was stopped")
+
+
+def _port_option(name: str, default: int):
+    return typer.Option(default, f"--{name}-port", min=0, max=65535, help=f"{name} port on 127.0.0.1 (0 = a free one)")
+
+
+@app.command()
+@_guard
+def up(
+    index: Optional[Path] = typer.Option(None, "--index", help="index folder to serve (default server.index_dir)"),
+    folder: Path = typer.Option(DEFAULT_FOLDER, "--folder", help=FOLDER_HELP),
+    probes: str = typer.Option("auto", help="auto (when root) | on | off: the eBPF exporter"),
+    vllm_model: str = typer.Option("auto", "--vllm-model",
+                                   help="auto (a tiny random-weight model when .venv-vllm exists) | off | a model folder"),
+    api_port: int = _port_option("api", 8000),
+    prometheus_port: int = _port_option("prometheus", 9090),
+    alertmanager_port: int = _port_option("alertmanager", 9093),
+    receiver_port: int = _port_option("alert-receiver", 9095),
+    probes_port: Optional[int] = typer.Option(None, "--probes-port", min=0, max=65535,
+                                              help="probes port on 127.0.0.1 (default probes.port; 0 = a free one)"),
+    vllm_port: int = _port_option("vllm", 8001),
+    ready_timeout: float = typer.Option(180.0, min=1.0, help="seconds each component may take to answer"),
+) -> None:
+    """Start the API, Prometheus (compose's config, targets on loopback), Alertmanager, the alert receiver,
+    the eBPF probes when root and vLLM when installed, as background processes; `stack down` stops them."""
+    from rag.cli import load_settings
+    from stack.local import StackOptions, up as start, wait_for_scrapes
+
+    if probes not in ("auto", "on", "off"):
+        _fail(f"--probes must be auto, on or off, not {probes!r}")
+    settings = load_settings(server={"index_dir": index})
+    ports = {"api": api_port, "prometheus": prometheus_port, "alertmanager": alertmanager_port,
+             "alert-receiver": receiver_port, "vllm": vllm_port,
+             "probes": settings.probes.port if probes_port is None else probes_port}
+    options = StackOptions(settings.server.index_dir, folder, ports, probes, vllm_model, ready_timeout_s=ready_timeout)
+    state = start(options, say=lambda line: console.print(line, highlight=False))
+    targets = wait_for_scrapes(state.get("prometheus").url)
+    _print_state(state, targets)
+    out.print(f"stop it with: ragheat stack down --folder {folder}")
+
+
+@app.command()
+@_guard
+def status(folder: Path = typer.Option(DEFAULT_FOLDER, "--folder", help=FOLDER_HELP)) -> None:
+    """Which stack processes run, and what Prometheus says of its targets and rules."""
+    import httpx
+
+    from stack.local import prometheus_report
+    from stack.processes import StackState
+
+    state = StackState.load(folder)
+    if state is None:
+        _fail(f"no stack state in {folder}: nothing started there (ragheat stack up --folder {folder})", code=1)
+    prometheus = state.get("prometheus")
+    targets, groups = [], []
+    if prometheus is not None and prometheus.alive():
+        try:
+            targets, groups = prometheus_report(prometheus.url)
+        except httpx.HTTPError as exc:
+            console.print(f"[yellow]prometheus at {prometheus.url} did not answer ({exc})[/]")
+    _print_state(state, targets)
+    for g in groups:
+        bad = f"  [red]failing: {', '.join(g['unhealthy'])}[/]" if g["unhealthy"] else ""
+        out.print(f"rules  {g['name']}: {g['rules']} rules{bad}", highlight=False)
+    if not all(p.alive() for p in state.processes) or any(t["health"] == "down" for t in targets):
+        raise typer.Exit(1)
+
+
+def _print_state(state, targets: list[dict]) -> None:
+    from rich.table import Table
+
+    table = Table("component", "pid", "running", "url", "log")
+    for p in state.processes:
+        table.add_row(p.name, str(p.pid), "[green]yes[/]" if p.alive() else "[red]no[/]", p.url, p.log)
+    out.print(table)
+    for t in targets:
+        colour = {"up": "green", "down": "red"}.get(t["health"], "yellow")
+        out.print(f"target {t['job']}: [{colour}]{t['health']}[/] {t['error']}", highlight=False)
+    for note in state.notes:
+        out.print(f"[dim]note: {note}[/]", highlight=False)
+
+
+@app.command()
+@_guard
+def down(folder: Path = typer.Option(DEFAULT_FOLDER, "--folder", help=FOLDER_HELP)) -> None:
+    """Stop every process `stack up` started (recorded in the folder's state file)."""
+    from stack.processes import StackState
+
+    try:
+        state = StackState.load(folder)
+    except ValueError as exc:
+        _fail(str(exc))
+    if state is None:
+        out.print(f"no stack running from {folder}")
+        return
+    stopped = state.stop_all()
+    out.print(f"stopped {', '.join(stopped)}" if stopped else "nothing was running; state cleared")
+
+
+@app.command("alert-receiver")
+def alert_receiver(
+    host: str = typer.Option("127.0.0.1", help="bind address"),
+    port: int = typer.Option(9095, min=0, max=65535, help="port"),
+) -> None:
+    """Log Alertmanager's page and ticket notifications as JSON lines (the stack's default receiver)."""
+    import signal
+    import sys
+
+    from stack.alert_receiver import AlertReceiver
+
+    try:
+        server = AlertReceiver((host, port))
+    except OSError as exc:
+        _fail(f"cannot listen on {host}:{port} ({exc.strerror}); choose another --port")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    console.print(f"alert receiver at http://{host}:{server.server_address[1]} (/page, /ticket, /alerts)")
+    try:
+        server.serve_forever()
+    except (KeyboardInterrupt, SystemExit):
+        pass
+    finally:
+        server.server_close()

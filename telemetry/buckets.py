@@ -36,8 +36,18 @@ The eBPF probes aggregate in log2 slots of microseconds, as BCC's tools do, beca
 what the kernel can compute per event for the price of a few instructions; these edges are exactly
 those slots' upper bounds, so exporting them to Prometheus loses nothing and invents nothing."""
 
+VLLM_STEP_TOKENS: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+"""Tokens one vLLM engine step schedules in one phase: powers of two, because a decode step carries one token
+per running sequence (1..max_num_seqs) and a prefill step up to max_num_batched_tokens (8k-16k)."""
+
+VLLM_STEP_BLOCKS: tuple[float, ...] = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
+"""KV-cache blocks allocated or freed in one vLLM engine step: zero (the common decode step within a block)
+must stand out; a prefill of N tokens takes N/block_size blocks, a finished long request frees hundreds."""
+
 BUCKET_SETS: dict[str, tuple[float, ...]] = {
     "latency_seconds": LATENCY_SECONDS,
     "retrieved_documents": RETRIEVED_DOCUMENTS,
     "kernel_log2_seconds": KERNEL_LOG2_SECONDS,
+    "vllm_step_tokens": VLLM_STEP_TOKENS,
+    "vllm_step_blocks": VLLM_STEP_BLOCKS,
 }

@@ -1,6 +1,6 @@
 """The Prometheus metrics contract: names, help, closed label sets. Recording lives in ``recorder.py``.
 
-Every label value comes from a closed set declared here (or in ``rag.pipeline.STAGES`` and the
+Every label value comes from a closed set declared here (or in ``rag.stages.STAGES`` and the
 configured qps buckets); nothing user-controlled (query text, paths, ids) ever becomes a label.
 """
 
@@ -10,7 +10,7 @@ from typing import Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from rag.pipeline import RETRIEVERS, STAGES
+from rag.stages import RETRIEVERS, STAGES
 from telemetry.buckets import LATENCY_SECONDS, RETRIEVED_DOCUMENTS
 
 ROUTES = ("/v1/query", "/v1/query/stream")
@@ -28,6 +28,10 @@ EXPECTED_METRICS = [
     "ragheat_stage_errors_total",
     "ragheat_requests_total",
     "ragheat_telemetry_dropped_total",
+    "ragheat_generation_ttft_seconds",
+    "ragheat_generation_inter_token_seconds",
+    "ragheat_unsupported_sentences_total",
+    "ragheat_generation_degraded_total",
 ]
 """Metric families a scrape of a running service must contain (as prometheus_client's parser names them;
 counters are listed with ``_total``, which the parser strips from the family name)."""
@@ -59,6 +63,7 @@ VLLM_METRICS = {
     "ttft": "ragheat_generation_ttft_seconds",                    # histogram, client side
     "inter_token": "ragheat_generation_inter_token_seconds",      # histogram, client side
     "unsupported_sentences": "ragheat_unsupported_sentences_total",  # counter
+    "degraded": "ragheat_generation_degraded_total",              # counter: answers that fell back to extractive
     "device_seconds": "ragheat_stage_device_seconds",             # histogram {stage}: CUDA-event time
 }
 """vLLM and generation families (the ``vllm`` generator, the ragheat vLLM plugin, CUDA event timers)."""
@@ -100,6 +105,19 @@ class PrometheusMetrics:
         self.stage_errors = Counter(
             "ragheat_stage_errors", "Requests that failed in a pipeline stage, by stage.", ["stage"],
             registry=registry)
+        self.generation_ttft = Histogram(
+            VLLM_METRICS["ttft"], "Time to the first generated token as the service saw it (streamed generators).",
+            buckets=LATENCY_SECONDS, registry=registry)
+        self.generation_inter_token = Histogram(
+            VLLM_METRICS["inter_token"], "Time between consecutive streamed tokens as the service saw it.",
+            buckets=LATENCY_SECONDS, registry=registry)
+        self.unsupported_sentences = Counter(
+            VLLM_METRICS["unsupported_sentences"].removesuffix("_total"),
+            "Answer sentences the support check found unsupported by the passages they cite.", registry=registry)
+        self.generation_degraded = Counter(
+            VLLM_METRICS["degraded"].removesuffix("_total"),
+            "Answers that fell back to the extractive generator because the LLM was down or slow.",
+            registry=registry)
         self.telemetry_dropped = Counter(
             "ragheat_telemetry_dropped", "Spans or metric batches dropped instead of slowing requests, by reason.",
             ["signal", "reason"], registry=registry)
@@ -107,6 +125,8 @@ class PrometheusMetrics:
         # Create every closed-set series up front: a rate() over a series that appears late reads as missing.
         for route in ROUTES:
             self.in_flight.labels(route)
+            for status in ("2xx", "4xx", "5xx"):  # what the SLI ratios divide by: present from the first scrape
+                self.requests.labels(route, status)
         for stage in STAGES:
             self.stage_errors.labels(stage)
         for retriever in RETRIEVERS:

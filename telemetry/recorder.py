@@ -172,9 +172,18 @@ class Telemetry:
                 m.child(m.stage_duration, stage.name, scope.qps_bucket, stage_outcome).observe(stage.seconds, exemplar)
             if failed:
                 m.stage_errors.labels(failed).inc()
-            if info.result:
-                for retriever, count in info.result.retrieved.items():
+            result = info.result
+            if result:
+                for retriever, count in result.retrieved.items():
                     m.child(m.retrieved, retriever).observe(count)
+                if result.generation is not None:
+                    m.generation_ttft.observe(result.generation.ttft_s, exemplar)
+                    for gap in result.generation.inter_token_s:
+                        m.generation_inter_token.observe(gap)
+                if result.support and result.unsupported_sentences:
+                    m.unsupported_sentences.inc(result.unsupported_sentences)
+                if result.degraded:
+                    m.generation_degraded.inc()
         if self.otlp_metrics is not None:
             push = self.otlp_metrics.record
             push("ragheat.request.duration", seconds,
@@ -239,8 +248,17 @@ class Telemetry:
         if stage.name == "embed":
             attributes.update({"gen_ai.operation.name": "embeddings", "gen_ai.request.model": self.model})
             return f"embeddings {self.model}".strip(), attributes
+        generation = info.result.generation if info.result is not None else None
+        if stage.name in ("generate_prefill", "generate_decode") and generation is not None:
+            attributes.update({"gen_ai.operation.name": "chat", "gen_ai.request.model": generation.model,
+                               "gen_ai.response.model": generation.model, "rag.generator": info.result.generator})
+            if stage.name == "generate_decode":
+                attributes["gen_ai.usage.output_tokens"] = generation.output_tokens
+            return f"chat {generation.model}".strip() if stage.name == "generate_prefill" else stage.name, attributes
         if stage.name == "generate" and info.result is not None:
             attributes["rag.generator"] = info.result.generator
+            if info.result.degraded:
+                attributes.update({"rag.degraded": True, "rag.degraded_reason": info.result.degraded_reason})
             if self.settings.capture_content:
                 attributes["gen_ai.retrieval.documents"] = json.dumps(
                     [{"id": s.chunk.doc_id, "score": s.score, "text": s.chunk.text} for s in info.result.sources])

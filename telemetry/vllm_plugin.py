@@ -8,8 +8,9 @@ editing vLLM's files, four methods of the v1 engine core (verified against vllm-
   prefill and decode by each request's computed-token count) and the ids of requests preempted;
 - ``Scheduler.update_from_output`` ends the step: step time = schedule() start to here, and the KV
   pool's free blocks and usage after finished requests released theirs;
-- ``BlockPool.get_new_blocks`` / ``BlockPool.free_blocks`` count blocks leaving and re-entering the
-  free queue, so allocation and release show per step rather than as a net change.
+- ``BlockPool.get_new_blocks`` / ``BlockPool.touch`` / ``BlockPool.free_blocks`` count blocks leaving
+  (fresh, or a prefix-cache hit taken back from the free queue) and re-entering the free queue, so
+  allocation and release show per step rather than as a net change.
 
 Measuring (``StepStats``) is apart from exporting (``VllmStepMetrics``, prometheus_client on the default
 registry). vLLM's ``/metrics`` serves that registry, so ``ragheat_vllm_*`` appear next to ``vllm:*``
@@ -31,15 +32,6 @@ from dataclasses import dataclass
 log = logging.getLogger("ragheat.vllm_plugin")
 
 PLUGIN_DISABLE_ENV = "RAGHEAT_VLLM_PLUGIN"  # "off" leaves vLLM untouched
-
-# These two bucket sets move to telemetry/buckets.py (requested; that module is owned elsewhere).
-VLLM_STEP_TOKENS: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
-"""Tokens one engine step schedules in one phase: powers of two, because a decode step carries one token
-per running sequence (1..max_num_seqs) and a prefill step up to max_num_batched_tokens (8k-16k)."""
-VLLM_STEP_BLOCKS: tuple[float, ...] = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
-"""KV-cache blocks allocated or freed in one step: zero (the common decode step within a block) must
-stand out; a prefill of N tokens takes N/block_size blocks, a finished long request frees hundreds."""
-
 
 @dataclass(frozen=True)
 class StepStats:
@@ -67,7 +59,7 @@ class VllmStepMetrics:
     def __init__(self, registry=None) -> None:
         from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 
-        from telemetry.buckets import LATENCY_SECONDS
+        from telemetry.buckets import LATENCY_SECONDS, VLLM_STEP_BLOCKS, VLLM_STEP_TOKENS
         from telemetry.metrics import VLLM_METRICS, VLLM_PHASES
 
         registry = REGISTRY if registry is None else registry
@@ -117,7 +109,7 @@ class StepObserver:
         self._lock = threading.Lock()
         self._pending: dict[int, tuple[float, int, int, int]] = {}  # id(SchedulerOutput) -> start, tokens, preemptions
         self.allocated = self.freed = 0
-        self._failed = False
+        self._failed = self._warned = False
 
     @property
     def sink(self):
@@ -151,6 +143,10 @@ class StepObserver:
         if not prefill and not decode and not preempted:
             return  # an idle step: nothing to draw
         pool = scheduler.kv_cache_manager.block_pool
+        if not self._warned and "PROMETHEUS_MULTIPROC_DIR" not in os.environ and _is_child_process():
+            self._warned = True
+            log.warning("ragheat vLLM plugin: this engine core runs in its own process and PROMETHEUS_MULTIPROC_DIR "
+                        "is unset, so ragheat_vllm_* stay in this process; set it to see them at /metrics")
         self.sink(StepStats(time.perf_counter() - start, prefill, decode, allocated, freed,
                             pool.get_num_free_blocks(), pool.get_usage(), preempted))
 
@@ -163,6 +159,12 @@ class StepObserver:
         if not self._failed:
             self._failed = True
             log.exception("ragheat vLLM plugin: %s hook failed; its metrics stop moving (vLLM is unaffected)", where)
+
+
+def _is_child_process() -> bool:
+    import multiprocessing
+
+    return multiprocessing.parent_process() is not None
 
 
 _metrics: VllmStepMetrics | None = None
@@ -212,6 +214,16 @@ def _wrap_get_new_blocks(original):
     return get_new_blocks
 
 
+def _wrap_touch(original):
+    @functools.wraps(original)
+    def touch(self, blocks, *args, **kwargs):
+        before = self.get_num_free_blocks()
+        result = original(self, blocks, *args, **kwargs)
+        OBSERVER.add_blocks(allocated=max(0, before - self.get_num_free_blocks()))  # cached blocks reused
+        return result
+    return touch
+
+
 def _wrap_free_blocks(original):
     @functools.wraps(original)
     def free_blocks(self, ordered_blocks, *args, **kwargs):
@@ -236,6 +248,7 @@ def register() -> None:
     for cls, attribute, wrapper in ((Scheduler, "schedule", _wrap_schedule),
                                     (Scheduler, "update_from_output", _wrap_update),
                                     (BlockPool, "get_new_blocks", _wrap_get_new_blocks),
+                                    (BlockPool, "touch", _wrap_touch),
                                     (BlockPool, "free_blocks", _wrap_free_blocks)):
         current = getattr(cls, attribute)
         if not getattr(current, "_ragheat_wrapped", False):

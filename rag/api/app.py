@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from contextlib import asynccontextmanager
@@ -13,7 +14,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from rag import __version__
 from rag.api.errors import ApiError, error_response, install_error_handlers
-from rag.api.schemas import ErrorBody, QueryRequest, QueryResponse, citation
+from rag.api.schemas import ErrorBody, QueryRequest, QueryResponse, citation, generation_out
+from rag.errors import StageError
 from rag.pipeline import RagPipeline
 from rag.settings import RagheatSettings
 from rag.threadnames import set_name, stage_comm
@@ -91,7 +93,7 @@ def create_app(settings: RagheatSettings, index_dir: Path | None = None,
     app.add_middleware(BodyLimitMiddleware, limit=server.max_body_bytes)
     install_error_handlers(app)
 
-    def run_query(request: QueryRequest, http: Request):
+    def run_query(request: QueryRequest, http: Request, **callbacks):
         # Left on request.state for whoever observes requests (telemetry's middleware); rag/ never calls it.
         top_k = request.top_k or server.default_top_k
         http.state.rag_query, http.state.rag_top_k = request.query, top_k
@@ -100,7 +102,7 @@ def create_app(settings: RagheatSettings, index_dir: Path | None = None,
                                                    f"{server.max_query_chars} (server.max_query_chars)")
         if not pipeline.ready:
             raise ApiError(503, "not_ready", "the index is still loading")
-        result = pipeline.query(request.query, top_k, request.retrievers)
+        result = pipeline.query(request.query, top_k, request.retrievers, **callbacks)
         http.state.rag_result = result
         return result
 
@@ -111,15 +113,48 @@ def create_app(settings: RagheatSettings, index_dir: Path | None = None,
 
     @app.post("/v1/query/stream", responses={200: {"content": {"text/event-stream": {}}}, **ERROR_RESPONSES})
     async def query_stream(request: QueryRequest, http: Request):
-        """Server-sent events: ``sources`` first, then one ``answer`` event per sentence, then ``done``."""
-        result = await run_in_threadpool(run_query, request, http)
+        """Server-sent events: ``sources`` first; with a language model, one ``token`` event per streamed piece
+        as it arrives (and ``degraded`` if the model failed and the extractive answer follows); then one
+        ``answer`` event per sentence; then ``done`` with the generator, stage timings and flags."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
 
-        def events():
-            yield _sse("sources", [citation(s).model_dump() for s in result.sources])
-            for sentence in result.sentences:
-                yield _sse("answer", {"text": f"{sentence.text} [{sentence.citation}]", "citation": sentence.citation})
-            yield _sse("done", {"generator": result.generator,
-                                "stages": [{"name": t.name, "ms": round(t.ms, 3)} for t in result.stages]})
+        def put(kind: str, value) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, (kind, value))
+
+        def work() -> None:
+            try:
+                put("result", run_query(request, http, on_sources=lambda s: put("sources", s),
+                                        on_token=lambda t: put("token", t)))
+            except BaseException as exc:  # handed to the event loop; raised or reported there
+                put("error", exc)
+
+        worker = asyncio.ensure_future(run_in_threadpool(work))
+        first = await queue.get()
+        if first[0] == "error":
+            raise first[1]  # nothing sent yet: the usual JSON error and status
+
+        async def events():
+            item, tokens = first, 0
+            while True:
+                kind, value = item
+                if kind == "sources":
+                    yield _sse("sources", [citation(s).model_dump() for s in value])
+                elif kind == "token":
+                    tokens += 1
+                    yield _sse("token", {"text": value})
+                elif kind == "result":
+                    for chunk in _final_events(value, tokens):
+                        yield chunk
+                    break
+                else:  # a stage failed after the status line went out: say so in the stream
+                    http.state.rag_error = value
+                    stage = value.stage if isinstance(value, StageError) else "generate"
+                    log.error("stage %s failed during a stream", stage, exc_info=getattr(value, "cause", value))
+                    yield _sse("error", {"error": "stage_failed", "reason": f"the {stage} stage failed", "stage": stage})
+                    break
+                item = await queue.get()
+            await worker
 
         return StreamingResponse(events(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
@@ -139,6 +174,24 @@ def create_app(settings: RagheatSettings, index_dir: Path | None = None,
                              "chunks": manifest["counts"]["chunks"], "corpus": manifest["corpus"]["name"]})
 
     return app
+
+
+def _final_events(result, tokens_sent: int):
+    if result.degraded and tokens_sent:
+        yield _sse("degraded", {"reason": result.degraded_reason, "discard_tokens": tokens_sent})
+    if result.support:
+        for s in result.support:
+            yield _sse("answer", {"text": s.text, "citation": s.citations[0] if s.citations else None,
+                                  "citations": list(s.citations), "supported": s.supported, "score": s.score})
+    else:
+        for sentence in result.sentences:
+            yield _sse("answer", {"text": f"{sentence.text} [{sentence.citation}]", "citation": sentence.citation})
+    generation = generation_out(result)
+    yield _sse("done", {"generator": result.generator,
+                        "stages": [{"name": t.name, "ms": round(t.ms, 3)} for t in result.stages],
+                        "degraded": result.degraded, "degraded_reason": result.degraded_reason,
+                        "unsupported_sentences": result.unsupported_sentences,
+                        "generation": generation.model_dump() if generation else None})
 
 
 def _sse(event: str, data) -> bytes:

@@ -55,11 +55,32 @@ class StageTimingOut(BaseModel):
     ms: float
 
 
+class SentenceSupportOut(BaseModel):
+    text: str = Field(description="one sentence of the written answer, markers included")
+    citations: list[int] = Field(description="the [n] it cites")
+    score: float = Field(description="share of its content terms found in the cited passages, 0..1")
+    supported: bool = Field(description="false = flagged: the cited passages do not carry what it says")
+
+
+class GenerationStatsOut(BaseModel):
+    model: str
+    ttft_ms: float = Field(description="request sent -> first token, as ragheat saw it")
+    time_per_output_token_ms: float | None = Field(description="mean gap between streamed tokens")
+    output_tokens: int
+
+
 class QueryResponse(BaseModel):
     answer: str
     citations: list[Citation]
     stages: list[StageTimingOut]
     generator: str
+    degraded: bool = Field(False, description="true when the language model was down or slow and the answer "
+                                              "is the extractive fallback")
+    degraded_reason: str | None = None
+    unsupported_sentences: int = Field(0, description="written-answer sentences flagged by the support check")
+    support: list[SentenceSupportOut] = Field(default_factory=list, description="written answers: each sentence "
+                                                                                 "scored against its cited passages")
+    generation: GenerationStatsOut | None = None
 
     @classmethod
     def from_result(cls, result: QueryResult) -> "QueryResponse":
@@ -68,7 +89,26 @@ class QueryResponse(BaseModel):
             generator=result.generator,
             citations=[citation(s) for s in result.sources],
             stages=[StageTimingOut(name=t.name, ms=round(t.ms, 3)) for t in result.stages],
+            degraded=result.degraded,
+            degraded_reason=result.degraded_reason,
+            unsupported_sentences=result.unsupported_sentences,
+            support=support_out(result),
+            generation=generation_out(result),
         )
+
+
+def support_out(result: QueryResult) -> list[SentenceSupportOut]:
+    return [SentenceSupportOut(text=s.text, citations=list(s.citations), score=s.score, supported=s.supported)
+            for s in result.support]
+
+
+def generation_out(result: QueryResult) -> GenerationStatsOut | None:
+    g = result.generation
+    if g is None:
+        return None
+    tpot = g.time_per_output_token_s
+    return GenerationStatsOut(model=g.model, ttft_ms=round(g.ttft_s * 1000, 3), output_tokens=g.output_tokens,
+                              time_per_output_token_ms=None if tpot is None else round(tpot * 1000, 3))
 
 
 def citation(source) -> Citation:

@@ -9,7 +9,8 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from telemetry.buckets import BUCKET_SETS, KERNEL_LOG2_SECONDS, LATENCY_SECONDS, RETRIEVED_DOCUMENTS, SLO_SECONDS
+from telemetry.buckets import (BUCKET_SETS, KERNEL_LOG2_SECONDS, LATENCY_SECONDS, RETRIEVED_DOCUMENTS, SLO_SECONDS,
+                               VLLM_STEP_BLOCKS, VLLM_STEP_TOKENS)
 from telemetry.metrics import PrometheusMetrics
 from telemetry.qps import QpsBuckets
 
@@ -41,9 +42,15 @@ def test_kernel_log2_edges_match_the_snapshot():
     assert tuple(KERNEL_LOG2_SECONDS) == KERNEL_LOG2_SNAPSHOT
 
 
+def test_vllm_step_edges_match_the_snapshot():
+    assert VLLM_STEP_TOKENS == (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+    assert VLLM_STEP_BLOCKS == (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
+
+
 def test_bucket_sets_name_the_same_tuples():
     assert BUCKET_SETS == {"latency_seconds": LATENCY_SECONDS, "retrieved_documents": RETRIEVED_DOCUMENTS,
-                           "kernel_log2_seconds": KERNEL_LOG2_SECONDS}
+                           "kernel_log2_seconds": KERNEL_LOG2_SECONDS, "vllm_step_tokens": VLLM_STEP_TOKENS,
+                           "vllm_step_blocks": VLLM_STEP_BLOCKS}
 
 
 def test_slo_is_an_exact_latency_edge():
@@ -53,8 +60,8 @@ def test_slo_is_an_exact_latency_edge():
     assert LATENCY_SECONDS.index(SLO_SECONDS) == LATENCY_SNAPSHOT.index(0.42)
 
 
-@pytest.mark.parametrize("edges", [LATENCY_SECONDS, RETRIEVED_DOCUMENTS, KERNEL_LOG2_SECONDS],
-                         ids=["latency", "retrieved", "kernel"])
+@pytest.mark.parametrize("edges", [LATENCY_SECONDS, RETRIEVED_DOCUMENTS, KERNEL_LOG2_SECONDS, VLLM_STEP_TOKENS,
+                                   VLLM_STEP_BLOCKS], ids=["latency", "retrieved", "kernel", "tokens", "blocks"])
 def test_edges_are_finite_and_strictly_increasing(edges):
     assert all(math.isfinite(e) for e in edges)
     assert all(b > a for a, b in zip(edges, edges[1:]))

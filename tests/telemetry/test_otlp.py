@@ -9,7 +9,7 @@ from contextlib import ExitStack
 
 import pytest
 
-from rag.pipeline import STAGES
+from rag.stages import EXTRACTIVE_STAGES
 from telemetry.otlp_receiver import OtlpReceiver
 from telemetry.tracing import OTLP_ENDPOINT_VARIABLES
 from telemetry_testkit import QUERIES, scrape, serve, total, wait_for
@@ -62,7 +62,7 @@ def test_spans_and_exponential_histograms_reach_the_collector(settings, pipeline
                 counts = {}
                 for dp in points[-1].exponential_histogram.data_points:
                     counts[attrs(dp.attributes)[key]] = counts.get(attrs(dp.attributes)[key], 0) + dp.count
-                return counts if sum(counts.values()) >= (4 * len(STAGES) if key == "stage" else 4) else None
+                return counts if sum(counts.values()) >= (4 * len(EXTRACTIVE_STAGES) if key == "stage" else 4) else None
 
             wait_for(lambda: stage_counts("ragheat.stage.duration", "stage"), 15, what="stage duration metrics")
             wait_for(lambda: stage_counts("ragheat.request.duration", "route"), 15, what="request duration metrics")
@@ -74,7 +74,7 @@ def test_spans_and_exponential_histograms_reach_the_collector(settings, pipeline
         assert len(root.trace_id) == 16 and root.parent_span_id == b""
         assert attrs(root.attributes)["http.response.status_code"] == 200
         kids = [sp for sp in spans if sp.parent_span_id == root.span_id]
-        assert sorted(attrs(k.attributes)["rag.stage"] for k in kids) == sorted(STAGES)
+        assert sorted(attrs(k.attributes)["rag.stage"] for k in kids) == sorted(EXTRACTIVE_STAGES)
         for kid in kids:
             a = attrs(kid.attributes)
             assert kid.trace_id == root.trace_id
@@ -108,7 +108,7 @@ def test_spans_and_exponential_histograms_reach_the_collector(settings, pipeline
     stages = {}
     for dp in receiver.metric_points("ragheat.stage.duration")[-1].exponential_histogram.data_points:
         stages[attrs(dp.attributes)["stage"]] = stages.get(attrs(dp.attributes)["stage"], 0) + dp.count
-    assert stages == {stage: 4 for stage in STAGES}
+    assert stages == {stage: 4 for stage in EXTRACTIVE_STAGES}
     routes = {}
     for dp in receiver.metric_points("ragheat.request.duration")[-1].exponential_histogram.data_points:
         routes[attrs(dp.attributes)["route"]] = routes.get(attrs(dp.attributes)["route"], 0) + dp.count

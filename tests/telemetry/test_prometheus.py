@@ -21,7 +21,7 @@ import httpx
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from rag.pipeline import STAGES
+from rag.stages import EXTRACTIVE_STAGES, STAGES
 from rag.api.server import free_port
 from telemetry.prometheus_server import LocalPrometheus
 from telemetry_testkit import QUERIES, serve, trace_id, wait_for
@@ -68,10 +68,10 @@ def test_prometheus_reads_stage_quantiles_and_exemplars(monitored):
 
     def p99_per_stage():
         values = {r["metric"].get("stage"): float(r["value"][1]) for r in promql(prom, P99)}
-        return values if all(math.isfinite(values.get(stage, math.nan)) for stage in STAGES) else None
+        return values if all(math.isfinite(values.get(stage, math.nan)) for stage in EXTRACTIVE_STAGES) else None
 
     values = wait_for(p99_per_stage, 30, 0.5, what="a finite P99 for every stage")
-    assert set(values) == set(STAGES), values
+    assert set(values) == set(EXTRACTIVE_STAGES), values
     for stage, seconds in values.items():
         assert 0 < seconds <= 10.0, (stage, seconds)
     assert up(prom)

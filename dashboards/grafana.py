@@ -1,0 +1,106 @@
+"""Boards (``dashboards.spec``) to Grafana JSON with grafanalib, plus Grafana's provisioning files."""
+
+from __future__ import annotations
+
+import json
+
+import attr
+from grafanalib import core as g
+from grafanalib._gen import DashboardEncoder
+
+from dashboards.spec import Board, Panel
+
+PROMETHEUS_UID = "ragheat-prometheus"
+TRACES_UID = "ragheat-traces"
+DATASOURCE = {"type": "prometheus", "uid": PROMETHEUS_UID}
+PANEL_HEIGHT = 8
+
+
+@attr.s
+class PromTarget(g.Target):
+    """grafanalib's Target plus the ``exemplar`` switch of Grafana's Prometheus query editor."""
+
+    exemplar = attr.ib(default=False)
+
+    def to_json_data(self):
+        return {**super().to_json_data(), "exemplar": self.exemplar}
+
+
+def _targets(panel: Panel) -> list[PromTarget]:
+    fmt = "heatmap" if panel.kind == "heatmap" else "time_series"
+    return [PromTarget(expr=q.expr, legendFormat=q.legend, refId=chr(ord("A") + i), format=fmt,
+                       exemplar=panel.exemplars, datasource=DATASOURCE, intervalFactor=1)
+            for i, q in enumerate(panel.queries)]
+
+
+def _threshold_steps(values: tuple[float, ...]) -> list[dict]:
+    return [{"color": "green", "value": None}] + [{"color": "red", "value": v} for v in values]
+
+
+def _panel(panel: Panel, grid: g.GridPos) -> g.Panel:
+    common = dict(title=panel.title, description=panel.description, dataSource=DATASOURCE,
+                  targets=_targets(panel), gridPos=grid,
+                  repeat=g.Repeat("h", panel.repeat, maxPerRow=3) if panel.repeat else g.Repeat())
+    if panel.kind == "heatmap":
+        # Grafana >= 9 heatmap options: buckets come pre-computed from Prometheus (calculate off), each le a row.
+        options = {"calculate": False, "cellGap": 1, "yAxis": {"unit": panel.unit, "axisPlacement": "left"},
+                   "rowsFrame": {"layout": "auto"}, "filterValues": {"le": 1e-9},
+                   "color": {"mode": "scheme", "scheme": "Spectral", "scale": "exponential", "exponent": 0.5,
+                             "reverse": True, "steps": 64},
+                   "exemplars": {"color": "rgba(255,0,255,0.7)"}, "tooltip": {"show": True, "yHistogram": True},
+                   "legend": {"show": True}}
+        return g.Heatmap(dataFormat="tsbuckets", yBucketBound="upper", hideZeroBuckets=True, options=options,
+                         yAxis=g.YAxis(format=panel.unit, logBase=2 if panel.log_y else 1), **common)
+    if panel.kind == "stat":
+        return g.Stat(format=panel.unit, reduceCalc="lastNotNull", graphMode="none",
+                      thresholds=_threshold_steps(panel.thresholds), **common)
+    return g.TimeSeries(unit=panel.unit, thresholds=_threshold_steps(panel.thresholds),
+                        thresholdsStyleMode="line" if panel.thresholds else "off",
+                        scaleDistributionType="log" if panel.log_y else "linear",
+                        legendDisplayMode="table", legendCalcs=["lastNotNull", "max"], tooltipMode="multi",
+                        **common)
+
+
+def _layout(board: Board) -> list[g.Panel]:
+    """Left to right, top to bottom on Grafana's 24-column grid."""
+    panels, x, y = [], 0, 0
+    for panel in board.panels:
+        if x + panel.width > 24:
+            x, y = 0, y + PANEL_HEIGHT
+        panels.append(_panel(panel, g.GridPos(h=PANEL_HEIGHT, w=panel.width, x=x, y=y)))
+        x += panel.width
+    return panels
+
+
+def dashboard(board: Board) -> g.Dashboard:
+    templates = [g.Template(name=v.name, label=v.name, query=f"label_values({v.metric}, {v.label})",
+                            dataSource=DATASOURCE, includeAll=True, multi=True, allValue=".*", default="$__all",
+                            refresh=g.REFRESH_ON_TIME_RANGE_CHANGE)
+                 for v in board.variables]
+    return g.Dashboard(title=board.title, uid=board.uid, description=board.description, tags=list(board.tags),
+                       panels=_layout(board), templating=g.Templating(list=templates), timezone="browser",
+                       time=g.Time("now-1h", "now"), refresh="30s").auto_panel_ids()
+
+
+def dashboard_json(board: Board) -> str:
+    """The board as Grafana JSON, keys sorted so renders are byte-for-byte reproducible."""
+    return json.dumps(dashboard(board).to_json_data(), cls=DashboardEncoder, sort_keys=True, indent=2) + "\n"
+
+
+def datasources(prometheus_url: str, traces_url: str) -> dict:
+    """Prometheus (exemplars' ``trace_id`` opens the trace in the traces datasource) and Tempo for traces."""
+    return {"apiVersion": 1, "datasources": [
+        {"name": "Prometheus", "uid": PROMETHEUS_UID, "type": "prometheus", "access": "proxy", "url": prometheus_url,
+         "isDefault": True,
+         "jsonData": {"httpMethod": "POST", "timeInterval": "5s",
+                      "exemplarTraceIdDestinations": [{"name": "trace_id", "datasourceUid": TRACES_UID}]}},
+        {"name": "Traces", "uid": TRACES_UID, "type": "tempo", "access": "proxy", "url": traces_url},
+    ]}
+
+
+def dashboard_provider(path: str) -> dict:
+    """Grafana loads every JSON file in ``path`` (where the rendered dashboards are mounted) into one folder."""
+    return {"apiVersion": 1, "providers": [
+        {"name": "ragheat", "folder": "ragheat", "type": "file", "disableDeletion": True, "allowUiUpdates": False,
+         "updateIntervalSeconds": 30, "options": {"path": path}},
+    ]}

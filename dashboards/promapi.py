@@ -1,0 +1,49 @@
+"""The few Prometheus HTTP API calls the checks and snapshots need."""
+
+from __future__ import annotations
+
+import httpx
+
+from rag.errors import RagheatError
+
+
+class PrometheusQueryError(RagheatError):
+    """Prometheus answered with an error (a bad expression) or could not be reached; names the URL."""
+
+
+class PrometheusApi:
+    def __init__(self, url: str, timeout_s: float = 10.0) -> None:
+        self.url = url.rstrip("/")
+        self.timeout_s = timeout_s
+
+    def _get(self, path: str, params: dict | list) -> object:
+        try:
+            response = httpx.get(self.url + path, params=params, timeout=self.timeout_s)
+        except httpx.HTTPError as exc:
+            raise PrometheusQueryError(f"cannot reach Prometheus at {self.url}: {exc}") from exc
+        try:
+            body = response.json()
+        except ValueError:
+            raise PrometheusQueryError(f"{self.url}{path} answered {response.status_code} without JSON: "
+                                       f"is {self.url} a Prometheus?") from None
+        if body.get("status") != "success":
+            raise PrometheusQueryError(f"{body.get('errorType', 'error')}: {body.get('error')}")
+        return body["data"]
+
+    def query(self, promql: str) -> list[dict]:
+        """Instant query: a list of ``{"metric": {...}, "value": [t, "v"]}``."""
+        return self._get("/api/v1/query", {"query": promql})["result"]
+
+    def query_range(self, promql: str, start: float, end: float, step_s: float) -> list[dict]:
+        return self._get("/api/v1/query_range", {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}",
+                                                 "step": f"{step_s:g}"})["result"]
+
+    def label_values(self, label: str, match: str | None = None) -> list[str]:
+        params = [("match[]", match)] if match else []
+        return self._get(f"/api/v1/label/{label}/values", params)
+
+    def metric_names(self) -> set[str]:
+        return set(self.label_values("__name__"))
+
+    def alerts(self) -> list[dict]:
+        return self._get("/api/v1/alerts", {})["alerts"]

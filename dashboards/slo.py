@@ -1,0 +1,202 @@
+"""The service level objectives, their windows, and the Prometheus rules and Alertmanager routes built from them.
+
+Two objectives over 30 days: 99 % of answered requests within ``telemetry.buckets.SLO_SECONDS`` (420 ms), read
+off the histogram's exact ``le="0.42"`` bucket, and 99.9 % of requests not failing with a 5xx. Each gets the
+multi-window, multi-burn-rate alerts of the SRE workbook (chapter 5, "Alerting on SLOs"):
+
+=========  ======  ===========  ============  ==============================================
+severity   burn    long window  short window  meaning
+=========  ======  ===========  ============  ==============================================
+page       14.4x   1 h          5 m           2 % of the 30-day budget gone in one hour
+page       6x      6 h          30 m          5 % gone in six hours
+ticket     1x      3 d          6 h           10 % gone in three days: on track to miss the SLO
+=========  ======  ===========  ============  ==============================================
+
+Both windows must burn: the long one says the burn is significant, the short one that it is still going on
+(so an alert resolves minutes after the problem does, and a spike shorter than the short window never pages).
+
+A :class:`Profile` divides every window: ``PRODUCTION`` keeps them, ``TEST`` turns hours into minutes so a live
+test can watch an alert fire in seconds. Dashboards and rules are rendered from the same profile.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client.utils import floatToGoString
+
+from dashboards import contract
+from telemetry.buckets import LATENCY_SECONDS, SLO_SECONDS
+
+MINUTE, HOUR, DAY = 60, 3600, 86400
+SLO_PERIOD_S = 30 * DAY
+SLO_LE = floatToGoString(SLO_SECONDS)
+"""The ``le`` label value of the SLO bucket, spelled exactly as prometheus_client writes it."""
+assert SLO_SECONDS in LATENCY_SECONDS, "the latency SLO must be an exact bucket edge"
+
+QUANTILES = (0.5, 0.95, 0.99)
+QUANTILE_WINDOW_S = 5 * MINUTE
+"""Window of the per-stage quantile recording rules read by dashboards."""
+
+
+@dataclass(frozen=True)
+class Profile:
+    """How rules and dashboards are rendered: every window (and the quantile rate window) divided by ``divisor``."""
+
+    name: str
+    divisor: int
+
+    def window(self, seconds: int) -> str:
+        """A Prometheus duration for ``seconds`` of production time, e.g. ``1h``, ``5s``, ``1h12m``."""
+        scaled = seconds // self.divisor
+        if scaled * self.divisor != seconds or scaled < 1:
+            raise ValueError(f"profile {self.name}: {seconds} s does not divide into whole seconds by {self.divisor}")
+        text = ""
+        for unit, size in (("d", DAY), ("h", HOUR), ("m", MINUTE), ("s", 1)):
+            if scaled >= size:
+                text += f"{scaled // size}{unit}"
+                scaled %= size
+        return text
+
+
+PRODUCTION = Profile("production", 1)
+TEST = Profile("test", 60)
+"""Hours become minutes and minutes seconds: the fast-burn page reads a 60 s and a 5 s window."""
+PROFILES = {p.name: p for p in (PRODUCTION, TEST)}
+
+
+@dataclass(frozen=True)
+class BurnAlert:
+    severity: str      # page | ticket: the Alertmanager route
+    speed: str         # fast | medium | slow: a stable label for dashboards and silences
+    factor: float      # burn rate: how many times faster than "exactly spend the budget in 30 days"
+    long_s: int
+    short_s: int
+
+
+BURN_ALERTS = (
+    BurnAlert("page", "fast", 14.4, 1 * HOUR, 5 * MINUTE),
+    BurnAlert("page", "medium", 6.0, 6 * HOUR, 30 * MINUTE),
+    BurnAlert("ticket", "slow", 1.0, 3 * DAY, 6 * HOUR),
+)
+SLI_WINDOWS_S = tuple(sorted({w for a in BURN_ALERTS for w in (a.long_s, a.short_s)} | {SLO_PERIOD_S}))
+STAGE_P99_WINDOWS_S = tuple(sorted({QUANTILE_WINDOW_S} | {a.short_s for a in BURN_ALERTS}))
+
+
+@dataclass(frozen=True)
+class Slo:
+    name: str
+    title: str
+    objective: float
+    what: str  # one phrase: what a bad event is
+
+    @property
+    def budget(self) -> float:
+        return 1 - self.objective
+
+    def error_ratio(self, window: str) -> str:
+        """PromQL: the share of bad events over ``window``."""
+        if self.name == "latency":
+            ok = 'outcome="ok"'
+            good = f'sum(rate({contract.bucket(contract.REQUEST_DURATION)}{{{ok}, le="{SLO_LE}"}}[{window}]))'
+            total = f"sum(rate({contract.count(contract.REQUEST_DURATION)}{{{ok}}}[{window}]))"
+            return f"1 - ({good} / {total})"
+        # The 5xx series appears only with the first failure; until then the bad rate is 0, not missing.
+        bad = f'(sum(rate({contract.REQUESTS}{{status_class="5xx"}}[{window}])) or vector(0))'
+        return f"{bad} / sum(rate({contract.REQUESTS}[{window}]))"
+
+    def stage_query(self, profile: Profile, short_s: int) -> str:
+        """PromQL naming the stage most likely burning this budget: one series with a ``stage`` label, or none."""
+        if self.name == "latency":
+            return f"topk(1, {stage_quantile_record(0.99, profile, short_s)} > 0)"
+        return f"topk(1, sum by (stage) (rate({contract.STAGE_ERRORS}[{profile.window(short_s)}])) > 0)"
+
+
+LATENCY = Slo("latency", "Latency", 0.99, f"an answered request slower than {SLO_SECONDS * 1000:g} ms")
+AVAILABILITY = Slo("availability", "Availability", 0.999, "a request answered with a 5xx status")
+SLOS = (LATENCY, AVAILABILITY)
+
+
+def sli_error_record(window: str) -> str:
+    """Name of the recording rule holding an SLO's bad-event ratio over ``window`` (label ``slo``)."""
+    return f"slo:sli_error:ratio_rate{window}"
+
+
+def stage_quantile_record(quantile: float, profile: Profile, window_s: int = QUANTILE_WINDOW_S) -> str:
+    return f"stage:{contract.STAGE_DURATION}:p{round(quantile * 100):d}_rate{profile.window(window_s)}"
+
+
+def alert_name(slo: Slo) -> str:
+    return f"Ragheat{slo.title}BudgetBurn"
+
+
+def stage_template(slo: Slo, profile: Profile, short_s: int) -> str:
+    fallback = "unknown" if slo is LATENCY else "none (no pipeline stage failed)"
+    # Go template, evaluated by Prometheus at each evaluation: a query, not a label, so the alert keeps one
+    # identity even if the slowest stage changes while it fires.
+    return f'{{{{ range query "{slo.stage_query(profile, short_s)}" }}}}{{{{ .Labels.stage }}}}{{{{ else }}}}{fallback}{{{{ end }}}}'
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / DAY:.3g} days" if seconds >= 3 * DAY else f"{seconds / HOUR:.3g} hours"
+
+
+def alert_rule(slo: Slo, alert: BurnAlert, profile: Profile) -> dict:
+    long, short = profile.window(alert.long_s), profile.window(alert.short_s)
+    threshold = f"({alert.factor:g} * {slo.budget:g})"
+    expr = (f'{sli_error_record(long)}{{slo="{slo.name}"}} > {threshold}\n'
+            f'and\n{sli_error_record(short)}{{slo="{slo.name}"}} > {threshold}')
+    stage = stage_template(slo, profile, alert.short_s)
+    return {
+        "alert": alert_name(slo),
+        "expr": expr,
+        "labels": {"severity": alert.severity, "slo": slo.name, "burn": alert.speed,
+                   "long_window": long, "short_window": short},
+        "annotations": {
+            "summary": f"{slo.title} SLO error budget burning {alert.factor:g}x too fast over {long} and {short}; "
+                       f"stage: {stage}",
+            "description": f"Objective: {slo.objective * 100:g} % of requests good over {_duration(SLO_PERIOD_S)} (bad: {slo.what}). "
+                           f"At this rate the whole budget is gone in {_duration(SLO_PERIOD_S / alert.factor)}.",
+            "stage": stage,
+        },
+    }
+
+
+def prometheus_rules(profile: Profile) -> dict:
+    """The rule file: per-stage quantiles, SLI error ratios per window, burn-rate alerts."""
+    bucket = contract.bucket(contract.STAGE_DURATION)
+    quantiles = [{"record": stage_quantile_record(q, profile),
+                  "expr": f"histogram_quantile({q:g}, sum by (le, stage) (rate({bucket}[{profile.window(QUANTILE_WINDOW_S)}])))"}
+                 for q in QUANTILES]
+    quantiles += [{"record": stage_quantile_record(0.99, profile, w),
+                   "expr": f"histogram_quantile(0.99, sum by (le, stage) (rate({bucket}[{profile.window(w)}])))"}
+                  for w in STAGE_P99_WINDOWS_S if w != QUANTILE_WINDOW_S]
+    ratios = [{"record": sli_error_record(profile.window(w)), "expr": slo.error_ratio(profile.window(w)),
+               "labels": {"slo": slo.name}}
+              for slo in SLOS for w in SLI_WINDOWS_S]
+    alerts = [alert_rule(slo, alert, profile) for slo in SLOS for alert in BURN_ALERTS]
+    return {"groups": [
+        {"name": "ragheat-stage-quantiles", "rules": quantiles},
+        {"name": "ragheat-slo-error-ratios", "rules": ratios},
+        {"name": "ragheat-slo-burn-alerts", "rules": alerts},
+    ]}
+
+
+def alertmanager_config(page_url: str, ticket_url: str) -> dict:
+    """Pages and tickets go to their own receivers; a page silences the ticket of the same SLO."""
+    def receiver(name: str, url: str) -> dict:
+        return {"name": name, "webhook_configs": [{"url": url, "send_resolved": True}]}
+
+    return {
+        "route": {
+            "receiver": "ticket", "group_by": ["alertname", "slo"],
+            "group_wait": "30s", "group_interval": "5m", "repeat_interval": "12h",
+            "routes": [
+                {"matchers": ['severity="page"'], "receiver": "page", "repeat_interval": "1h"},
+                {"matchers": ['severity="ticket"'], "receiver": "ticket", "repeat_interval": "24h"},
+            ],
+        },
+        "inhibit_rules": [{"source_matchers": ['severity="page"'], "target_matchers": ['severity="ticket"'],
+                           "equal": ["slo"]}],
+        "receivers": [receiver("page", page_url), receiver("ticket", ticket_url)],
+    }

@@ -1,0 +1,74 @@
+"""What a dashboard is, independent of Grafana's JSON: boards of panels of PromQL queries.
+
+``dashboards.grafana`` turns these into Grafana JSON; ``dashboards.verify`` runs every query against a live
+Prometheus; ``dashboards.snapshot`` draws the heatmaps to PNG. Keeping one description means the three can
+never disagree about what a panel asks Prometheus.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+RATE_INTERVAL = "$__rate_interval"
+"""Grafana's rate window (at least four scrape intervals); replaced by a profile window outside Grafana."""
+
+
+@dataclass(frozen=True)
+class Query:
+    expr: str
+    legend: str = ""
+    sources: tuple[str, ...] = ()
+    """Metric families the query reads: when none of them exists in a Prometheus, the query has no data by
+    design there (no vLLM, no probes), and checks report it as skipped by name."""
+
+
+@dataclass(frozen=True)
+class Variable:
+    """A template variable filled from ``label_values(metric, label)``; ``All`` matches everything."""
+
+    name: str
+    metric: str
+    label: str
+
+
+@dataclass(frozen=True)
+class Panel:
+    title: str
+    kind: Literal["heatmap", "timeseries", "stat"]
+    queries: tuple[Query, ...]
+    unit: str = "s"
+    description: str = ""
+    repeat: str | None = None
+    """A template variable: Grafana draws one copy of the panel per selected value (a heatmap per stage)."""
+    thresholds: tuple[float, ...] = ()
+    """Values drawn as lines (the 420 ms objective, the burn-rate factors)."""
+    exemplars: bool = False
+    width: int = 12
+    log_y: bool = False
+
+
+@dataclass(frozen=True)
+class Board:
+    uid: str
+    title: str
+    description: str
+    panels: tuple[Panel, ...]
+    variables: tuple[Variable, ...] = field(default=())
+    tags: tuple[str, ...] = ("ragheat",)
+
+    @property
+    def slug(self) -> str:
+        return self.uid.removeprefix("ragheat-")
+
+
+_VARIABLE = re.compile(r"\$(\w+)")
+
+
+def expand(expr: str, rate_window: str, values: dict[str, str] | None = None) -> str:
+    """``expr`` as Prometheus would receive it from Grafana: the rate window filled in, each template
+    variable replaced by its value from ``values`` or by ``.*`` (Grafana's All, in a ``=~`` matcher)."""
+    values = values or {}
+    expr = expr.replace(RATE_INTERVAL, rate_window)
+    return _VARIABLE.sub(lambda m: values.get(m.group(1), ".*"), expr)

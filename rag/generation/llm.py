@@ -1,0 +1,166 @@
+"""Written answers from a language model, streamed token by token: the ``openai`` generator.
+
+It talks to any OpenAI-compatible server (vLLM's ``vllm.entrypoints.openai.api_server`` in the compose
+stack) over HTTP with ``stream: true``. The prompt numbers the retrieved passages ``[1]..[n]`` and asks
+for those markers after each sentence, so the answer cites the same numbers as the response's
+``citations``. The generator only yields text pieces; the pipeline times them (TTFT, gaps between
+tokens) and falls back to the extractive answer when ``GeneratorUnavailable`` is raised.
+
+Bounded waiting: connecting gets ``connect_timeout_s``; every read (the first token, and each later one)
+gets ``first_token_timeout_s``; the whole answer gets ``deadline_s``. A refused connection, an HTTP error,
+a silent server or a slow one therefore ends in ``GeneratorUnavailable`` within
+``max(connect, first_token)`` before the first token, or ``deadline_s + first_token_timeout_s`` after it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Iterator, Sequence
+
+import httpx
+
+from rag.errors import RagheatError
+from rag.types import Chunk
+
+SYSTEM_PROMPT = ("Answer the question using only the numbered passages. After each sentence, cite the "
+                 "passage it comes from as [n]. If the passages do not answer it, say so.")
+
+
+class GeneratorUnavailable(RagheatError):
+    """The language model could not answer in time (down, refusing, erroring or too slow)."""
+
+
+def build_messages(query: str, passages: Sequence[Chunk]) -> list[dict]:
+    context = "\n\n".join(f"[{n}] {p.title}\n{p.text}" for n, p in enumerate(passages, 1))
+    return [{"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": f"Passages:\n{context}\n\nQuestion: {query}"}]
+
+
+class TokenStream:
+    """Text pieces of one answer as they arrive. ``output_tokens`` is the server's count once the stream ends
+    (0 if it sent none); iterate to the end, or ``close()`` to stop early."""
+
+    output_tokens: int = 0
+    model: str = ""
+
+    def __iter__(self) -> Iterator[str]:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def close(self) -> None:  # pragma: no cover - interface
+        pass
+
+
+class OpenAIStreamGenerator:
+    """Streams an answer from an OpenAI-compatible ``/v1/chat/completions`` (or ``/v1/completions``).
+
+    >>> generator = OpenAIStreamGenerator(settings.generation); generator.warm_up()
+    >>> for piece in generator.stream("what causes tides?", passages): print(piece, end="")
+    """
+
+    name = "openai"
+
+    def __init__(self, settings) -> None:
+        self.settings = settings
+        self.base_url = settings.base_url.rstrip("/")
+        self.model = settings.model or ""
+        self.client: httpx.Client | None = None
+
+    def warm_up(self) -> None:
+        """Open the connection pool. The server may still be down: requests then degrade, the service starts."""
+        s = self.settings
+        self.client = httpx.Client(timeout=httpx.Timeout(s.first_token_timeout_s, connect=s.connect_timeout_s),
+                                   limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
+        if not self.model:
+            try:
+                self.model = self._served_model()
+            except GeneratorUnavailable:
+                pass  # asked again on the first request
+
+    def _served_model(self) -> str:
+        try:
+            response = self.client.get(self.base_url + "/models")
+            response.raise_for_status()
+            return response.json()["data"][0]["id"]
+        except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
+            raise GeneratorUnavailable(f"cannot list models at {self.base_url}/models: {_why(exc)}") from exc
+
+    def stream(self, query: str, passages: Sequence[Chunk]) -> TokenStream:
+        """Starts nothing yet: the request is sent when iteration begins (inside the caller's timed stage)."""
+        if self.client is None:
+            raise RuntimeError("OpenAIStreamGenerator.warm_up() has not run")
+        return _HttpTokenStream(self, build_messages(query, passages))
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+
+
+class _HttpTokenStream(TokenStream):
+    def __init__(self, generator: OpenAIStreamGenerator, messages: list[dict]) -> None:
+        self.generator, self.messages = generator, messages
+        self._response: httpx.Response | None = None
+
+    def _request_body(self) -> tuple[str, dict]:
+        s = self.generator.settings
+        body = {"model": self.model, "max_tokens": s.max_tokens, "temperature": s.temperature, "stream": True,
+                "stream_options": {"include_usage": True}}
+        if s.api == "completions":
+            prompt = "\n\n".join(m["content"] for m in self.messages) + "\n\nAnswer:"
+            return "/completions", {**body, "prompt": prompt}
+        return "/chat/completions", {**body, "messages": self.messages}
+
+    def __iter__(self) -> Iterator[str]:
+        g = self.generator
+        deadline = time.monotonic() + g.settings.deadline_s
+        if not g.model:
+            g.model = g._served_model()
+        self.model = g.model
+        path, body = self._request_body()
+        try:
+            with g.client.stream("POST", g.base_url + path, json=body) as response:
+                self._response = response
+                if response.status_code != 200:
+                    response.read()
+                    raise GeneratorUnavailable(f"{g.base_url}{path} answered HTTP {response.status_code}: "
+                                               f"{response.text[:200]}")
+                for line in response.iter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        break
+                    piece = self._piece(json.loads(data))
+                    if piece:
+                        yield piece
+                    if time.monotonic() > deadline:
+                        raise GeneratorUnavailable(f"the answer took longer than generation.deadline_s "
+                                                   f"({g.settings.deadline_s:g} s)")
+        except httpx.HTTPError as exc:
+            raise GeneratorUnavailable(f"{g.base_url}{path}: {_why(exc)}") from exc
+        except ValueError as exc:  # a line that is not JSON
+            raise GeneratorUnavailable(f"{g.base_url}{path} sent a malformed stream: {exc}") from exc
+
+    def _piece(self, chunk: dict) -> str:
+        usage = chunk.get("usage")
+        if usage:
+            self.output_tokens = int(usage.get("completion_tokens") or 0)
+        choices = chunk.get("choices") or []
+        if not choices:
+            return ""
+        choice = choices[0]
+        if "delta" in choice:
+            return choice["delta"].get("content") or ""
+        return choice.get("text") or ""
+
+    def close(self) -> None:
+        if self._response is not None:
+            self._response.close()
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, httpx.ConnectError):
+        return "connection refused or unreachable"
+    if isinstance(exc, httpx.TimeoutException):
+        return f"timed out ({type(exc).__name__})"
+    return f"{type(exc).__name__}: {exc}"

@@ -1,0 +1,104 @@
+"""The ``vllm`` generator: vLLM's ``AsyncLLM`` engine in this process, for single-box deployments.
+
+Needs the ``vllm`` package (run ragheat from ``.venv-vllm``, see docs/vllm.md). The engine runs on an event
+loop of its own thread; the pipeline's thread reads pieces from a queue with the same bounded waits as the
+``openai`` generator (first/next token within ``first_token_timeout_s``, the whole answer within
+``deadline_s``), so a stuck engine degrades to the extractive answer instead of hanging a request.
+ragheat's vLLM plugin (telemetry/vllm_plugin.py) records the engine's steps here too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import queue
+import threading
+import time
+from typing import Iterator, Sequence
+
+from rag.generation.llm import GeneratorUnavailable, TokenStream, build_messages
+from rag.types import Chunk
+
+_END = object()
+
+
+class InProcessVllmGenerator:
+    name = "vllm"
+
+    def __init__(self, settings) -> None:
+        self.settings = settings
+        self.model = settings.model
+        self._ids = itertools.count()
+        self.engine = None
+
+    def warm_up(self) -> None:
+        from vllm import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        s = self.settings
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, name="ragheat-vllm-engine", daemon=True).start()
+        args = AsyncEngineArgs(model=s.model, max_model_len=s.vllm_max_model_len, max_num_seqs=s.vllm_max_num_seqs,
+                               load_format=s.vllm_load_format, enforce_eager=True)
+
+        async def build():
+            return AsyncLLM.from_engine_args(args)
+
+        self.engine = asyncio.run_coroutine_threadsafe(build(), self.loop).result()
+
+    def stream(self, query: str, passages: Sequence[Chunk]) -> TokenStream:
+        if self.engine is None:
+            raise RuntimeError("InProcessVllmGenerator.warm_up() has not run")
+        prompt = "\n\n".join(m["content"] for m in build_messages(query, passages)) + "\n\nAnswer:"
+        return _EngineTokenStream(self, prompt, f"ragheat-{next(self._ids)}")
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.shutdown()
+            self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+class _EngineTokenStream(TokenStream):
+    def __init__(self, generator: InProcessVllmGenerator, prompt: str, request_id: str) -> None:
+        self.generator, self.prompt, self.request_id = generator, prompt, request_id
+        self.model = generator.model
+        self.pieces: queue.Queue = queue.Queue()
+        self._future = None
+
+    async def _produce(self) -> None:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        s = self.generator.settings
+        params = SamplingParams(max_tokens=s.max_tokens, temperature=s.temperature, output_kind=RequestOutputKind.DELTA)
+        try:
+            async for output in self.generator.engine.generate(self.prompt, params, self.request_id):
+                completion = output.outputs[0]
+                self.output_tokens += len(completion.token_ids)
+                if completion.text:
+                    self.pieces.put(completion.text)
+            self.pieces.put(_END)
+        except Exception as exc:  # handed to the reading thread
+            self.pieces.put(exc)
+
+    def __iter__(self) -> Iterator[str]:
+        s = self.generator.settings
+        deadline = time.monotonic() + s.deadline_s
+        self._future = asyncio.run_coroutine_threadsafe(self._produce(), self.generator.loop)
+        while True:
+            try:
+                item = self.pieces.get(timeout=s.first_token_timeout_s)
+            except queue.Empty:
+                raise GeneratorUnavailable(f"the in-process vLLM engine sent no token within "
+                                           f"generation.first_token_timeout_s ({s.first_token_timeout_s:g} s)") from None
+            if item is _END:
+                return
+            if isinstance(item, Exception):
+                raise GeneratorUnavailable(f"the in-process vLLM engine failed: {type(item).__name__}: {item}")
+            yield item
+            if time.monotonic() > deadline:
+                raise GeneratorUnavailable(f"the answer took longer than generation.deadline_s ({s.deadline_s:g} s)")
+
+    def close(self) -> None:
+        if self._future is not None and not self._future.done():
+            asyncio.run_coroutine_threadsafe(self.generator.engine.abort(self.request_id), self.generator.loop)

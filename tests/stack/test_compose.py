@@ -1,0 +1,155 @@
+"""compose.yaml, checked by the real Compose engine (``config -q`` per profile) and by reading its resolved
+model: mounts exist, dependencies wait for health, required settings are named, no secret is written down."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.stack.conftest import PROFILES, REPO, REQUIRED_ENV
+
+ONE_SHOT = {"ingest", "dashboards-render", "tempo-init"}
+
+
+@pytest.mark.parametrize("profiles", [(), *[(p,) for p in PROFILES], tuple(PROFILES)],
+                         ids=lambda p: "+".join(p) or "default")
+def test_compose_config_is_valid_for_every_profile(compose, profiles):
+    result = compose.run("config", "-q", profiles=profiles)
+    assert result.returncode == 0, result.stderr
+
+
+def test_compose_declares_the_profiles(compose):
+    result = compose.run("config", "--profiles")
+    assert sorted(result.stdout.split()) == sorted(PROFILES)
+
+
+@pytest.mark.parametrize("mutation, message", [
+    (lambda c: c["services"]["api"]["depends_on"].update({"nowhere": {"condition": "service_healthy"}}),
+     "nowhere"),
+    (lambda c: c["services"]["prometheus"]["volumes"].append("missing-volume:/x"), "missing-volume"),
+    (lambda c: c["services"]["grafana"]["depends_on"]["prometheus"].update({"condition": "service_ready"}),
+     "grafana.depends_on.prometheus.condition"),
+], ids=["undefined-service", "undefined-volume", "bad-condition"])
+def test_compose_engine_rejects_a_broken_file(compose, tmp_path, mutation, message):
+    """The check above can fail: the same engine refuses each kind of mistake it is there to catch."""
+    broken = yaml.safe_load((REPO / "compose.yaml").read_text())
+    mutation(broken)
+    path = tmp_path / "compose.yaml"
+    path.write_text(yaml.safe_dump(broken))
+    result = compose.run("config", "-q", compose_file=path)
+    assert result.returncode != 0 and message in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("missing", sorted(REQUIRED_ENV))
+def test_a_missing_required_setting_is_named(compose, missing):
+    env = {k: v for k, v in REQUIRED_ENV.items() if k != missing}
+    result = compose.run("config", "-q", env=env)
+    assert result.returncode != 0
+    assert missing in result.stderr and "deploy/env.example" in result.stderr, result.stderr
+
+
+def test_env_example_lists_every_required_variable_and_is_not_usable_as_is(compose):
+    text = "\n".join(line for line in (REPO / "compose.yaml").read_text().splitlines()
+                     if not line.lstrip().startswith("#"))
+    required = set(re.findall(r"(?<!\$)\$\{(\w+):\?", text))
+    example = (REPO / "deploy" / "env.example").read_text()
+    assert required == set(REQUIRED_ENV)
+    for name in required:
+        assert re.search(rf"^{name}=$", example, re.M), f"deploy/env.example lacks an empty {name}="
+    result = compose.run("config", "-q", env={})
+    assert result.returncode != 0  # the copied example must be filled in before the stack starts
+
+
+def test_gpu_model_is_required_when_vllm_gpu_starts(compose_model):
+    """Compose interpolates every profile, so the gpu model cannot be a compose-level `${VAR:?}` without
+    burdening the cpu profile; vllm-gpu's shell enforces it with the same syntax. Run that shell here."""
+    entrypoint = [part.replace("$$", "$") for part in compose_model["services"]["vllm-gpu"]["entrypoint"]]
+    assert entrypoint[:2] == ["/bin/sh", "-c"]
+    script = entrypoint[2]
+    unset = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True,
+                           env={"VLLM_SERVED_NAME": "x", "VLLM_MAX_MODEL_LEN": "8"})
+    assert unset.returncode != 0 and "set VLLM_MODEL" in unset.stderr, unset.stderr
+    echoed = subprocess.run(["/bin/sh", "-c", script.replace("exec python3", "exec echo python3", 1)],
+                            capture_output=True, text=True,
+                            env={"VLLM_MODEL": "org/model", "VLLM_SERVED_NAME": "served", "VLLM_MAX_MODEL_LEN": "8",
+                                 "VLLM_EXTRA_ARGS": "--seed 3"})
+    assert echoed.returncode == 0
+    assert echoed.stdout.split()[-8:] == ["--model", "org/model", "--served-model-name", "served",
+                                          "--max-model-len", "8", "--seed", "3"]
+
+
+def test_every_bind_mount_exists(compose_model):
+    """Repo files compose mounts must be committed; host paths (probes) must exist on a Linux host like this one."""
+    binds = [(name, v["source"]) for name, s in compose_model["services"].items()
+             for v in s.get("volumes", []) if v["type"] == "bind"]
+    assert binds
+    missing = [(name, source) for name, source in binds if not Path(source).exists()]
+    assert not missing, missing
+
+
+def test_dependencies_wait_for_health_or_completion(compose_model):
+    services = compose_model["services"]
+    for name, service in services.items():
+        for dependency, spec in service.get("depends_on", {}).items():
+            target = services[dependency]
+            if dependency in ONE_SHOT:
+                assert spec["condition"] == "service_completed_successfully", (name, dependency)
+            elif "healthcheck" in target:
+                assert spec["condition"] == "service_healthy", (name, dependency)
+            else:  # only images without any shell or HTTP client (the collector, Tempo) may lack one
+                assert dependency in {"otel-collector", "tempo"}, f"{dependency} needs a healthcheck"
+    long_running = [n for n in services if n not in ONE_SHOT and n not in {"otel-collector", "tempo"}]
+    assert all("healthcheck" in services[n] for n in long_running), long_running
+
+
+def test_no_secret_is_written_in_the_file(compose):
+    raw = compose.run("config", "--format", "json", "--no-interpolate", profiles=tuple(PROFILES))
+    assert raw.returncode == 0, raw.stderr
+    model = yaml.safe_load(raw.stdout)
+    for name, service in model["services"].items():
+        for key, value in (service.get("environment") or {}).items():
+            if re.search(r"(PASSWORD|TOKEN|SECRET|API_KEY)$|^NEO4J_AUTH$", key):
+                assert value and "${" in value, f"{name}.{key} must come from the environment, not the file"
+
+
+def test_api_sends_otlp_to_the_collector_and_generates_with_vllm(compose_model):
+    services = compose_model["services"]
+    env = services["api"]["environment"]
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otel-collector:4318"
+    assert env["RAGHEAT_GENERATION__GENERATOR"] == "openai"
+    assert env["RAGHEAT_GENERATION__BASE_URL"] == "http://vllm:8000/v1"
+    for vllm in ("vllm-cpu", "vllm-gpu"):
+        assert "vllm" in services[vllm]["networks"]["default"]["aliases"]
+        dependency = services["api"]["depends_on"][vllm]
+        assert dependency["condition"] == "service_healthy" and dependency["required"] is False
+    gpu = services["vllm-gpu"]["deploy"]["resources"]["reservations"]["devices"][0]
+    assert gpu["driver"] == "nvidia" and "gpu" in gpu["capabilities"]
+    assert services["vllm-cpu"]["profiles"] == ["cpu"] and services["vllm-gpu"]["profiles"] == ["gpu"]
+
+
+def test_probes_get_exactly_the_privileges_they_need(compose_model):
+    probes = compose_model["services"]["probes"]
+    assert set(probes["cap_add"]) == {"BPF", "PERFMON", "SYS_ADMIN", "SYS_PTRACE"}
+    assert probes["cap_drop"] == ["ALL"] and not probes.get("privileged")
+    assert probes["pid"] == "host" and probes["network_mode"] == "service:api"
+    targets = {v["target"]: v.get("read_only", False) for v in probes["volumes"]}
+    for path in ("/sys/kernel/tracing", "/sys/kernel/btf", "/lib/modules", "/usr/src"):
+        assert targets.get(path) is True, f"probes needs {path} mounted read-only"
+    assert probes["profiles"] == ["probes"]
+
+
+def test_dockerfile_has_every_target_compose_builds_and_copies_every_package():
+    dockerfile = (REPO / "Dockerfile").read_text()
+    stages = set(re.findall(r"^FROM \S+ AS (\S+)$", dockerfile, re.M))
+    compose = yaml.safe_load((REPO / "compose.yaml").read_text())
+    targets = {s["build"]["target"] for s in compose["services"].values() if "build" in s}
+    assert targets <= stages, targets - stages
+    # `ragheat` imports every package's CLI at start-up: an image missing one would not even print --help.
+    packages = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    for package in (p.rstrip("*") for p in packages):
+        assert re.search(rf"^COPY {package} {package}$", dockerfile, re.M), f"Dockerfile does not copy {package}/"

@@ -1,0 +1,165 @@
+"""The files compose mounts, checked by the real tools: the Prometheus config with the rules
+``dashboards-render`` writes (promtool), the Alertmanager routes (amtool), Grafana provisioning (parsed,
+pointing at dashboards that exist), the collector config (structure and contrib components) and Tempo's."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+
+from stack import topology
+from stack.collector import collector_problems
+from tests.stack.conftest import REPO, tool
+
+DEPLOY = REPO / "deploy"
+
+
+def load(path: Path) -> dict:
+    return yaml.safe_load(path.read_text())
+
+
+def service_hosts(compose_model: dict) -> set[str]:
+    """Names a container can reach: every service name and network alias."""
+    hosts = set(compose_model["services"])
+    for service in compose_model["services"].values():
+        for network in (service.get("networks") or {}).values():
+            hosts.update((network or {}).get("aliases", []))
+    return hosts
+
+
+def in_container(path: str, rendered: Path) -> Path:
+    """A container path under the rendered volume, as the local copy of that volume."""
+    assert path.startswith(topology.RENDERED_MOUNT), path
+    return rendered / path[len(topology.RENDERED_MOUNT):].lstrip("/")
+
+
+@pytest.fixture(scope="module")
+def prometheus_config(rendered, tmp_path_factory) -> Path:
+    """deploy/prometheus/prometheus.yml with only its rule_files path moved to the local rendered copy."""
+    config = load(DEPLOY / "prometheus" / "prometheus.yml")
+    config["rule_files"] = [str(in_container(p, rendered)) for p in config["rule_files"]]
+    path = tmp_path_factory.mktemp("prometheus") / "prometheus.yml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_promtool_accepts_the_prometheus_config_and_its_rules(prometheus_config, rendered):
+    result = subprocess.run([tool("promtool", "Debian's package prometheus"), "check", "config", str(prometheus_config)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rules = sorted((rendered / "prometheus").glob("*.yml"))
+    assert rules and all(f"Checking {r}" in result.stdout for r in rules), result.stdout  # the rules were read too
+    assert "SUCCESS" in result.stdout and "rules found" in result.stdout
+
+
+def test_promtool_rejects_a_config_whose_rules_are_broken(prometheus_config, rendered, tmp_path):
+    """The check above can fail: the same config pointing at a broken rule file is refused."""
+    broken = tmp_path / "broken.yml"
+    broken.write_text("groups:\n- name: x\n  rules:\n  - record: a:b\n    expr: sum(\n")
+    config = load(prometheus_config)
+    config["rule_files"] = [str(broken)]
+    path = tmp_path / "prometheus.yml"
+    path.write_text(yaml.safe_dump(config))
+    result = subprocess.run([tool("promtool", "Debian's package prometheus"), "check", "config", str(path)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+
+
+def test_prometheus_scrapes_compose_services_and_the_rules_come_from_the_rendered_volume(compose_model):
+    config = load(DEPLOY / "prometheus" / "prometheus.yml")
+    hosts = service_hosts(compose_model) | {"localhost"}
+    jobs = {job["job_name"]: job["static_configs"][0]["targets"][0] for job in config["scrape_configs"]}
+    assert set(jobs) == set(topology.JOB_COMPONENTS)
+    for job, target in jobs.items():
+        assert target.rsplit(":", 1)[0] in hosts, f"job {job} scrapes {target}, which is no compose service"
+    assert jobs["ragheat-api"] == "api:8000"
+    probes_command = compose_model["services"]["probes"]["command"]
+    assert jobs["ragheat-probes"] == f"api:{probes_command[probes_command.index('--port') + 1]}"
+    assert all(p.startswith(topology.RENDERED_MOUNT) for p in config["rule_files"])
+    mounts = {v["target"] for v in compose_model["services"]["prometheus"]["volumes"]}
+    assert topology.RENDERED_MOUNT in mounts and "/etc/prometheus/prometheus.yml" in mounts
+
+
+def test_prometheus_keeps_exemplars_and_native_histograms_and_takes_remote_write(compose_model):
+    flags = compose_model["services"]["prometheus"]["command"]
+    features = {f for flag in flags if flag.startswith("--enable-feature=") for f in flag.split("=", 1)[1].split(",")}
+    assert {"exemplar-storage", "native-histograms"} <= features
+    assert "--web.enable-remote-write-receiver" in flags
+
+
+def test_amtool_accepts_the_rendered_routes_and_pages_reach_the_page_receiver(rendered, compose_model):
+    config = rendered / "alertmanager" / "alertmanager.yml"
+    command = compose_model["services"]["alertmanager"]["command"]
+    assert f"--config.file={topology.RENDERED_MOUNT}/alertmanager/alertmanager.yml" in command
+    amtool = tool("amtool", "Debian's package prometheus-alertmanager")
+    result = subprocess.run([amtool, "check-config", str(config)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for severity in ("page", "ticket"):
+        routed = subprocess.run([amtool, "config", "routes", "test", f"--config.file={config}",
+                                 f"severity={severity}", "slo=latency"], capture_output=True, text=True, timeout=60)
+        assert routed.stdout.split() == [severity], routed.stdout + routed.stderr
+    hosts = service_hosts(compose_model)
+    for receiver in load(config)["receivers"]:
+        for hook in receiver.get("webhook_configs", []):
+            assert urlsplit(hook["url"]).hostname in hosts, f"{hook['url']} is no compose service"
+
+
+def test_grafana_provisioning_parses_and_points_at_rendered_dashboards(rendered, compose_model):
+    grafana = compose_model["services"]["grafana"]
+    provisioning = in_container(grafana["environment"]["GF_PATHS_PROVISIONING"], rendered)
+    datasources = [d for f in sorted((provisioning / "datasources").glob("*.yml")) for d in load(f)["datasources"]]
+    assert {d["type"] for d in datasources} >= {"prometheus", "tempo"}
+    hosts = service_hosts(compose_model)
+    for source in datasources:
+        assert urlsplit(source["url"]).hostname in hosts, f"datasource {source['name']} points at {source['url']}"
+    uids = {d["uid"] for d in datasources}
+    for source in datasources:  # exemplar links open a trace datasource that exists
+        for link in source.get("jsonData", {}).get("exemplarTraceIdDestinations", []):
+            assert link["datasourceUid"] in uids
+    providers = [p for f in sorted((provisioning / "dashboards").glob("*.yml")) for p in load(f)["providers"]]
+    assert providers
+    for provider in providers:
+        boards = sorted(in_container(provider["options"]["path"], rendered).glob("*.json"))
+        assert boards, f"provider {provider['name']} points at a folder without dashboards"
+        for board in boards:
+            assert json.loads(board.read_text())["uid"]
+    assert in_container(grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"], rendered).is_file()
+
+
+def test_collector_config_uses_only_contrib_components_and_is_well_formed(compose_model):
+    config = load(DEPLOY / "otel-collector" / "config.yaml")
+    assert collector_problems(config) == []
+    assert compose_model["services"]["otel-collector"]["image"].startswith("otel/opentelemetry-collector-contrib:")
+    # The API's OTLP/HTTP endpoint is the receiver's HTTP port; exports go to compose services.
+    api = urlsplit(compose_model["services"]["api"]["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"])
+    assert config["receivers"]["otlp"]["protocols"]["http"]["endpoint"].endswith(f":{api.port}")
+    remote_write = urlsplit(config["exporters"]["prometheusremotewrite"]["endpoint"])
+    assert (remote_write.hostname, remote_write.port, remote_write.path) == ("prometheus", 9090, "/api/v1/write")
+    tempo = load(DEPLOY / "tempo" / "tempo.yaml")
+    tempo_grpc = tempo["distributor"]["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"]
+    assert config["exporters"]["otlp/tempo"]["endpoint"] == "tempo:" + tempo_grpc.rsplit(":", 1)[1]
+
+
+@pytest.mark.parametrize("break_it, problem", [
+    (lambda c: c["exporters"].update({"kafka/typo": {}}), "exporters.kafka/typo"),
+    (lambda c: c["service"]["pipelines"]["traces"]["exporters"].append("zipkin"), "'zipkin', which is not defined"),
+    (lambda c: c["service"]["pipelines"]["metrics"].update({"processors": ["batch", "memory_limiter"]}),
+     "memory_limiter must come first"),
+], ids=["unknown-component", "undefined-exporter", "processor-order"])
+def test_collector_check_catches_mistakes(break_it, problem):
+    config = load(DEPLOY / "otel-collector" / "config.yaml")
+    break_it(config)
+    assert any(problem in p for p in collector_problems(config)), collector_problems(config)
+
+
+def test_tempo_serves_grafana_on_the_datasource_port(rendered):
+    tempo = load(DEPLOY / "tempo" / "tempo.yaml")
+    datasources = [d for f in (rendered / "grafana" / "provisioning" / "datasources").glob("*.yml")
+                   for d in load(f)["datasources"]]
+    trace_url = next(urlsplit(d["url"]) for d in datasources if d["type"] == "tempo")
+    assert (trace_url.hostname, trace_url.port) == ("tempo", tempo["server"]["http_listen_port"])

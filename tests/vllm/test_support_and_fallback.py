@@ -1,0 +1,127 @@
+"""The support check, and the generator-down path: a closed port and a server that never answers both give
+the extractive answer, flagged degraded, within the deadline. No vLLM needed."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import pytest
+
+from rag.api.server import free_port
+from rag.generation.support import SupportChecker, split_cited_sentences
+from rag.pipeline import RagPipeline
+from rag.retrieval.lexical import LexicalAnalyzer
+from rag.types import Chunk
+
+PASSAGES = [Chunk(0, "d1", "Tides", "Tides are caused by the gravitational pull of the moon on the oceans.", 0, 70),
+            Chunk(1, "d2", "Seasons", "Seasons follow from the tilt of the Earth's axis toward the sun.", 0, 66)]
+
+
+def test_split_moves_markers_written_after_the_full_stop_to_their_sentence():
+    pairs = split_cited_sentences("The moon pulls the oceans. [1] Axial tilt makes seasons [2][1]. Nothing here.")
+    assert pairs == [("The moon pulls the oceans. [1]", (1,)), ("Axial tilt makes seasons [2][1].", (2, 1)),
+                     ("Nothing here.", ())]
+
+
+def test_support_flags_wrong_citations_and_uncited_claims():
+    checker = SupportChecker(LexicalAnalyzer(), {}, threshold=0.5)
+    result = checker.check("The moon's gravitational pull causes tides [1]. The tilt of the Earth axis makes tides [1]. "
+                           "Volcanoes erupt basalt. The axis tilt gives seasons [3].", PASSAGES)
+    assert [s.supported for s in result] == [True, False, False, False]
+    assert result[0].score > result[1].score and result[2].score == 0.0 and result[3].citations == (3,)
+
+
+def test_support_threshold_is_validated():
+    with pytest.raises(ValueError, match="threshold"):
+        SupportChecker(LexicalAnalyzer(), {}, threshold=1.5)
+
+
+def _openai_pipeline(settings, subset_index, base_url: str, **generation) -> RagPipeline:
+    gen = settings.generation.model_copy(update={"generator": "openai", "base_url": base_url, "model": "m",
+                                                 **generation})
+    pipeline = RagPipeline(settings.model_copy(update={"generation": gen}), subset_index)
+    pipeline.warm_up()
+    return pipeline
+
+
+class SilentServer:
+    """Accepts connections and reads, but never answers a byte."""
+
+    def __enter__(self) -> str:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.conns, self.stop = [], False
+        threading.Thread(target=self._accept, daemon=True).start()
+        return f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1"
+
+    def _accept(self) -> None:
+        while not self.stop:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(conn)
+
+    def __exit__(self, *exc) -> None:
+        self.stop = True
+        self.sock.close()
+        for conn in self.conns:
+            conn.close()
+
+
+QUESTION = "What causes drug resistance in bacteria?"
+
+
+def test_closed_port_degrades_to_extractive_at_once(settings, subset_index, pipeline):
+    llm = _openai_pipeline(settings, subset_index, f"http://127.0.0.1:{free_port()}/v1", first_token_timeout_s=5.0)
+    start = time.perf_counter()
+    result = llm.query(QUESTION, 5)
+    elapsed = time.perf_counter() - start
+    assert result.degraded and "refused" in result.degraded_reason, result.degraded_reason
+    assert result.generator == "extractive" and result.answer == pipeline.query(QUESTION, 5).answer
+    assert elapsed < 2.0, f"a refused connection took {elapsed:.2f} s to degrade"
+    names = [s.name for s in result.stages]
+    assert names[-2:] == ["generate_prefill", "generate"], names  # the failed wait is visible, then the fallback
+
+
+def test_silent_server_degrades_within_the_first_token_timeout(settings, subset_index):
+    with SilentServer() as url:
+        llm = _openai_pipeline(settings, subset_index, url, first_token_timeout_s=0.4)
+        start = time.perf_counter()
+        result = llm.query(QUESTION, 5)
+        elapsed = time.perf_counter() - start
+    assert result.degraded and "timed out" in result.degraded_reason, result.degraded_reason
+    assert result.sentences and result.generator == "extractive"
+    assert 0.4 <= elapsed < 2.0, f"degrading took {elapsed:.2f} s with a 0.4 s first-token timeout"
+    prefill = next(s for s in result.stages if s.name == "generate_prefill")
+    assert prefill.seconds >= 0.35
+
+
+def test_degraded_flag_reaches_the_http_response_and_the_metrics(settings, subset_index):
+    import httpx
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from rag.api.app import create_app
+    from rag.api.server import BackgroundServer
+    from telemetry import build_telemetry
+    from telemetry.asgi import instrument_app
+
+    llm = _openai_pipeline(settings, subset_index, f"http://127.0.0.1:{free_port()}/v1")
+    app = create_app(llm.settings, pipeline=llm)
+    telemetry = build_telemetry(llm.settings, llm, registry=CollectorRegistry())
+    instrument_app(app, telemetry)
+    with BackgroundServer(app) as url, httpx.Client(base_url=url, timeout=30) as client:
+        body = client.post("/v1/query", json={"query": QUESTION}).json()
+        stream = client.post("/v1/query/stream", json={"query": QUESTION}).text
+        metrics = client.get("/metrics").text
+    telemetry.shutdown()
+    assert body["degraded"] is True and body["generator"] == "extractive" and body["degraded_reason"]
+    assert '"degraded": true' in stream and "event: answer" in stream
+    values = {s.name: s.value for family in text_string_to_metric_families(metrics) for s in family.samples
+              if not s.labels}
+    assert values["ragheat_generation_degraded_total"] == 2  # one per request, JSON and streamed
+    assert values["ragheat_generation_ttft_seconds_count"] == 0  # no token ever came
