@@ -1,2 +1,5 @@
-"""eBPF kernel probes (BCC) attributing run-queue, off-CPU and syscall latency to RAG stages.
-Nothing here yet: the probes land with their own issue."""
+"""eBPF kernel probes (BCC) attributing run-queue, off-CPU and system-call latency to RAG stages.
+
+``program`` (the C program and the tracepoint facts it needs), ``loader`` (attach, read the maps),
+``stats`` (plain data: thread name -> stage, log2 slots -> buckets), ``collector`` (Prometheus export),
+``cli`` (``ragheat probes``), ``inprocess`` (inside ``ragheat serve``). See docs/probes.md."""

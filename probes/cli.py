@@ -1,8 +1,94 @@
-"""``ragheat probes``: the eBPF exporter."""
+"""``ragheat probes``: the eBPF exporter, serving ``/metrics`` on its own port (or printing text histograms)."""
 
 from __future__ import annotations
 
+import signal
+import time
+from pathlib import Path
+from typing import Optional
 
-def probes() -> None:
-    """eBPF kernel probes attributed to RAG stages (not built yet)."""
-    raise SystemExit("ragheat probes: not built yet")
+import typer
+
+from rag.clikit import console, fail as _fail
+
+
+def probes(
+    pid: Optional[int] = typer.Option(None, "--pid", help="the service's process id"),
+    service_url: Optional[str] = typer.Option(None, "--service-url",
+                                              help="find the pid of the local service listening at this URL"),
+    host: str = typer.Option("127.0.0.1", "--host", help="bind address of the probes' /metrics"),
+    port: Optional[int] = typer.Option(None, "--port", help="port of the probes' /metrics (default probes.port)"),
+    scheduler: Optional[bool] = typer.Option(None, "--scheduler/--no-scheduler",
+                                             help="run-queue latency and off-CPU time per stage"),
+    syscalls: Optional[bool] = typer.Option(None, "--syscalls/--no-syscalls",
+                                            help="system-call latency per stage and family (off by default)"),
+    tcp_retransmits: Optional[bool] = typer.Option(None, "--tcp-retransmits/--no-tcp-retransmits",
+                                                   help="count TCP retransmits on the service's ports"),
+    print_after: Optional[float] = typer.Option(None, "--print", min=0.1, metavar="SECONDS",
+                                                help="measure for SECONDS, print text histograms and exit"),
+) -> None:
+    """eBPF kernel probes: run-queue, off-CPU and system-call latency of a service, by RAG stage."""
+    from probes.environment import ProbesUnavailable, check_privileges
+    from rag.cli import load_settings
+
+    if (pid is None) == (service_url is None):
+        _fail("give exactly one of --pid PID or --service-url URL")
+    settings = load_settings(probes={"scheduler": scheduler, "syscalls": syscalls,
+                                     "tcp_retransmits": tcp_retransmits, "port": port})
+    try:
+        check_privileges()  # first: the one thing a user most often lacks, before any slower check
+        from probes.discover import listening_ports, pid_for_url
+        from probes.loader import KernelProbes
+
+        service_port = None
+        if service_url is not None:
+            pid, service_port = pid_for_url(service_url)
+        elif not Path(f"/proc/{pid}").is_dir():
+            _fail(f"no process with pid {pid} is running")
+        ports = sorted({*listening_ports(pid), *([service_port] if service_port else [])})
+        attached = KernelProbes.attach(pid, settings.probes, tcp_ports=ports)
+    except ProbesUnavailable as exc:
+        _fail(str(exc))
+    with attached:
+        _run(attached, pid, ports, host, settings.probes.port, print_after)
+
+
+def _run(attached, pid: int, ports: list[int], host: str, port: int, print_after: float | None) -> None:
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from probes.collector import KernelCollector
+    from probes.textreport import format_snapshot
+
+    options = attached.options
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+    signal.signal(signal.SIGINT, lambda *_: stopping.append(True))
+    enabled = ", ".join(name for name, on in (("scheduler", options.scheduler), ("syscalls", options.syscalls),
+                                              ("tcp_retransmits", options.tcp_retransmits)) if on)
+    tcp_scope = f"ports {', '.join(map(str, ports))}" if ports else "every port on this host"
+    if print_after is not None:
+        console.print(f"probing pid {pid} ({enabled}; TCP: {tcp_scope}) for {print_after:g} s ...")
+        deadline = time.monotonic() + print_after
+        while not stopping and time.monotonic() < deadline and Path(f"/proc/{pid}").is_dir():
+            time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+        print(format_snapshot(attached.snapshot()))
+        return
+    registry = CollectorRegistry()
+    registry.register(KernelCollector(attached.snapshot, scheduler=options.scheduler, syscalls=options.syscalls,
+                                      tcp_retransmits=options.tcp_retransmits))
+    try:
+        server, _ = start_http_server(port, addr=host, registry=registry)
+    except OSError as exc:
+        _fail(f"cannot serve /metrics on {host}:{port} ({exc.strerror}); choose another --port")
+    bound = server.server_address[1]
+    # One line on stdout that scripts (and the tests) read to find the port.
+    print(f"serving kernel probes for pid {pid} ({enabled}; TCP: {tcp_scope}) at http://{host}:{bound}/metrics",
+          flush=True)
+    try:
+        while not stopping:
+            if not Path(f"/proc/{pid}").is_dir():
+                console.print(f"pid {pid} exited; stopping")
+                break
+            time.sleep(0.2)
+    finally:
+        server.shutdown()

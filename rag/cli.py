@@ -94,6 +94,8 @@ def serve(
     generator: Optional[str] = typer.Option(None, help="extractive | openai | vllm (see docs/vllm.md)"),
     llm_url: Optional[str] = typer.Option(None, "--llm-url", help="openai: the server's /v1 URL"),
     llm_model: Optional[str] = typer.Option(None, "--llm-model", help="openai: served model; vllm: model folder"),
+    probes_on: bool = typer.Option(False, "--probes", help="also run the eBPF kernel probes in this process, "
+                                                           "exported at /metrics (needs root or CAP_BPF+CAP_PERFMON)"),
 ) -> None:
     """Serve the HTTP API (OpenAPI docs at /docs, metrics at /metrics)."""
     import contextlib
@@ -129,6 +131,13 @@ def serve(
             url = stack.enter_context(LocalPrometheus(f"{scrape_host}:{settings.server.port}"))
             out.print(f"prometheus: {url}  (scraping http://{scrape_host}:{settings.server.port}/metrics, "
                       "exemplar storage on)")
+        if probes_on:
+            if telemetry is None or not settings.telemetry.metrics:
+                _fail("--probes needs metrics: drop --no-telemetry and keep telemetry.metrics on")
+            from probes.inprocess import start as start_probes
+
+            # Never fails the service: without privileges it logs what is missing and serves without them.
+            stack.enter_context(start_probes(settings, telemetry.registry))
         # uvicorn re-raises SIGTERM after its graceful shutdown; exiting through SystemExit lets the
         # ExitStack stop the local Prometheus and the telemetry exporters instead of dying mid-way.
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))

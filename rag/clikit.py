@@ -11,7 +11,7 @@ import functools
 import typer
 from rich.console import Console
 
-console = Console(stderr=True)  # messages and progress
+console = Console(stderr=True, soft_wrap=True)  # messages and progress; an error stays one line
 out = Console()  # results
 
 

@@ -83,14 +83,16 @@ class RagPipeline:
         names = list(dict.fromkeys(retrievers or self.settings.retrieval.retrievers))
         vector = None
         if "dense" in names:
-            with _stage("embed", stages, self._stage_options):
+            with _stage("embed", stages, self._stage_options) as stage:
                 result = self.embedder.embed_query(query)
+                stage.device = result.device
             vector = result.vector
         depth = k if len(names) == 1 else max(k, self.settings.retrieval.candidates)
         results = []
         for name in names:
-            with _stage(f"retrieve_{name}", stages, self._stage_options):
+            with _stage(f"retrieve_{name}", stages, self._stage_options) as stage:
                 results.append(self.retrievers[name].retrieve(query, vector, depth))
+                stage.device = results[-1].device
             if counts is not None:
                 counts[name] = len(results[-1].hits)
         if len(results) == 1:
@@ -190,21 +192,27 @@ class _stage:
     """Times a block as one stage and re-raises any failure as a ``StageError`` naming it.
 
     With ``thread_names`` the OS thread is named ``rh:<stage>`` meanwhile (see ``rag.threadnames``);
-    ``delay_stage``/``delay_s`` add injected latency to one stage (``faults`` settings)."""
+    ``delay_stage``/``delay_s`` add injected latency to one stage (``faults`` settings). The block may set
+    ``device`` to the ``rag.devicetime.DeviceTiming`` of its GPU-capable work; the timing then carries it."""
 
     def __init__(self, name: str, stages: list[StageTiming], options: _StageOptions) -> None:
         self.name, self.stages, self.options = name, stages, options
 
-    def __enter__(self) -> None:
+    def __enter__(self) -> "_stage":
+        self.device = None
         if self.options.thread_names:
             self.restore_name = original_name()  # read before the first rename, cached per thread
             set_name(stage_comm(self.name))
         self.start = time.perf_counter()
         if self.name == self.options.delay_stage and self.options.delay_s > 0:
             time.sleep(self.options.delay_s)
+        return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        self.stages.append(StageTiming(self.name, time.perf_counter() - self.start, self.start))
+        device = self.device
+        self.stages.append(StageTiming(self.name, time.perf_counter() - self.start, self.start,
+                                       None if device is None else device.device_seconds,
+                                       None if device is None else device.clock))
         if self.options.thread_names:
             set_name(self.restore_name)
         if exc is not None and not isinstance(exc, StageError):

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from rag.devicetime import DeviceTiming
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,7 @@ class EmbeddingResult:
     vector: np.ndarray
     tokens: int
     seconds: float
+    device: DeviceTiming | None = None  # the model run alone (rag.devicetime), tokenising excluded
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,7 @@ class RetrievalResult:
     retriever: str
     hits: list[Hit]
     seconds: float
+    device: DeviceTiming | None = None  # the index search alone (dense only: BM25 never runs on a GPU)
 
 
 @dataclass(frozen=True)
@@ -107,11 +113,17 @@ class GenerationResult:
 @dataclass(frozen=True)
 class StageTiming:
     """How long one stage took; ``start`` is a ``time.perf_counter()`` reading, so telemetry can place
-    the stage on a trace's timeline after the fact without the stages knowing about tracing."""
+    the stage on a trace's timeline after the fact without the stages knowing about tracing.
+
+    ``device_seconds`` is set for stages that wrap work a GPU may run (embed, retrieve_dense): the time the
+    device spent on it by CUDA events (``clock="cuda"``) or, without a GPU, the wrapped call's own host
+    time (``clock="monotonic"``). It covers only the wrapped call, so it is at most ``seconds`` on the CPU."""
 
     name: str
     seconds: float
     start: float = 0.0
+    device_seconds: float | None = None
+    clock: str | None = None  # rag.devicetime.CLOCKS, set with device_seconds
 
     @property
     def ms(self) -> float:

@@ -20,6 +20,13 @@ apt_packages=(python3 python3-venv python3-dev build-essential)
 # --prometheus` uses Prometheus too. eBPF probes need BCC (Debian's python3-bpfcc) and kernel headers.
 if [ "$with_test" -eq 1 ]; then apt_packages+=(prometheus prometheus-alertmanager); fi
 apt_packages+=(bpfcc-tools python3-bpfcc libcap2-bin)
+# BCC compiles its programs against the running kernel's headers. Where the kernel ships none (a cloud or
+# microVM kernel), Debian's headers stand in; probes/ reads only tracepoint arguments, so they need not match.
+kernel_build="/lib/modules/$(uname -r)/build"
+headers_glob="/usr/src/linux-headers-*-$(dpkg --print-architecture 2>/dev/null || echo amd64)"
+if [ ! -e "$kernel_build" ] && ! compgen -G "$headers_glob" >/dev/null; then
+  apt_packages+=("linux-headers-$(dpkg --print-architecture 2>/dev/null || echo amd64)")
+fi
 if command -v apt-get >/dev/null 2>&1; then
   sudo=""
   [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1 && sudo="sudo"
@@ -32,6 +39,18 @@ if command -v apt-get >/dev/null 2>&1; then
     fi
   else
     echo "note: not root and no sudo; assuming ${apt_packages[*]} are installed" >&2
+  fi
+fi
+
+# Link the newest Debian headers as the running kernel's build/source trees when it has none (idempotent).
+if [ ! -e "$kernel_build" ] && [ "$(id -u)" -eq 0 ]; then
+  arch_headers=$(compgen -G "$headers_glob" | sort -V | tail -n 1 || true)
+  if [ -n "$arch_headers" ]; then
+    common_headers="${arch_headers%-*}-common"
+    mkdir -p "/lib/modules/$(uname -r)"
+    ln -sfn "$arch_headers" "$kernel_build"
+    [ -d "$common_headers" ] && ln -sfn "$common_headers" "/lib/modules/$(uname -r)/source"
+    echo "linked $arch_headers as the headers of kernel $(uname -r) (for eBPF probes)"
   fi
 fi
 
@@ -55,5 +74,16 @@ if [ "$with_gpu" -eq 1 ]; then
   # The GPU builds install the same modules (faiss, onnxruntime): remove the CPU builds first.
   .venv/bin/python -m pip uninstall -q -y faiss-cpu onnxruntime
   "${pip[@]}" install "faiss-gpu>=1.8" "onnxruntime-gpu>=1.18"
+fi
+# Debian's BCC is a system-Python package: expose its `bcc` module (and nothing else from dist-packages)
+# to .venv through a folder holding one link, named by a .pth file.
+bcc_dir=$(/usr/bin/python3 -c 'import bcc, os; print(os.path.dirname(bcc.__file__))' 2>/dev/null || true)
+if [ -n "$bcc_dir" ]; then
+  mkdir -p .venv/system-bcc
+  ln -sfn "$bcc_dir" .venv/system-bcc/bcc
+  site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  echo "$PWD/.venv/system-bcc" > "$site/ragheat-system-bcc.pth"
+else
+  echo "note: the bcc module (python3-bpfcc) is missing; ragheat probes will say so when run" >&2
 fi
 echo "ragheat installed in .venv ($(.venv/bin/python --version))"

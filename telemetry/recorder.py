@@ -170,6 +170,8 @@ class Telemetry:
             for stage in stages:
                 stage_outcome = "error" if stage.name == failed else "ok"
                 m.child(m.stage_duration, stage.name, scope.qps_bucket, stage_outcome).observe(stage.seconds, exemplar)
+                if stage.device_seconds is not None:  # GPU-capable stages only (rag.devicetime)
+                    m.child(m.stage_device, stage.name, stage.clock).observe(stage.device_seconds, exemplar)
             if failed:
                 m.stage_errors.labels(failed).inc()
             result = info.result

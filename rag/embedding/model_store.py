@@ -66,6 +66,7 @@ def _atomic_build(target: Path, build) -> None:
 
 def ensure_encoder(model_dir: Path | None, cache_dir: Path, precision: Precision) -> EncoderFiles:
     """Return the cached ONNX encoder for ``model_dir`` at ``precision``, converting it if absent."""
+    packaged = not model_dir
     model_dir = Path(model_dir) if model_dir else packaged_model_dir()
     for needed in ("config.json", "model.safetensors", "tokenizer.json"):
         if not (model_dir / needed).is_file():
@@ -80,7 +81,12 @@ def ensure_encoder(model_dir: Path | None, cache_dir: Path, precision: Precision
         path = folder / "encoder-int8.onnx"
         if not path.exists():
             _atomic_build(path, lambda tmp: _quantize_int8(fp32, tmp))
-    name = PACKAGED_MODEL_NAME if model_dir == packaged_model_dir() else model_dir.name
+    if not packaged:  # an explicit folder may still be the packaged one; asking needs no package installed
+        try:
+            packaged = model_dir == packaged_model_dir()
+        except ConfigurationError:
+            packaged = False
+    name = PACKAGED_MODEL_NAME if packaged else model_dir.name
     return EncoderFiles(path, model_dir / "tokenizer.json", name, precision, sha)
 
 

@@ -4,14 +4,19 @@ Needs the ``vllm`` package (run ragheat from ``.venv-vllm``, see docs/vllm.md). 
 loop of its own thread; the pipeline's thread reads pieces from a queue with the same bounded waits as the
 ``openai`` generator (first/next token within ``first_token_timeout_s``, the whole answer within
 ``deadline_s``), so a stuck engine degrades to the extractive answer instead of hanging a request.
-ragheat's vLLM plugin (telemetry/vllm_plugin.py) records the engine's steps here too.
+ragheat's vLLM plugin (telemetry/vllm_plugin.py) records the engine's steps here too. ``AsyncLLM`` always
+runs its engine core in a child process, so the plugin's ``ragheat_vllm_*`` values live there: ``warm_up``
+points ``PROMETHEUS_MULTIPROC_DIR`` (when unset) at a fresh folder, ``metrics_dir``, before the child starts,
+and the child writes its values there for a ``prometheus_client.multiprocess.MultiProcessCollector`` to read.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import queue
+import tempfile
 import threading
 import time
 from typing import Iterator, Sequence
@@ -30,12 +35,21 @@ class InProcessVllmGenerator:
         self.model = settings.model
         self._ids = itertools.count()
         self.engine = None
+        self.metrics_dir: str | None = None  # where the engine-core process writes ragheat_vllm_* (see above)
 
     def warm_up(self) -> None:
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
         s = self.settings
+        # Read by prometheus_client in the engine-core process when it starts (this process's metric values,
+        # already created in memory, are unaffected); an operator's own folder is kept. The child must be
+        # spawned, not forked: a fork inherits this process's in-memory prometheus_client (and its threads:
+        # ONNX Runtime's, the server's), so the plugin's values would never reach the folder.
+        if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="ragheat-vllm-metrics-")
+        self.metrics_dir = os.environ["PROMETHEUS_MULTIPROC_DIR"]
+        os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, name="ragheat-vllm-engine", daemon=True).start()
         args = AsyncEngineArgs(model=s.model, max_model_len=s.vllm_max_model_len, max_num_seqs=s.vllm_max_num_seqs,

@@ -64,7 +64,9 @@ async def _one(session: aiohttp.ClientSession, url: str, body: dict, intended: f
                 chunk = json.loads(line[5:])
                 if chunk.get("usage"):
                     tokens = int(chunk["usage"].get("completion_tokens") or 0)
-                if first is None and any(c.get("text") for c in chunk.get("choices") or ()):
+                # The first token, not the first visible text: a byte-level token that is part of a UTF-8
+                # character arrives with empty text (random weights can write nothing but such tokens).
+                if first is None and chunk.get("choices"):
                     first = time.perf_counter()
     except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, OSError):
         return _Outcome(False)

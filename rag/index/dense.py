@@ -82,6 +82,11 @@ def gpu_count() -> int:
     return faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
 
 
+def on_gpu(index: faiss.Index) -> bool:
+    """Whether searches of ``index`` run on a GPU (faiss-gpu's ``GpuIndex*`` classes)."""
+    return isinstance(index, getattr(faiss, "GpuIndex", ()))
+
+
 def to_device(index: faiss.Index, device: str) -> faiss.Index:
     gpus = gpu_count()
     if device == "gpu" and gpus == 0:

@@ -8,6 +8,7 @@ import faiss
 import bm25s
 import numpy as np
 
+from rag.devicetime import DeviceTimer
 from rag.index import dense, sparse
 from rag.retrieval.lexical import LexicalAnalyzer
 from rag.types import Hit, RetrievalResult
@@ -20,14 +21,15 @@ class DenseRetriever:
 
     def __init__(self, index: faiss.Index) -> None:
         self.index = index
+        self.device_timer = DeviceTimer.for_device(dense.on_gpu(index))  # CUDA events for a GPU index only
 
     def retrieve(self, query: str, query_vector: np.ndarray | None, k: int) -> RetrievalResult:
         if query_vector is None:
             raise ValueError("the dense retriever needs the query embedding")
         start = time.perf_counter()
-        ids, scores = dense.search(self.index, query_vector, k)
+        (ids, scores), device = self.device_timer.call(dense.search, self.index, query_vector, k)
         hits = [Hit(int(i), float(s)) for i, s in zip(ids, scores)]
-        return RetrievalResult(self.name, hits, time.perf_counter() - start)
+        return RetrievalResult(self.name, hits, time.perf_counter() - start, device)
 
 
 class BM25Retriever:

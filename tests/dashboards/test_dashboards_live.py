@@ -1,8 +1,9 @@
 """Proof against the live service: a real server, a real Prometheus loading the test-profile rules (every window
 divided by 60), real load over loopback.
 
-Run 1 (healthy): every panel's PromQL evaluates and returns data; panels whose source is absent here (vLLM, the
-eBPF probes) are skipped by name. Run 2 (same port, ``faults.delay_stage=fuse``): the fast-burn page goes to
+Run 1 (healthy): the service answers with a real (tiny) vLLM and runs the eBPF probes in-process, Prometheus
+scrapes both the service and vLLM, and every panel's PromQL evaluates and returns data; a panel whose source is
+absent (vLLM or eBPF not available) is skipped by name, never silently. Run 2 (same port, ``faults.delay_stage=fuse``): the fast-burn page goes to
 firing in ``/api/v1/alerts`` and its annotations name the stage.
 """
 
@@ -88,18 +89,26 @@ class Load:
 class Service:
     """The real app with telemetry wired in as ``ragheat serve`` does it, on a fixed loopback port."""
 
-    def __init__(self, settings, pipeline, port: int) -> None:
-        self.settings, self.pipeline, self.port = settings, pipeline, port
+    def __init__(self, settings, pipeline, port: int, probes: bool = False) -> None:
+        self.settings, self.pipeline, self.port, self.with_probes = settings, pipeline, port, probes
 
     def __enter__(self) -> str:
+        from probes.inprocess import start as start_probes
+
         app = create_app(self.settings, pipeline=self.pipeline)
         self.telemetry = build_telemetry(self.settings, self.pipeline, registry=CollectorRegistry())
         instrument_app(app, self.telemetry)
+        # As `ragheat serve --probes` does: the kernel board's panels then have data wherever eBPF is allowed
+        # (CI runs as root); elsewhere they are absent and skipped by name.
+        self.probes = start_probes(self.settings, self.telemetry.registry, tcp_ports=[self.port]) \
+            if self.with_probes else None
         self.server = BackgroundServer(app, port=self.port)
         return self.server.__enter__()
 
     def __exit__(self, *exc) -> None:
         self.server.__exit__(*exc)
+        if self.probes is not None:
+            self.probes.close()
         self.telemetry.shutdown()
 
 
@@ -126,11 +135,18 @@ def fast_burn_alert(api: PrometheusApi) -> dict | None:
 
 
 @pytest.fixture(scope="module")
-def live(settings, pipeline, subset_index, scifact_subset, tmp_path_factory) -> LiveRun:
+def live(settings, subset_index, scifact_subset, vllm_server, tmp_path_factory) -> LiveRun:
     folder = tmp_path_factory.mktemp("dashboards-live")
     render.write(folder, PROFILE)
     queries = [json.loads(line)["text"] for line in (scifact_subset / "queries.jsonl").read_text().splitlines()][:50]
-    quiet = settings.model_copy(update={"telemetry": settings.telemetry.model_copy(update={"otlp": "off"})})
+    quiet = settings.model_copy(update={"telemetry": settings.telemetry.model_copy(update={"otlp": "off"}),
+                                        "probes": settings.probes.model_copy(update={"syscalls": True})})
+    # Run 1 answers with the real (tiny) vLLM, so the vLLM board's panels have data too.
+    written = quiet.model_copy(update={"generation": quiet.generation.model_copy(update={
+        "generator": "openai", "base_url": vllm_server.url, "model": vllm_server.served_name, "max_tokens": 16,
+        "passages": 1})})
+    pipeline = RagPipeline(written, subset_index)
+    pipeline.warm_up()
     faulty = quiet.model_copy(update={"faults": FaultSettings(delay_stage=DELAYED_STAGE, delay_ms=DELAY_MS)})
     delayed = RagPipeline(faulty, subset_index)
     delayed.warm_up()  # before the clock starts: loading the model is not what this test measures
@@ -139,8 +155,10 @@ def live(settings, pipeline, subset_index, scifact_subset, tmp_path_factory) -> 
 
     with contextlib.ExitStack() as stack:
         healthy = stack.enter_context(contextlib.ExitStack())
-        url = healthy.enter_context(Service(quiet, pipeline, port))
-        prometheus = stack.enter_context(LocalPrometheus(f"127.0.0.1:{port}", scrape_interval_s=1, extra_config=rules))
+        url = healthy.enter_context(Service(written, pipeline, port, probes=True))
+        vllm_target = vllm_server.metrics_url.removeprefix("http://").removesuffix("/metrics")
+        prometheus = stack.enter_context(LocalPrometheus(f"127.0.0.1:{port}", scrape_interval_s=1, extra_config=rules,
+                                                         extra_targets={"vllm": vllm_target}))
         api = PrometheusApi(prometheus)
         with Load(url, queries, rate=8, threads=2, statuses=run.statuses):
             def all_have_data():

@@ -281,3 +281,28 @@ def test_in_flight_gauge_moves_and_returns_to_zero(svc, pipeline):
         svc.query(q)
     assert time.monotonic() - started < 9
     assert total(quiet_scrape(svc.url), "ragheat_qps") >= 0.4 - 1e-9
+
+
+def test_device_time_of_gpu_capable_stages_is_exported_per_request(svc, pipeline):
+    """embed and retrieve_dense carry device time (the monotonic fallback on a machine without a GPU);
+    no other stage does."""
+    from rag.devicetime import CLOCKS
+    from telemetry.metrics import VLLM_METRICS
+
+    device_h = VLLM_METRICS["device_seconds"]
+    clocks = {"embed": pipeline.embedder.device_timer.clock,  # "monotonic" here; "cuda" with a GPU
+              "retrieve_dense": pipeline.retrievers["dense"].device_timer.clock}
+    before, n = quiet_scrape(svc.url), 4
+    for i in range(n):
+        assert svc.query(QUERIES[i % len(QUERIES)]).status_code == 200
+    after = quiet_scrape(svc.url)
+    for stage in ("embed", "retrieve_dense"):
+        assert delta(before, after, device_h + "_count", stage=stage, clock=clocks[stage]) == n, stage
+        device_s, stage_s = (delta(before, after, h + "_sum", stage=stage) for h in (device_h, STAGE_H))
+        assert device_s > 0, stage
+        if clocks[stage] == "monotonic":  # the wrapped call (model run, index search) is inside its stage
+            assert device_s <= stage_s, (stage, device_s, stage_s)
+    assert delta(before, after, device_h + "_count") == 2 * n, "only embed and retrieve_dense run GPU-capable work"
+    for s in samples(after):
+        if s.name.startswith(device_h):
+            assert s.labels["clock"] in CLOCKS and s.labels["stage"] in ("embed", "retrieve_dense"), s

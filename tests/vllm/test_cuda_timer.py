@@ -1,34 +1,48 @@
-"""The CUDA-event timer: the monotonic fallback here; CUDA events where a GPU is (marked gpu)."""
+"""The device timer (rag/devicetime.py): the monotonic fallback here; CUDA events where a GPU is (marked gpu).
+Its export, ``ragheat_stage_device_seconds``, is tested against a real scrape in tests/telemetry/test_scrape.py."""
 
 from __future__ import annotations
 
+import ctypes
 import time
 
 import pytest
-from prometheus_client import CollectorRegistry
 
-from telemetry.cuda_timer import DeviceTimeMetrics, DeviceTimer, _CudaDriver
-from telemetry.metrics import VLLM_METRICS
+from rag.devicetime import CLOCKS, DeviceTimer, _CudaDriver
 
 
-def test_monotonic_fallback_reports_host_time_as_device_time_and_says_so():
-    registry = CollectorRegistry()
-    metrics = DeviceTimeMetrics(registry)
-    timer = DeviceTimer("monotonic", on_timing=metrics.record)
-    with timer.measure("embed") as timing:
-        time.sleep(0.02)
-    assert timing.clock == "monotonic" and 0.02 <= timing.host_seconds < 0.5
-    assert timing.device_seconds == timing.host_seconds
-    name = VLLM_METRICS["device_seconds"]
-    assert registry.get_sample_value(name + "_count", {"stage": "embed", "clock": "monotonic"}) == 1
-    assert registry.get_sample_value(name + "_sum", {"stage": "embed", "clock": "monotonic"}) == timing.device_seconds
+def test_monotonic_fallback_times_the_call_and_says_so():
+    timer = DeviceTimer("monotonic")
+    value, timing = timer.call(lambda seconds: time.sleep(seconds) or "done", 0.02)
+    assert value == "done" and timing.clock == "monotonic" == timer.clock
+    assert 0.02 <= timing.host_seconds < 0.5 and timing.device_seconds == timing.host_seconds
+    with timer.measure() as block:
+        time.sleep(0.01)
+    assert block.timing.clock == "monotonic" and 0.01 <= block.timing.device_seconds == block.timing.host_seconds
 
 
-def test_detect_falls_back_without_a_gpu_and_rejects_unknown_backends():
-    timer = DeviceTimer.detect()
-    assert timer.backend in ("torch", "cuda", "monotonic")
-    with pytest.raises(ValueError, match="backend"):
+def test_a_failing_call_raises_its_own_error():
+    with pytest.raises(ZeroDivisionError):
+        DeviceTimer("monotonic").call(lambda: 1 / 0)
+
+
+def test_detect_and_cpu_work_choose_a_known_clock_and_unknown_backends_are_rejected():
+    assert DeviceTimer.detect().clock in CLOCKS
+    assert DeviceTimer.for_device(False).backend == "monotonic"  # CPU work never probes the driver
+    with pytest.raises(ValueError, match="backend must be cuda, torch or monotonic"):
         DeviceTimer("opencl")
+
+
+def test_query_embedding_and_dense_search_carry_device_time(pipeline):
+    """The embedder and the FAISS retriever wrap only their model run / index search."""
+    embedding = pipeline.embedder.embed_query("Vitamin D deficiency is associated with bone density loss.")
+    assert embedding.device is not None and embedding.device.clock == pipeline.embedder.device_timer.clock
+    retrieval = pipeline.retrievers["dense"].retrieve("", embedding.vector, 5)
+    assert retrieval.device is not None and len(retrieval.hits) == 5
+    if embedding.device.clock == "monotonic":  # tokenising and hit building are outside the wrapped call
+        assert 0 < embedding.device.device_seconds <= embedding.seconds
+        assert 0 < retrieval.device.device_seconds <= retrieval.seconds
+    assert pipeline.retrievers["bm25"].retrieve("bone density", None, 5).device is None  # never on a GPU
 
 
 @pytest.mark.gpu
@@ -36,16 +50,19 @@ def test_cuda_events_time_device_work():
     if not _CudaDriver.available():
         pytest.skip("no CUDA device (libcuda.so.1 and a GPU are needed)")
     driver = _CudaDriver()
-    timer = DeviceTimer("cuda")
+    timer = DeviceTimer.detect()
+    assert timer.backend == "cuda"
     size = 1 << 30
-    pointer = __import__("ctypes").c_uint64()
-    driver._check(driver.lib.cuMemAlloc_v2(__import__("ctypes").byref(pointer), size), "cuMemAlloc")
+    pointer = ctypes.c_uint64()
+    driver._check(driver.lib.cuMemAlloc_v2(ctypes.byref(pointer), size), "cuMemAlloc")
+
+    def memset_20_gib():  # 20 GiB of memset on the legacy default stream: milliseconds of device work
+        for _ in range(20):
+            driver._check(driver.lib.cuMemsetD8Async(pointer, 1, size, None), "cuMemsetD8Async")
+
     try:
-        with timer.measure("probe") as idle:
-            pass
-        with timer.measure("probe") as busy:
-            for _ in range(20):  # 20 GiB of memset on the legacy default stream: milliseconds of device work
-                driver._check(driver.lib.cuMemsetD8Async(pointer, 1, size, None), "cuMemsetD8Async")
+        _, idle = timer.call(lambda: None)
+        _, busy = timer.call(memset_20_gib)
     finally:
         driver.lib.cuMemFree_v2(pointer)
     assert busy.clock == "cuda" and busy.device_seconds > 10 * idle.device_seconds

@@ -1,0 +1,239 @@
+"""eBPF probe overhead: the RAG service's throughput and P99 with probes off and on, side by side (root).
+
+    sudo .venv/bin/python benchmarks/bench_probes.py --index data/index/scifact --beir ../shared/data/scifact
+
+1. Service load: one ``ragheat serve`` process; rounds of --round-s seconds with --clients closed-loop clients,
+   alternating three configurations so that all see the same machine: ``off``; ``scheduler`` (the default
+   probes: run-queue, off-CPU, TCP retransmits) and ``scheduler+syscalls``, each a real ``ragheat probes --pid``
+   exporter started before its round (compilation is outside the round) and scraped once after it. Median
+   requests/s per configuration, throughput loss as the median of per-round ratios to ``off``, and P99 over
+   all of a configuration's requests.
+2. Scheduler cost: a target process and its child exchanging a byte over two pipes, ns per round trip
+   with the scheduler probes off and on (each round trip: two wake-ups, four context switches).
+3. System-call cost: a process calling getppid(2) in a loop, ns per call with the syscall probe off, on with
+   that process as the target (enter + exit recorded), and on for another target (the in-kernel pid filter
+   only, the cost every other process on the host pays); alternating, median of --syscall-runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from rag.api.server import start_serve_process
+from rag.eval.beir import load_queries
+
+RAGHEAT = Path(sys.executable).parent / "ragheat"
+CONFIGS = {"off": None, "scheduler": [], "scheduler+syscalls": ["--syscalls"]}
+SYSCALL_LOOP = """
+import os, sys, time
+n = int(sys.argv[1])
+print("ready", flush=True)
+sys.stdin.readline()
+start = time.perf_counter_ns()
+for _ in range(n):
+    os.getppid()
+print((time.perf_counter_ns() - start) / n, flush=True)
+"""
+
+
+class Exporter:
+    """``ragheat probes --pid PID --port 0 [args]`` until the block ends; ``url`` is its /metrics."""
+
+    def __init__(self, pid: int, args: list[str]) -> None:
+        self.process = subprocess.Popen([str(RAGHEAT), "probes", "--pid", str(pid), "--port", "0", *args],
+                                        stdout=subprocess.PIPE, text=True)
+        line = self.process.stdout.readline()
+        if "/metrics" not in line:
+            self.process.kill()
+            raise SystemExit(f"ragheat probes did not start (run this benchmark as root): {line!r}")
+        self.url = line.strip().split(" at ")[-1]
+
+    def close(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=30)
+
+
+def load_round(url: str, queries: list[str], clients: int, seconds: float) -> tuple[float, list[float]]:
+    """Closed-loop clients for ``seconds``: (requests/s, latencies)."""
+    latencies: list[list[float]] = [[] for _ in range(clients)]
+    stop = time.monotonic() + seconds
+
+    def client(i: int) -> None:
+        with httpx.Client(base_url=url, timeout=30) as http:
+            k = i
+            while time.monotonic() < stop:
+                start = time.perf_counter()
+                http.post("/v1/query", json={"query": queries[k % len(queries)]}).raise_for_status()
+                latencies[i].append(time.perf_counter() - start)
+                k += clients
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    flat = [x for per in latencies for x in per]
+    return len(flat) / seconds, flat
+
+
+def service_overhead(index: Path, queries: list[str], clients: int, round_s: float, rounds: int) -> dict:
+    process, url = start_serve_process(index)
+    try:
+        load_round(url, queries, clients, 2.0)  # warm-up
+        rates = {name: [] for name in CONFIGS}
+        samples = {name: [] for name in CONFIGS}
+        for _ in range(rounds):
+            for name, args in CONFIGS.items():
+                exporter = Exporter(process.pid, args) if args is not None else None
+                try:
+                    rate, lat = load_round(url, queries, clients, round_s)
+                    if exporter is not None:
+                        httpx.get(exporter.url, timeout=10).raise_for_status()
+                finally:
+                    if exporter is not None:
+                        exporter.close()
+                rates[name].append(rate)
+                samples[name].extend(lat)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    # Each round runs the configurations back to back, so a per-round ratio cancels most of the load that
+    # other processes put on the machine; the median of those ratios is the figure reported.
+    def loss_pct(name: str) -> float:
+        return 100 * (1 - statistics.median(r / o for r, o in zip(rates[name], rates["off"])))
+    return {name: {"rps_median": statistics.median(rates[name]), "rps_rounds": [round(r, 1) for r in rates[name]],
+                   "throughput_loss_pct": loss_pct(name),
+                   "p50_ms": float(np.percentile(samples[name], 50) * 1000),
+                   "p99_ms": float(np.percentile(samples[name], 99) * 1000), "requests": len(samples[name])}
+            for name in CONFIGS}
+
+
+def syscall_ns(calls: int, target_self: bool | None) -> float:
+    """ns per getppid() in a fresh process; probes on it (True), on another process (False) or off (None)."""
+    loop = subprocess.Popen([sys.executable, "-c", SYSCALL_LOOP, str(calls)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    loop.stdout.readline()
+    bystander = None
+    exporter = None
+    try:
+        if target_self is not None:
+            if not target_self:
+                bystander = subprocess.Popen(["sleep", "600"])
+            pid = loop.pid if target_self else bystander.pid
+            exporter = Exporter(pid, ["--no-scheduler", "--syscalls", "--no-tcp-retransmits"])
+        loop.stdin.write("go\n")
+        loop.stdin.flush()
+        return float(loop.stdout.readline())
+    finally:
+        loop.wait(timeout=60)
+        if exporter is not None:
+            exporter.close()
+        if bystander is not None:
+            bystander.kill()
+            bystander.wait()
+
+
+PING_PONG = """
+import os, sys, time
+n = int(sys.argv[1])
+up_r, up_w = os.pipe(); down_r, down_w = os.pipe()
+os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # both on one CPU: every hand-off is a context switch
+child = os.fork()
+if child == 0:
+    os.close(down_w); os.close(up_r)  # so that the parent closing down_w ends this loop
+    while os.read(down_r, 1):
+        os.write(up_w, b"x")
+    os._exit(0)
+os.close(down_r); os.close(up_w)
+print("ready", flush=True)
+sys.stdin.readline()
+start = time.perf_counter_ns()
+for _ in range(n):
+    os.write(down_w, b"x"); os.read(up_r, 1)
+print((time.perf_counter_ns() - start) / n, flush=True)
+os.close(down_w)
+os.waitpid(child, 0)
+"""
+
+
+def switch_ns(round_trips: int, probes_on: bool) -> float:
+    """ns per pipe round trip between a target process and its child (each one blocks, is woken, switches in)."""
+    loop = subprocess.Popen([sys.executable, "-c", PING_PONG, str(round_trips)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    loop.stdout.readline()
+    exporter = Exporter(loop.pid, ["--no-tcp-retransmits"]) if probes_on else None
+    try:
+        loop.stdin.write("go\n")
+        loop.stdin.flush()
+        return float(loop.stdout.readline())
+    finally:
+        loop.wait(timeout=60)
+        if exporter is not None:
+            exporter.close()
+
+
+def scheduler_overhead(round_trips: int, runs: int) -> dict:
+    ns = {"off": [], "on": []}
+    for _ in range(runs):
+        for name in ns:
+            ns[name].append(switch_ns(round_trips, name == "on"))
+    med = {name: statistics.median(v) for name, v in ns.items()}
+    return {"ns_per_round_trip_median": med, "runs": ns, "probe_cost_ns_round_trip": med["on"] - med["off"]}
+
+
+def syscall_overhead(calls: int, runs: int) -> dict:
+    modes = {"off": None, "on_target": True, "on_other_process": False}
+    ns = {name: [] for name in modes}
+    for _ in range(runs):
+        for name, mode in modes.items():
+            ns[name].append(syscall_ns(calls, mode))
+    med = {name: statistics.median(v) for name, v in ns.items()}
+    return {"ns_per_call_median": med, "runs": ns,
+            "probe_cost_ns_target": med["on_target"] - med["off"],
+            "probe_cost_ns_other_process": med["on_other_process"] - med["off"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--index", type=Path, default=Path("data/index/scifact"))
+    parser.add_argument("--beir", type=Path, default=Path("../shared/data/scifact"))
+    parser.add_argument("--clients", type=int, default=2)
+    parser.add_argument("--round-s", type=float, default=5.0)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--syscall-calls", type=int, default=2_000_000)
+    parser.add_argument("--round-trips", type=int, default=200_000, help="pipe round trips per scheduler run")
+    parser.add_argument("--syscall-runs", type=int, default=5, help="alternating runs of each micro-benchmark")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args()
+    queries = list(load_queries(args.beir).values())[:200]
+    result = {"service": service_overhead(args.index, queries, args.clients, args.round_s, args.rounds),
+              "scheduler": scheduler_overhead(args.round_trips, args.syscall_runs),
+              "syscall": syscall_overhead(args.syscall_calls, args.syscall_runs),
+              "settings": {k: str(v) for k, v in vars(args).items()}}
+    print(f"{'config':<20}{'req/s (median)':>16}{'loss %':>9}{'P50 ms':>9}{'P99 ms':>9}{'requests':>10}")
+    for name, row in result["service"].items():
+        print(f"{name:<20}{row['rps_median']:>16.1f}{row['throughput_loss_pct']:>9.2f}{row['p50_ms']:>9.2f}"
+              f"{row['p99_ms']:>9.2f}{row['requests']:>10}")
+    c = result["scheduler"]
+    print("pipe round trip ns (median): " + ", ".join(f"{k} {v:.0f}" for k, v in c["ns_per_round_trip_median"].items())
+          + f"; scheduler probes add {c['probe_cost_ns_round_trip']:.0f} ns per round trip "
+          "(two wake-ups and four context switches, two of them the target's)")
+    s = result["syscall"]
+    print("getppid() ns per call (median): " + ", ".join(f"{k} {v:.0f}" for k, v in s["ns_per_call_median"].items()))
+    print(f"syscall probe cost: {s['probe_cost_ns_target']:.0f} ns per syscall of the target, "
+          f"{s['probe_cost_ns_other_process']:.0f} ns per syscall of any other process")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""Time to first token and inter-token gaps as ragheat's ``openai`` generator sees them, next to vLLM's own
+``vllm:time_to_first_token_seconds`` / ``vllm:inter_token_latency_seconds`` for the very same requests.
+
+    .venv/bin/python benchmarks/bench_vllm_ttft.py --index data/index/scifact --queries 40
+
+Starts vLLM's OpenAI server (``.venv-vllm``) on a tiny random-weight Llama built locally (or ``--model``),
+answers ``--queries`` SciFact claims one at a time through a real ``RagPipeline`` (generator ``openai``,
+chat API), and scrapes vLLM's ``/metrics`` before and after. Ours are exact percentiles of the per-request
+figures (what ``ragheat_generation_ttft_seconds`` records); vLLM's are its histogram's mean (sum / count,
+exact) and, for percentiles, the bucket each falls in. Ours includes
+what vLLM's cannot see: HTTP, the chat template and tokenising in the API process, detokenising, SSE.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import httpx
+import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
+
+from rag.api.server import free_port
+from rag.generation.tiny_llama import build_tiny_llama
+from rag.generation.vllm_server import VllmServer
+from rag.pipeline import RagPipeline
+from rag.settings import RagheatSettings
+from telemetry.metrics import VLLM_NATIVE_METRICS
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def histogram(url: str, name: str) -> dict[float, float]:
+    """Cumulative bucket counts of one vLLM histogram (summed over its labels), plus ``sum`` and ``count``."""
+    found: dict = {}
+    for family in text_string_to_metric_families(httpx.get(url, timeout=10).text):
+        for s in family.samples:
+            if s.name == name + "_bucket":
+                le = float(s.labels["le"])
+                found[le] = found.get(le, 0.0) + s.value
+            elif s.name in (name + "_sum", name + "_count"):
+                key = s.name.rsplit("_", 1)[1]
+                found[key] = found.get(key, 0.0) + s.value
+    return found
+
+
+def bucket_of(q: float, before: dict, after: dict) -> str:
+    """The bucket of the histogram difference that holds quantile ``q``, as "lower–upper" ms: vLLM's buckets
+    are too wide at this scale for an interpolated value to mean anything."""
+    edges = sorted(k for k in after if isinstance(k, float))
+    counts = [after[e] - before.get(e, 0.0) for e in edges]
+    rank, lower = q * counts[-1], 0.0
+    for edge, cumulative in zip(edges, counts):
+        if cumulative >= rank:
+            return f"{lower * 1000:g}–{edge * 1000:g}"
+        lower = edge
+    return f"> {lower * 1000:g}"
+
+
+def row(label: str, seconds: list[float] | None = None, before: dict | None = None, after: dict | None = None) -> str:
+    if seconds is not None:
+        values = np.array(seconds) * 1000
+        n, mean = len(values), f"{values.mean():.2f}"
+        p50, p99 = (f"{np.percentile(values, q):.2f}" for q in (50, 99))
+    else:
+        n = after["count"] - before.get("count", 0.0)
+        mean = f"{(after['sum'] - before.get('sum', 0.0)) / n * 1000:.2f}"
+        p50, p99 = (f"bucket {bucket_of(q, before, after)}" for q in (0.5, 0.99))
+    return f"| {label} | {int(n):,} | {mean} | {p50} | {p99} |"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--index", type=Path, default=REPO / "data" / "index" / "scifact")
+    parser.add_argument("--beir", type=Path, default=REPO.parent / "shared" / "data" / "scifact")
+    parser.add_argument("--model", type=Path, help="model folder (default: a tiny random-weight Llama built here)")
+    parser.add_argument("--queries", type=int, default=40)
+    parser.add_argument("--max-tokens", type=int, default=48)
+    args = parser.parse_args()
+
+    claims = [json.loads(line)["text"] for line in (args.beir / "queries.jsonl").read_text().splitlines()]
+    work = Path(tempfile.mkdtemp(prefix="ragheat-bench-ttft-"))
+    model = args.model
+    if model is None:
+        texts = [json.loads(line)["text"] for _, line in zip(range(1000), open(args.beir / "corpus.jsonl"))]
+        model = build_tiny_llama(work / "tiny-llama", texts)
+    server = VllmServer(model, port=free_port(), served_name="tiny", max_model_len=1024,
+                        max_num_seqs=4, block_size=32, work_dir=work / "vllm",
+                        load_format="dummy" if args.model is None else "auto")
+    with server:  # its folder is removed below; the server's log is in it while it runs
+        base = RagheatSettings()
+        generation = base.generation.model_copy(update={
+            "generator": "openai", "base_url": server.url, "max_tokens": args.max_tokens, "passages": 1,
+            "first_token_timeout_s": 30.0})
+        pipeline = RagPipeline(base.model_copy(update={"generation": generation}), args.index)
+        pipeline.warm_up()
+        pipeline.query(claims[0], top_k=3)  # first request: connection and vLLM's lazy start-up, not measured
+        names = (VLLM_NATIVE_METRICS["ttft"], VLLM_NATIVE_METRICS["inter_token"])
+        before = [histogram(server.metrics_url, n) for n in names]
+        results = [pipeline.query(claim, top_k=3) for claim in claims[1: args.queries + 1]]
+        after = [histogram(server.metrics_url, n) for n in names]
+    shutil.rmtree(work, ignore_errors=True)
+    stats = [r.generation for r in results if r.generation is not None and not r.degraded]
+    print(f"{len(stats)} of {len(results)} answers written by the model "
+          f"({sum(s.output_tokens for s in stats) / max(1, len(stats)):.1f} output tokens each)\n")
+    print("| what | observations | mean ms | P50 ms | P99 ms |\n|---|---:|---:|---:|---:|")
+    print(row("TTFT, ragheat client (`generate_prefill`)", [s.ttft_s for s in stats]))
+    print(row(f"TTFT, vLLM `{names[0]}`", before=before[0], after=after[0]))
+    print(row("inter-token, ragheat client", [g for s in stats for g in s.inter_token_s]))
+    print(row(f"inter-token, vLLM `{names[1]}`", before=before[1], after=after[1]))
+
+
+if __name__ == "__main__":
+    main()

