@@ -17,7 +17,9 @@ import threading
 PREFIX = "rh:"
 _PR_SET_NAME, _PR_GET_NAME = 15, 16
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True) if sys.platform == "linux" else None
+# PyDLL, not CDLL: CDLL releases the GIL around every call, and re-acquiring it behind busy request threads can
+# cost milliseconds; prctl returns in about a microsecond, so it is called with the GIL held.
+_libc = ctypes.PyDLL(ctypes.util.find_library("c") or None, use_errno=True) if sys.platform == "linux" else None
 
 
 def stage_comm(stage: str) -> bytes:
@@ -57,7 +59,12 @@ def original_name() -> bytes:
     ident = threading.get_ident()
     name = _original_names.get(ident)
     if name is None:
-        name = _original_names[ident] = get_name()
+        name = get_name()
+        if name.startswith(PREFIX.encode()):
+            # A new thread inherits its creator's name: worker threads started by the rh:http event loop would
+            # otherwise count their time between stages as http. Python's own thread name says what it is.
+            name = threading.current_thread().name.encode("utf-8", "replace")[:15]
+        _original_names[ident] = name
         if len(_original_names) > 4096:  # thread ids are reused; keep the map from growing without bound
             _original_names.clear()
     return name

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 from contextlib import asynccontextmanager
@@ -84,6 +85,9 @@ def create_app(settings: RagheatSettings, index_dir: Path | None = None,
         if server.stage_thread_names:
             set_name(stage_comm("http"))  # the event-loop thread, for kernel probes (rag.threadnames)
         await run_in_threadpool(pipeline.warm_up)  # raises IndexLoadError naming the path: startup fails
+        # The index, model and their Python objects live as long as the process: move them out of the garbage
+        # collector's reach, so collections triggered by per-request allocations stop re-scanning them.
+        gc.freeze()
         log.info("index %s loaded: %s chunks", pipeline.index.folder, pipeline.index.manifest["counts"]["chunks"])
         yield
 

@@ -468,3 +468,22 @@ def test_a_stage_names_its_thread_for_the_kernel_and_restores_it():
         assert comm() == before  # naming off: untouched
     assert [s.name for s in stages] == ["retrieve_bm25", "fuse"]
     assert stages[1].seconds >= 0.02  # the injected delay is inside the stage's timing
+
+
+def test_a_worker_started_by_a_stage_named_thread_is_not_counted_as_that_stage():
+    import threading
+
+    from rag.threadnames import original_name, set_name, stage_comm
+
+    seen = []
+
+    def loop():  # like the event loop (rh:http) starting its worker threads, which inherit its name
+        set_name(stage_comm("http"))
+        worker = threading.Thread(target=lambda: seen.append(original_name()), name="AnyIO worker thread")
+        worker.start()
+        worker.join()
+
+    outer = threading.Thread(target=loop)
+    outer.start()
+    outer.join()
+    assert seen == [b"AnyIO worker th"]
