@@ -59,10 +59,20 @@ class Managed:
     def alive(self) -> bool:
         return start_time(self.pid) == self.started
 
+    def leftovers(self) -> list[int]:
+        """Members of its process group started no earlier than it: after the leader died (a crashed vLLM API
+        server), its children (the engine core) still hold the group. A pid reused by an unrelated process
+        would have its own group, and one started before ours cannot be its child."""
+        return [pid for pid in group_members(self.pid) if (start_time(pid) or -1) >= self.started]
+
+    def running(self) -> bool:
+        return self.alive() or bool(self.leftovers())
+
     def stop(self, timeout_s: float = 20.0) -> None:
         """SIGTERM to its process group, then SIGKILL after ``timeout_s``; returns once the whole group is gone
-        (vLLM's engine, a shell's children). A group whose leader is not ours any more is left alone."""
-        if not self.alive():
+        (vLLM's engine, a shell's children), including members left behind by a leader that died. A group
+        that is not ours any more is left alone."""
+        if not self.running():
             return
         for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
             try:
@@ -127,7 +137,7 @@ class StackState:
         """Stop every recorded process, last started first; returns the names that were still running."""
         stopped = []
         for managed in reversed(self.processes):
-            if managed.alive():
+            if managed.running():
                 managed.stop()
                 stopped.append(managed.name)
         self.path.unlink(missing_ok=True)

@@ -61,10 +61,16 @@ def endpoint_from_env(environ: Mapping[str, str] = os.environ) -> str | None:
     return base.rstrip("/") + "/v1/metrics" if base else None
 
 
+def parse_headers(raw: str | None) -> dict[str, str]:
+    """An ``OTEL_EXPORTER_OTLP_*HEADERS`` value: comma-separated ``key=value``, values URL-encoded (the spec's
+    format, parsed as the OpenTelemetry SDK parses it: ``Authorization=Bearer%20abc`` is ``Bearer abc``)."""
+    from opentelemetry.util.re import parse_env_headers
+
+    return parse_env_headers(raw or "", liberal=True)
+
+
 def headers_from_env(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
-    raw = environ.get("OTEL_EXPORTER_OTLP_METRICS_HEADERS") or environ.get("OTEL_EXPORTER_OTLP_HEADERS") or ""
-    pairs = (item.split("=", 1) for item in raw.split(",") if "=" in item)
-    return {k.strip(): v.strip() for k, v in pairs}
+    return parse_headers(environ.get("OTEL_EXPORTER_OTLP_METRICS_HEADERS") or environ.get("OTEL_EXPORTER_OTLP_HEADERS"))
 
 
 class OtlpHistogramPusher:

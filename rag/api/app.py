@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import threading
 import json
 import logging
 from contextlib import asynccontextmanager
@@ -90,6 +91,8 @@ def create_app(settings: RagheatSettings, index_dir: Path | None = None,
         gc.freeze()
         log.info("index %s loaded: %s chunks", pipeline.index.folder, pipeline.index.manifest["counts"]["chunks"])
         yield
+        if pipeline.llm is not None:  # the model client's connections, or the in-process engine's processes
+            pipeline.llm.close()
 
     app = FastAPI(title="ragheat", version=__version__, lifespan=lifespan,
                   description="Observability-first RAG: hybrid retrieval with cited, per-stage-timed answers.")
@@ -122,14 +125,19 @@ def create_app(settings: RagheatSettings, index_dir: Path | None = None,
         ``answer`` event per sentence; then ``done`` with the generator, stage timings and flags."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
+        client_gone = threading.Event()  # set when the response ends, the client's disconnect included
 
         def put(kind: str, value) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, (kind, value))
 
+        def on_token(text: str) -> None:
+            if client_gone.is_set():  # stop generating for nobody: the stream's close aborts the model's request
+                raise ClientDisconnected("the client closed the stream")
+            put("token", text)
+
         def work() -> None:
             try:
-                put("result", run_query(request, http, on_sources=lambda s: put("sources", s),
-                                        on_token=lambda t: put("token", t)))
+                put("result", run_query(request, http, on_sources=lambda s: put("sources", s), on_token=on_token))
             except BaseException as exc:  # handed to the event loop; raised or reported there
                 put("error", exc)
 
@@ -139,7 +147,14 @@ def create_app(settings: RagheatSettings, index_dir: Path | None = None,
             raise first[1]  # nothing sent yet: the usual JSON error and status
 
         async def events():
-            item, tokens = first, 0
+            try:
+                async for chunk in _stream_events(first):
+                    yield chunk
+            finally:
+                client_gone.set()
+
+        async def _stream_events(first_item):
+            item, tokens = first_item, 0
             while True:
                 kind, value = item
                 if kind == "sources":
@@ -178,6 +193,10 @@ def create_app(settings: RagheatSettings, index_dir: Path | None = None,
                              "chunks": manifest["counts"]["chunks"], "corpus": manifest["corpus"]["name"]})
 
     return app
+
+
+class ClientDisconnected(Exception):
+    """Raised into a streamed generation whose client has gone, to stop it."""
 
 
 def _final_events(result, tokens_sent: int):

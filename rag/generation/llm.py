@@ -9,7 +9,8 @@ tokens) and falls back to the extractive answer when ``GeneratorUnavailable`` is
 Bounded waiting: connecting gets ``connect_timeout_s``; every read (the first token, and each later one)
 gets ``first_token_timeout_s``; the whole answer gets ``deadline_s``. A refused connection, an HTTP error,
 a silent server or a slow one therefore ends in ``GeneratorUnavailable`` within
-``max(connect, first_token)`` before the first token, or ``deadline_s + first_token_timeout_s`` after it.
+``connect_timeout_s + first_token_timeout_s`` before the first token (twice that when the model name must first
+be asked of ``/models``), or ``deadline_s + first_token_timeout_s`` after it.
 """
 
 from __future__ import annotations
@@ -35,6 +36,11 @@ def build_messages(query: str, passages: Sequence[Chunk]) -> list[dict]:
     context = "\n\n".join(f"[{n}] {p.title}\n{p.text}" for n, p in enumerate(passages, 1))
     return [{"role": "system", "content": SYSTEM_PROMPT},
             {"role": "user", "content": f"Passages:\n{context}\n\nQuestion: {query}"}]
+
+
+def completion_prompt(messages: Sequence[dict]) -> str:
+    """The chat messages as one plain-text prompt, for completion APIs (no chat template)."""
+    return "\n\n".join(m["content"] for m in messages) + "\n\nAnswer:"
 
 
 class TokenStream:
@@ -106,7 +112,7 @@ class _HttpTokenStream(TokenStream):
         body = {"model": self.model, "max_tokens": s.max_tokens, "temperature": s.temperature, "stream": True,
                 "stream_options": {"include_usage": True}}
         if s.api == "completions":
-            prompt = "\n\n".join(m["content"] for m in self.messages) + "\n\nAnswer:"
+            prompt = completion_prompt(self.messages)
             return "/completions", {**body, "prompt": prompt}
         return "/chat/completions", {**body, "messages": self.messages}
 
@@ -125,6 +131,11 @@ class _HttpTokenStream(TokenStream):
                     raise GeneratorUnavailable(f"{g.base_url}{path} answered HTTP {response.status_code}: "
                                                f"{response.text[:200]}")
                 for line in response.iter_lines():
+                    # Checked on every line, keep-alive comments included: a server that only sends those
+                    # must not hold the request past the deadline.
+                    if time.monotonic() > deadline:
+                        raise GeneratorUnavailable(f"the answer took longer than generation.deadline_s "
+                                                   f"({g.settings.deadline_s:g} s)")
                     if not line.startswith("data:"):
                         continue
                     data = line[5:].strip()
@@ -133,9 +144,6 @@ class _HttpTokenStream(TokenStream):
                     piece = self._piece(json.loads(data))
                     if piece:
                         yield piece
-                    if time.monotonic() > deadline:
-                        raise GeneratorUnavailable(f"the answer took longer than generation.deadline_s "
-                                                   f"({g.settings.deadline_s:g} s)")
         except httpx.HTTPError as exc:
             raise GeneratorUnavailable(f"{g.base_url}{path}: {_why(exc)}") from exc
         except ValueError as exc:  # a line that is not JSON

@@ -21,7 +21,8 @@ import threading
 import time
 from typing import Iterator, Sequence
 
-from rag.generation.llm import GeneratorUnavailable, TokenStream, build_messages
+from rag.errors import ConfigurationError
+from rag.generation.llm import GeneratorUnavailable, TokenStream, build_messages, completion_prompt
 from rag.types import Chunk
 
 _END = object()
@@ -38,8 +39,13 @@ class InProcessVllmGenerator:
         self.metrics_dir: str | None = None  # where the engine-core process writes ragheat_vllm_* (see above)
 
     def warm_up(self) -> None:
-        from vllm import AsyncEngineArgs
-        from vllm.v1.engine.async_llm import AsyncLLM
+        try:
+            from vllm import AsyncEngineArgs
+            from vllm.v1.engine.async_llm import AsyncLLM
+        except ImportError as exc:
+            raise ConfigurationError(f"generation.generator=vllm needs the vllm package in this environment ({exc}); "
+                                     "install it with scripts/install_vllm.sh and run ragheat from .venv-vllm, or "
+                                     "serve vLLM separately and use generation.generator=openai") from exc
 
         s = self.settings
         # Read by prometheus_client in the engine-core process when it starts (this process's metric values,
@@ -58,12 +64,17 @@ class InProcessVllmGenerator:
         async def build():
             return AsyncLLM.from_engine_args(args)
 
-        self.engine = asyncio.run_coroutine_threadsafe(build(), self.loop).result()
+        try:
+            self.engine = asyncio.run_coroutine_threadsafe(build(), self.loop).result()
+        except Exception as exc:  # a bad model folder, too little memory: one sentence, not vLLM's traceback
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            raise ConfigurationError(f"generation.model {s.model!r}: vLLM could not start its engine: "
+                                     f"{type(exc).__name__}: {exc}") from exc
 
     def stream(self, query: str, passages: Sequence[Chunk]) -> TokenStream:
         if self.engine is None:
             raise RuntimeError("InProcessVllmGenerator.warm_up() has not run")
-        prompt = "\n\n".join(m["content"] for m in build_messages(query, passages)) + "\n\nAnswer:"
+        prompt = completion_prompt(build_messages(query, passages))
         return _EngineTokenStream(self, prompt, f"ragheat-{next(self._ids)}")
 
     def close(self) -> None:

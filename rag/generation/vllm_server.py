@@ -14,12 +14,10 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 from typing import Sequence
 
-import httpx
-
+from rag.api.server import wait_until_ok
 from rag.errors import ConfigurationError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -93,20 +91,15 @@ class VllmServer:
         return self.url
 
     def _wait_ready(self) -> None:
-        deadline = time.monotonic() + self.ready_timeout_s
-        health = f"http://127.0.0.1:{self.port}/health"
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                tail = self.log_path.read_text(errors="replace")[-1500:]
-                raise RuntimeError(f"vLLM exited with code {self.process.returncode} during start-up "
-                                   f"(log {self.log_path}):\n{tail}")
-            try:
-                if httpx.get(health, timeout=1.0).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.25)
-        raise TimeoutError(f"vLLM did not answer {health} within {self.ready_timeout_s:g} s (log {self.log_path})")
+        try:
+            wait_until_ok(f"http://127.0.0.1:{self.port}/health", self.ready_timeout_s,
+                          lambda: self.process.poll() is None, "vLLM")
+        except RuntimeError:  # it exited: say how, with the end of its log
+            tail = self.log_path.read_text(errors="replace")[-1500:]
+            raise RuntimeError(f"vLLM exited with code {self.process.returncode} during start-up "
+                               f"(log {self.log_path}):\n{tail}") from None
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc} (log {self.log_path})") from None
 
     def stop(self) -> None:
         if self.process is None or self.process.poll() is not None:

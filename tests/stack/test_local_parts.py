@@ -78,6 +78,20 @@ def test_a_recorded_process_is_stopped_with_its_group_and_the_state_is_cleared(t
     assert not (tmp_path / "state.json").exists()
 
 
+def test_a_child_left_behind_by_a_dead_leader_is_stopped_too(tmp_path):
+    """Like vLLM's API server crashing while its engine-core child lives on in the same process group."""
+    state = StackState(tmp_path)
+    managed = state.spawn("crashed", [sys.executable, "-c", "import subprocess; "
+                                      "print(subprocess.Popen(['sleep', '60']).pid, flush=True)"])
+    deadline = time.monotonic() + 10
+    while (managed.alive() or not open(managed.log).read().strip()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child = int(open(managed.log).read().split()[0])
+    assert not managed.alive() and start_time(child) is not None  # the leader is gone, its child is not
+    assert StackState.load(tmp_path).stop_all() == ["crashed"]
+    assert start_time(child) is None
+
+
 def test_a_reused_pid_is_never_taken_for_ours(tmp_path):
     """A stale state whose pid now belongs to another process (other start time) leaves that process alone."""
     stranger = subprocess.Popen(["sleep", "30"])

@@ -61,8 +61,26 @@ def test_wire_encoding_equals_the_sdk_encoding(seed):
         assert decoded == encode_spans(spans)
 
 
+def test_equal_values_of_different_types_are_not_confused_by_the_caches():
+    rng, encoder = random.Random(4), SpanWireEncoder()
+    spans = [ReadableSpan(name="s", context=context(rng), resource=RESOURCE, attributes={"v": value},
+                          instrumentation_scope=SCOPE, start_time=1, end_time=2) for value in (1, True, 1.0, 1)]
+    decoded = ExportTraceServiceRequest()
+    decoded.ParseFromString(encoder.export_request(spans))
+    assert decoded == encode_spans(spans)
+
+
 def test_endpoint_follows_the_standard_variables():
     assert traces_endpoint_from_env({}) == "http://localhost:4318/v1/traces"
     assert traces_endpoint_from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318/"}) == "http://c:4318/v1/traces"
     assert traces_endpoint_from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318",
                                      "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://t/x"}) == "http://t/x"
+
+
+def test_headers_are_url_decoded_as_the_spec_says():
+    from telemetry.otlp_metrics import headers_from_env
+    from telemetry.otlp_spans import traces_headers_from_env
+
+    env = {"OTEL_EXPORTER_OTLP_HEADERS": "Authorization=Bearer%20abc, x-tenant=a%2Cb"}
+    assert traces_headers_from_env(env) == headers_from_env(env) == {"authorization": "Bearer abc", "x-tenant": "a,b"}
+    assert traces_headers_from_env({**env, "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "k=v"}) == {"k": "v"}

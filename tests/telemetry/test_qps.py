@@ -216,3 +216,18 @@ def test_every_valid_qps_window_setting_builds_a_telemetry(window_s):
     assert telemetry.rate.rate() == pytest.approx(1 / window_s)
     clock.now = window_s * 1.01
     assert telemetry.rate.rate() == 0.0
+
+
+def test_a_stage_failure_after_a_streams_200_counts_as_a_server_error():
+    from prometheus_client import generate_latest
+
+    from rag.errors import StageError
+    from telemetry.recorder import RequestInfo
+
+    registry = CollectorRegistry()
+    telemetry = Telemetry(TelemetrySettings(tracing=False, otlp="off"), registry=registry)
+    scope = telemetry.start("/v1/query/stream")
+    telemetry.finish(scope, 200, RequestInfo(error=StageError("generate_decode", RuntimeError("boom"))))
+    text = generate_latest(registry).decode()
+    assert 'ragheat_requests_total{route="/v1/query/stream",status_class="5xx"} 1.0' in text
+    assert 'ragheat_stage_errors_total{stage="generate_decode"} 1.0' in text

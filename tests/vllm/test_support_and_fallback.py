@@ -125,3 +125,72 @@ def test_degraded_flag_reaches_the_http_response_and_the_metrics(settings, subse
               if not s.labels}
     assert values["ragheat_generation_degraded_total"] == 2  # one per request, JSON and streamed
     assert values["ragheat_generation_ttft_seconds_count"] == 0  # no token ever came
+
+
+def test_in_process_vllm_without_the_package_is_one_sentence(settings):
+    # The main environment has no vllm package (it lives in .venv-vllm): asking for it must say what to do.
+    from rag.errors import ConfigurationError
+    from rag.generation.vllm_engine import InProcessVllmGenerator
+
+    generator = InProcessVllmGenerator(settings.generation.model_copy(update={"generator": "vllm", "model": "m"}))
+    with pytest.raises(ConfigurationError, match="install_vllm.sh"):
+        generator.warm_up()
+
+
+class SlowStreamingServer:
+    """An OpenAI-compatible chat endpoint that streams a token every 50 ms for 10 s, counting what it sent
+    until its client went away."""
+
+    def __enter__(self) -> str:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        outer = self
+        self.sent, self.disconnected = 0, threading.Event()
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                chunk = b'data: {"choices": [{"delta": {"content": "word "}}]}\n\n'
+                try:
+                    for _ in range(200):
+                        self.wfile.write(chunk)
+                        self.wfile.flush()
+                        outer.sent += 1
+                        time.sleep(0.05)
+                except OSError:
+                    outer.disconnected.set()
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+
+    def __exit__(self, *exc) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_a_client_that_leaves_a_stream_stops_the_generation(settings, subset_index):
+    import httpx
+
+    from rag.api.app import create_app
+    from rag.api.server import BackgroundServer
+
+    model = SlowStreamingServer()
+    with model as llm_url:
+        llm = _openai_pipeline(settings, subset_index, llm_url, deadline_s=60.0)
+        with BackgroundServer(create_app(llm.settings, pipeline=llm)) as url:
+            with httpx.Client(base_url=url, timeout=30) as client:
+                with client.stream("POST", "/v1/query/stream", json={"query": QUESTION}) as response:
+                    for line in response.iter_lines():
+                        if line == "event: token":
+                            break  # one token seen: now leave
+            left_at = model.sent
+            # The first token after the disconnect stops the generation, which closes the model's stream.
+            assert model.disconnected.wait(5.0), f"the model kept streaming to nobody ({model.sent} tokens sent)"
+            assert model.sent < left_at + 40 < 200, (left_at, model.sent)
