@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Sequence
 
 import httpx
 import numpy as np
@@ -117,19 +118,17 @@ def service_overhead(index: Path, queries: list[str], clients: int, round_s: flo
             for name in CONFIGS}
 
 
-def syscall_ns(calls: int, target_self: bool | None) -> float:
-    """ns per getppid() in a fresh process; probes on it (True), on another process (False) or off (None)."""
-    loop = subprocess.Popen([sys.executable, "-c", SYSCALL_LOOP, str(calls)], stdin=subprocess.PIPE,
+def _timed_loop(script: str, count: int, probe_pid=None, exporter_args: Sequence[str] = ()) -> float:
+    """Run ``script`` (prints "ready", waits for a line, prints ns per iteration) in a fresh process; with
+    ``probe_pid(loop_pid)`` returning a pid, the probes exporter watches that pid while the loop runs."""
+    loop = subprocess.Popen([sys.executable, "-c", script, str(count)], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)
     loop.stdout.readline()
-    bystander = None
     exporter = None
     try:
-        if target_self is not None:
-            if not target_self:
-                bystander = subprocess.Popen(["sleep", "600"])
-            pid = loop.pid if target_self else bystander.pid
-            exporter = Exporter(pid, ["--no-scheduler", "--syscalls", "--no-tcp-retransmits"])
+        pid = probe_pid(loop.pid) if probe_pid is not None else None
+        if pid is not None:
+            exporter = Exporter(pid, list(exporter_args))
         loop.stdin.write("go\n")
         loop.stdin.flush()
         return float(loop.stdout.readline())
@@ -137,9 +136,21 @@ def syscall_ns(calls: int, target_self: bool | None) -> float:
         loop.wait(timeout=60)
         if exporter is not None:
             exporter.close()
-        if bystander is not None:
-            bystander.kill()
-            bystander.wait()
+
+
+def syscall_ns(calls: int, target_self: bool | None) -> float:
+    """ns per getppid() in a fresh process; probes on it (True), on another process (False) or off (None)."""
+    if target_self is None:
+        return _timed_loop(SYSCALL_LOOP, calls)
+    args = ["--no-scheduler", "--syscalls", "--no-tcp-retransmits"]
+    if target_self:
+        return _timed_loop(SYSCALL_LOOP, calls, lambda pid: pid, args)
+    bystander = subprocess.Popen(["sleep", "600"])
+    try:
+        return _timed_loop(SYSCALL_LOOP, calls, lambda pid: bystander.pid, args)
+    finally:
+        bystander.kill()
+        bystander.wait()
 
 
 PING_PONG = """
@@ -167,18 +178,7 @@ os.waitpid(child, 0)
 
 def switch_ns(round_trips: int, probes_on: bool) -> float:
     """ns per pipe round trip between a target process and its child (each one blocks, is woken, switches in)."""
-    loop = subprocess.Popen([sys.executable, "-c", PING_PONG, str(round_trips)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
-    loop.stdout.readline()
-    exporter = Exporter(loop.pid, ["--no-tcp-retransmits"]) if probes_on else None
-    try:
-        loop.stdin.write("go\n")
-        loop.stdin.flush()
-        return float(loop.stdout.readline())
-    finally:
-        loop.wait(timeout=60)
-        if exporter is not None:
-            exporter.close()
+    return _timed_loop(PING_PONG, round_trips, (lambda pid: pid) if probes_on else None, ["--no-tcp-retransmits"])
 
 
 def scheduler_overhead(round_trips: int, runs: int) -> dict:

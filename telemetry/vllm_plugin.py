@@ -205,56 +205,46 @@ def _wrap_update(original):
     return update_from_output
 
 
-def _free_blocks_or_none(pool) -> int | None:
-    try:
-        return pool.get_num_free_blocks()
-    except Exception:
-        OBSERVER.failed("get_num_free_blocks")
-        return None
-
-
-def _add_blocks(hook: str, **counts) -> None:
-    try:
-        OBSERVER.add_blocks(**counts)
-    except Exception:
-        OBSERVER.failed(hook)
-
-
 def _wrap_get_new_blocks(original):
     @functools.wraps(original)
     def get_new_blocks(self, num_blocks, *args, **kwargs):
         blocks = original(self, num_blocks, *args, **kwargs)
         try:
-            _add_blocks("get_new_blocks", allocated=len(blocks))
-        except Exception:  # len() of whatever a future vLLM returns
+            OBSERVER.add_blocks(allocated=len(blocks))
+        except Exception:
             OBSERVER.failed("get_new_blocks")
         return blocks
     return get_new_blocks
 
 
-def _wrap_touch(original):
+def _wrap_free_pool_change(original, count):
+    """Wraps a ``BlockPool`` method to count blocks by the change in the free pool across the call:
+    ``count(free_before, free_after)`` gives ``OBSERVER.add_blocks`` keywords."""
     @functools.wraps(original)
-    def touch(self, blocks, *args, **kwargs):
-        before = _free_blocks_or_none(self)
-        result = original(self, blocks, *args, **kwargs)
-        after = _free_blocks_or_none(self)
-        if before is not None and after is not None:
-            _add_blocks("touch", allocated=max(0, before - after))  # cached blocks taken back into use
+    def wrapper(self, *args, **kwargs):
+        try:
+            before = self.get_num_free_blocks()
+        except Exception:
+            OBSERVER.failed(original.__name__)
+            before = None
+        result = original(self, *args, **kwargs)
+        if before is not None:
+            try:
+                OBSERVER.add_blocks(**count(before, self.get_num_free_blocks()))
+            except Exception:
+                OBSERVER.failed(original.__name__)
         return result
-    return touch
+    return wrapper
+
+
+def _wrap_touch(original):
+    # Prefix-cache hits taken back out of the free queue into use.
+    return _wrap_free_pool_change(original, lambda before, after: {"allocated": max(0, before - after)})
 
 
 def _wrap_free_blocks(original):
-    @functools.wraps(original)
-    def free_blocks(self, ordered_blocks, *args, **kwargs):
-        before = _free_blocks_or_none(self)
-        result = original(self, ordered_blocks, *args, **kwargs)
-        after = _free_blocks_or_none(self)
-        # Blocks another request still references are not freed: count what re-entered this pool's queue.
-        if before is not None and after is not None:
-            _add_blocks("free_blocks", freed=max(0, after - before))
-        return result
-    return free_blocks
+    # Blocks another request still references are not freed: count what re-entered this pool's queue.
+    return _wrap_free_pool_change(original, lambda before, after: {"freed": max(0, after - before)})
 
 
 def register() -> None:
