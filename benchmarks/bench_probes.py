@@ -1,6 +1,6 @@
 """eBPF probe overhead: the RAG service's throughput and P99 with probes off and on, side by side (root).
 
-    sudo .venv/bin/python benchmarks/bench_probes.py --index data/index/scifact --beir ../shared/data/scifact
+    sudo .venv/bin/python benchmarks/bench_probes.py --index data/index/scifact --beir datasets/scifact
 
 1. Service load: one ``ragheat serve`` process; rounds of --round-s seconds with --clients closed-loop clients,
    alternating three configurations so that all see the same machine: ``off``; ``scheduler`` (the default
@@ -205,7 +205,7 @@ def syscall_overhead(calls: int, runs: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--index", type=Path, default=Path("data/index/scifact"))
-    parser.add_argument("--beir", type=Path, default=Path("../shared/data/scifact"))
+    parser.add_argument("--beir", type=Path, default=Path("datasets/scifact"))
     parser.add_argument("--clients", type=int, default=2)
     parser.add_argument("--round-s", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=5)

@@ -1,6 +1,6 @@
 """Query-path latency: raw embedder, raw FAISS and BM25, and /v1/query over HTTP, side by side.
 
-    .venv/bin/python benchmarks/bench_query.py --beir ../shared/data/scifact --index data/index/scifact
+    .venv/bin/python benchmarks/bench_query.py --beir datasets/scifact --index data/index/scifact
 
 Everything is measured in one run on the same queries so the service's own overhead shows as a
 ratio (HTTP end-to-end P50 over the sum of the raw stage P50s). The server runs as a separate

@@ -1,6 +1,6 @@
 """Telemetry overhead: the same query load against telemetry off and fully on, side by side.
 
-    .venv/bin/python benchmarks/bench_telemetry.py --beir ../shared/data/scifact --index data/index/scifact
+    .venv/bin/python benchmarks/bench_telemetry.py --beir datasets/scifact --index data/index/scifact
 
 Three `ragheat serve` processes run at once: `off` (`--no-telemetry`), `on` (metrics, spans for every
 request, OTLP export of traces and exponential-histogram metrics every 10 s) and `on_sampled` (the

@@ -75,7 +75,7 @@ def row(label: str, seconds: list[float] | None = None, before: dict | None = No
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--index", type=Path, default=REPO / "data" / "index" / "scifact")
-    parser.add_argument("--beir", type=Path, default=REPO.parent / "shared" / "data" / "scifact")
+    parser.add_argument("--beir", type=Path, default=REPO / "datasets" / "scifact")
     parser.add_argument("--model", type=Path, help="model folder (default: a tiny random-weight Llama built here)")
     parser.add_argument("--queries", type=int, default=40)
     parser.add_argument("--max-tokens", type=int, default=48)

@@ -1,6 +1,6 @@
 """Grid-search the weighted-RRF constants on a BEIR split (tune on train only).
 
-    .venv/bin/python benchmarks/tune_fusion.py --beir ../shared/data/scifact --index data/index/scifact
+    .venv/bin/python benchmarks/tune_fusion.py --beir datasets/scifact --index data/index/scifact
 
 Each retriever runs once per query (300 chunks deep); fusion is then re-scored for every grid cell,
 so the grid costs seconds. Prints nDCG@10 per cell and the best cell.

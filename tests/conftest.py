@@ -11,7 +11,9 @@ import pytest
 from rag.settings import RagheatSettings
 
 REPO = Path(__file__).resolve().parents[1]
-SCIFACT = Path(os.environ.get("RAGHEAT_TEST_SCIFACT", REPO.parent / "shared" / "data" / "scifact"))
+DATASETS = REPO / "datasets"  # shipped with the repository, with their SOURCE.md and licences
+SCIFACT = Path(os.environ.get("RAGHEAT_TEST_SCIFACT", DATASETS / "scifact"))
+HOTPOTQA = DATASETS / "hotpotqa-dev"
 SUBSET_DOCS = 300
 
 
@@ -22,7 +24,7 @@ def pytest_report_header(config):
 @pytest.fixture(scope="session")
 def scifact_dir() -> Path:
     if not (SCIFACT / "corpus.jsonl").is_file():
-        pytest.fail(f"SciFact is missing at {SCIFACT}: the tests read it from ../shared/data/scifact "
+        pytest.fail(f"SciFact is missing at {SCIFACT}: it ships in the repository under datasets/scifact "
                     "(or set RAGHEAT_TEST_SCIFACT)")
     return SCIFACT
 
