@@ -30,8 +30,8 @@ from typing import Sequence
 import httpx
 import numpy as np
 
-from rag.api.server import start_serve_process
 from rag.eval.beir import load_queries
+from stack.servers import ServeProcess
 
 RAGHEAT = Path(sys.executable).parent / "ragheat"
 CONFIGS = {"off": None, "scheduler": [], "scheduler+syscalls": ["--syscalls"]}
@@ -87,14 +87,14 @@ def load_round(url: str, queries: list[str], clients: int, seconds: float) -> tu
 
 
 def service_overhead(index: Path, queries: list[str], clients: int, round_s: float, rounds: int) -> dict:
-    process, url = start_serve_process(index)
-    try:
+    with ServeProcess(index) as service:
+        url = service.url
         load_round(url, queries, clients, 2.0)  # warm-up
         rates = {name: [] for name in CONFIGS}
         samples = {name: [] for name in CONFIGS}
         for _ in range(rounds):
             for name, args in CONFIGS.items():
-                exporter = Exporter(process.pid, args) if args is not None else None
+                exporter = Exporter(service.pid, args) if args is not None else None
                 try:
                     rate, lat = load_round(url, queries, clients, round_s)
                     if exporter is not None:
@@ -104,9 +104,6 @@ def service_overhead(index: Path, queries: list[str], clients: int, round_s: flo
                         exporter.close()
                 rates[name].append(rate)
                 samples[name].extend(lat)
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
     # Each round runs the configurations back to back, so a per-round ratio cancels most of the load that
     # other processes put on the machine; the median of those ratios is the figure reported.
     def loss_pct(name: str) -> float:

@@ -20,12 +20,12 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from rag.api.server import start_serve_process
 from rag.embedding.embedder import OnnxEmbedder
 from rag.eval.beir import load_queries
 from rag.index import dense, sparse
 from rag.pipeline import RagPipeline
 from rag.settings import RagheatSettings
+from stack.servers import ServeProcess
 
 
 def pct(values, q) -> float:
@@ -87,10 +87,9 @@ def main() -> None:
     results["pipeline_in_process_ms"] = summary(
         [timed(lambda q: pipeline.query(q, 5), queries) for _ in range(args.rounds)])
 
-    server, url = start_serve_process(args.index, env={**os.environ})
-    try:
+    with ServeProcess(args.index, env={**os.environ}) as server:
         stage_ms: dict[str, list[float]] = {}
-        with httpx.Client(base_url=url) as client:
+        with httpx.Client(base_url=server.url) as client:
             def ask(q):
                 body = client.post("/v1/query", json={"query": q, "top_k": 5}).raise_for_status().json()
                 for s in body["stages"]:
@@ -100,9 +99,6 @@ def main() -> None:
             stage_ms.clear()
             results["http_query_hybrid_ms"] = summary([timed(ask, queries) for _ in range(args.rounds)])
         results["server_stage_p50_ms"] = {k: statistics.median(v) for k, v in stage_ms.items()}
-    finally:
-        server.terminate()
-        server.wait(10)
 
     raw = (results[f"embed_query_{results['model_precision']}_ms"]["p50"] + results["faiss_search_ms"]["p50"]
            + results["bm25_search_ms"]["p50"])

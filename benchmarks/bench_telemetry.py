@@ -17,6 +17,7 @@ process. Measurements alternate between the servers so all see the same machine:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -32,8 +33,9 @@ import numpy as np
 from rag.eval.beir import load_queries
 from rag.pipeline import RagPipeline
 from rag.settings import RagheatSettings
-from rag.api.server import start_serve_process
-from telemetry.recorder import RequestInfo, Telemetry
+from rag.types import RequestRecord
+from stack.servers import ServeProcess
+from telemetry.recorder import Telemetry
 
 
 def cpu_seconds(pid: int) -> float:
@@ -43,7 +45,7 @@ def cpu_seconds(pid: int) -> float:
 
 RECEIVER = """
 import json, sys
-from telemetry.otlp_receiver import OtlpReceiver
+from stack.otlp_receiver import OtlpReceiver
 receiver = OtlpReceiver()
 with receiver as endpoint:
     print(endpoint, flush=True)
@@ -115,7 +117,7 @@ def recording_cost_us(settings: RagheatSettings, pipeline: RagPipeline, queries:
     start = time.perf_counter()
     for i in range(n):
         scope = telemetry.start("/v1/query")
-        telemetry.finish(scope, 200, RequestInfo(query=queries[i % 50], top_k=5, result=results[i % 50]))
+        telemetry.finish(scope, 200, RequestRecord(query=queries[i % 50], top_k=5, result=results[i % 50]))
     cost = (time.perf_counter() - start) / n * 1e6
     telemetry.shutdown()
     return cost
@@ -169,17 +171,13 @@ def main() -> None:
     env_on = {**base, "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint}  # metrics pushed every 10 s (the default)
     envs = {"off": (False, base), "on": (True, {**env_on, "RAGHEAT_TELEMETRY__TRACE_SAMPLE_RATIO": "1.0"}),
             "on_sampled": (True, {**env_on, "RAGHEAT_TELEMETRY__TRACE_SAMPLE_RATIO": str(args.sample_ratio)})}
-    servers = {name: start_serve_process(args.index, () if telemetry else ("--no-telemetry",), env)
-               for name, (telemetry, env) in envs.items()}
-    try:
-        urls = {name: url for name, (_, url) in servers.items()}
-        pids = {name: process.pid for name, (process, _) in servers.items()}
+    with contextlib.ExitStack() as running:
+        servers = {name: running.enter_context(ServeProcess(args.index, () if telemetry else ("--no-telemetry",), env))
+                   for name, (telemetry, env) in envs.items()}
+        urls = {name: server.url for name, server in servers.items()}
+        pids = {name: server.pid for name, server in servers.items()}
         report = {"latency_c1": latency_interleaved(urls, queries, args.rounds),
                   "throughput": throughput_rounds(urls, pids, queries, args.clients, args.round_s, args.rounds)}
-    finally:
-        for process, _ in servers.values():
-            process.terminate()
-            process.wait(15)
     receiver_cpu = cpu_seconds(receiver.pid)
     receiver.stdin.close()
     # Proof that "on" really exported: what reached the receiver over OTLP/HTTP.

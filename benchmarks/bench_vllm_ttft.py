@@ -23,11 +23,11 @@ import httpx
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from rag.api.server import free_port
-from rag.generation.tiny_llama import build_tiny_llama
-from rag.generation.vllm_server import VllmServer
 from rag.pipeline import RagPipeline
 from rag.settings import RagheatSettings
+from stack.children import free_port
+from stack.tiny_llama import build_tiny_llama
+from stack.vllm import VllmServer
 from telemetry.metrics import VLLM_NATIVE_METRICS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -87,11 +87,11 @@ def main() -> None:
     if model is None:
         texts = [json.loads(line)["text"] for _, line in zip(range(1000), open(args.beir / "corpus.jsonl"))]
         model = build_tiny_llama(work / "tiny-llama", texts)
-    server = VllmServer(model, port=free_port(), served_name="tiny", max_model_len=1024,
-                        max_num_seqs=4, block_size=32, work_dir=work / "vllm",
+    base = RagheatSettings()
+    server = VllmServer(model, port=free_port(), python=base.generation.vllm_python, served_name="tiny",
+                        max_model_len=1024, max_num_seqs=4, block_size=32, work_dir=work / "vllm",
                         load_format="dummy" if args.model is None else "auto")
     with server:  # its folder is removed below; the server's log is in it while it runs
-        base = RagheatSettings()
         generation = base.generation.model_copy(update={
             "generator": "openai", "base_url": server.url, "max_tokens": args.max_tokens, "passages": 1,
             "first_token_timeout_s": 30.0})

@@ -7,7 +7,7 @@ from dashboards import contract
 from dashboards.slo import (BURN_ALERTS, QUANTILE_WINDOW_S, SLI_WINDOWS_S, SLO_PERIOD_S, SLOS, Profile,
                             sli_error_record, stage_quantile_record)
 from dashboards.spec import RATE_INTERVAL, Board, Panel, Query, Variable
-from telemetry.buckets import SLO_SECONDS
+from rag.slo import SLO_SECONDS
 
 
 def _rate(series: str, selector: str = "") -> str:
@@ -21,6 +21,7 @@ def _heatmap(title: str, family: str, selector: str = "", **options) -> Panel:
 
 
 def latency_board(profile: Profile) -> Board:
+    """RAG latency: per-stage heatmaps, end-to-end percentiles, load, errors."""
     stage, request = contract.STAGE_DURATION, contract.REQUEST_DURATION
     load = 'qps_bucket=~"$qps_bucket"'
     answered = f'outcome="ok", {load}'
@@ -56,6 +57,7 @@ def latency_board(profile: Profile) -> Board:
 
 
 def slo_board(profile: Profile) -> Board:
+    """SLO: each objective's SLI, remaining error budget and burn rates."""
     panels: list[Panel] = []
     short = profile.window(min(SLI_WINDOWS_S))
     period = profile.window(SLO_PERIOD_S)
@@ -82,7 +84,8 @@ def slo_board(profile: Profile) -> Board:
 
 
 def vllm_board(profile: Profile) -> Board:
-    native, ours = contract.VLLM_NATIVE, contract.VLLM
+    """vLLM: TTFT and inter-token latency (engine and client side), KV cache, queueing, preemptions."""
+    native, ours, client = contract.VLLM_NATIVE, contract.VLLM, contract.GENERATION
 
     def gauge(title: str, unit: str, *pairs: tuple[str, str]) -> Panel:
         return Panel(title, "timeseries", tuple(Query(f"sum({name})", legend, (name,)) for name, legend in pairs),
@@ -90,9 +93,9 @@ def vllm_board(profile: Profile) -> Board:
 
     panels = (
         _heatmap("Time to first token (vLLM engine)", native["ttft"]),
-        _heatmap("Time to first token (ragheat client)", ours["ttft"]),
+        _heatmap("Time to first token (ragheat client)", client["ttft"]),
         _heatmap("Inter-token latency (vLLM engine)", native["inter_token"]),
-        _heatmap("Inter-token latency (ragheat client)", ours["inter_token"]),
+        _heatmap("Inter-token latency (ragheat client)", client["inter_token"]),
         gauge("KV-cache usage", "percentunit", (native["kv_usage"], "vLLM"), (ours["kv_usage"], "ragheat plugin")),
         gauge("Running / waiting requests", "short", (native["running"], "running"), (native["waiting"], "waiting")),
         Panel("Preemptions", "timeseries",
@@ -107,6 +110,7 @@ def vllm_board(profile: Profile) -> Board:
 
 
 def kernel_board(profile: Profile) -> Board:
+    """Kernel: run-queue, off-CPU and syscall latency by stage (eBPF), TCP retransmits."""
     k = contract.KERNEL
     panels = (
         _heatmap("Run-queue latency: $stage", k["runqueue"], 'stage=~"$stage"', repeat="stage", width=8,
@@ -125,4 +129,5 @@ def kernel_board(profile: Profile) -> Board:
 
 
 def all_boards(profile: Profile) -> tuple[Board, ...]:
+    """Every board for ``profile``, in display order."""
     return tuple(build(profile) for build in (latency_board, slo_board, vllm_board, kernel_board))

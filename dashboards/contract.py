@@ -1,29 +1,14 @@
-"""Metric names the dashboards and rules read, taken from the telemetry contract (``telemetry.metrics``).
-
-The service's own families are read off the metric objects that ``telemetry.metrics.PrometheusMetrics``
-registers (on a throw-away registry), so a rename there reaches every panel and rule; the kernel and vLLM
-families come from the contract's name maps. Nothing here spells a metric name.
+"""Metric names the dashboards and rules read, taken from the telemetry contract's one table
+(``telemetry.metrics.METRICS``), so a rename there reaches every panel and rule. Nothing here spells a metric name.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry
+from telemetry.metrics import (GENERATION_METRICS, KERNEL_METRICS, SERVICE_METRICS, VLLM_METRICS,
+                               VLLM_NATIVE_METRICS)
 
-from telemetry.metrics import KERNEL_METRICS, VLLM_METRICS, VLLM_NATIVE_METRICS, PrometheusMetrics
-
-
-def _service_families() -> dict[str, str]:
-    """Role (the ``PrometheusMetrics`` attribute) -> name as Prometheus stores it (counters get ``_total``)."""
-    metrics = PrometheusMetrics(CollectorRegistry(), qps_labels=("0-1",))
-    names = {}
-    for role in ("stage_duration", "request_duration", "requests", "in_flight", "qps", "retrieved",
-                 "stage_errors", "telemetry_dropped"):
-        family = next(iter(getattr(metrics, role).describe()))
-        names[role] = family.name + "_total" if family.type == "counter" else family.name
-    return names
-
-
-SERVICE = _service_families()
+SERVICE = SERVICE_METRICS
+"""Role -> name as Prometheus stores it (counters end in ``_total``) of the service's own families."""
 STAGE_DURATION = SERVICE["stage_duration"]
 REQUEST_DURATION = SERVICE["request_duration"]
 REQUESTS = SERVICE["requests"]
@@ -32,14 +17,17 @@ QPS = SERVICE["qps"]
 STAGE_ERRORS = SERVICE["stage_errors"]
 TELEMETRY_DROPPED = SERVICE["telemetry_dropped"]
 
+GENERATION = GENERATION_METRICS
 KERNEL = KERNEL_METRICS
 VLLM = VLLM_METRICS
 VLLM_NATIVE = VLLM_NATIVE_METRICS
 
 
 def bucket(family: str) -> str:
+    """The series of a histogram's buckets."""
     return family + "_bucket"
 
 
 def count(family: str) -> str:
+    """The series of a histogram's observation count."""
     return family + "_count"

@@ -73,6 +73,7 @@ def _layout(board: Board) -> list[g.Panel]:
 
 
 def dashboard(board: Board) -> g.Dashboard:
+    """The grafanalib ``Dashboard`` of a board."""
     templates = [g.Template(name=v.name, label=v.name, query=f"label_values({v.metric}, {v.label})",
                             dataSource=DATASOURCE, includeAll=True, multi=True, allValue=".*", default="$__all",
                             refresh=g.REFRESH_ON_TIME_RANGE_CHANGE)

@@ -12,6 +12,8 @@ class PrometheusQueryError(RagheatError):
 
 
 class PrometheusApi:
+    """The few calls of Prometheus's HTTP API the checks and snapshots need."""
+
     def __init__(self, url: str, timeout_s: float = 10.0) -> None:
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s

@@ -1,6 +1,6 @@
 """The service level objectives, their windows, and the Prometheus rules and Alertmanager routes built from them.
 
-Two objectives over 30 days: 99 % of answered requests within ``telemetry.buckets.SLO_SECONDS`` (420 ms), read
+Two objectives over 30 days: 99 % of answered requests within ``rag.slo.SLO_SECONDS`` (420 ms), read
 off the histogram's exact ``le="0.42"`` bucket, and 99.9 % of requests not failing with a 5xx. Each gets the
 multi-window, multi-burn-rate alerts of the SRE workbook (chapter 5, "Alerting on SLOs"):
 
@@ -26,13 +26,12 @@ from dataclasses import dataclass
 from prometheus_client.utils import floatToGoString
 
 from dashboards import contract
-from telemetry.buckets import LATENCY_SECONDS, SLO_SECONDS
+from rag.slo import SLO_SECONDS
 
 MINUTE, HOUR, DAY = 60, 3600, 86400
 SLO_PERIOD_S = 30 * DAY
 SLO_LE = floatToGoString(SLO_SECONDS)
 """The ``le`` label value of the SLO bucket, spelled exactly as prometheus_client writes it."""
-assert SLO_SECONDS in LATENCY_SECONDS, "the latency SLO must be an exact bucket edge"
 
 QUANTILES = (0.5, 0.95, 0.99)
 QUANTILE_WINDOW_S = 5 * MINUTE
@@ -67,6 +66,8 @@ PROFILES = {p.name: p for p in (PRODUCTION, TEST)}
 
 @dataclass(frozen=True)
 class BurnAlert:
+    """One multi-window burn-rate alert: its factor, long and short windows, and severity."""
+
     severity: str      # page | ticket: the Alertmanager route
     speed: str         # fast | medium | slow: a stable label for dashboards and silences
     factor: float      # burn rate: how many times faster than "exactly spend the budget in 30 days"
@@ -85,6 +86,8 @@ STAGE_P99_WINDOWS_S = tuple(sorted({QUANTILE_WINDOW_S} | {a.short_s for a in BUR
 
 @dataclass(frozen=True)
 class Slo:
+    """An objective: the share of good requests over the period, and what makes one bad."""
+
     name: str
     title: str
     objective: float
@@ -123,14 +126,17 @@ def sli_error_record(window: str) -> str:
 
 
 def stage_quantile_record(quantile: float, profile: Profile, window_s: int = QUANTILE_WINDOW_S) -> str:
+    """Name of the recording rule holding a per-stage latency quantile over the profile's window."""
     return f"stage:{contract.STAGE_DURATION}:p{round(quantile * 100):d}_rate{profile.window(window_s)}"
 
 
 def alert_name(slo: Slo) -> str:
+    """The alert name of an SLO's burn-rate alerts."""
     return f"Ragheat{slo.title}BudgetBurn"
 
 
 def stage_template(slo: Slo, profile: Profile, short_s: int) -> str:
+    """Annotation text naming the stage most likely to blame (a Prometheus template query)."""
     fallback = "unknown" if slo is LATENCY else "none (no pipeline stage failed)"
     # Go template, evaluated by Prometheus at each evaluation: a query, not a label, so the alert keeps one
     # identity even if the slowest stage changes while it fires.
@@ -142,6 +148,7 @@ def _duration(seconds: float) -> str:
 
 
 def alert_rule(slo: Slo, alert: BurnAlert, profile: Profile) -> dict:
+    """The Prometheus alerting rule of one SLO and one burn-rate alert."""
     long, short = profile.window(alert.long_s), profile.window(alert.short_s)
     threshold = f"({alert.factor:g} * {slo.budget:g})"
     expr = (f'{sli_error_record(long)}{{slo="{slo.name}"}} > {threshold}\n'

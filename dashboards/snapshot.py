@@ -22,6 +22,8 @@ COLUMNS = 3
 
 @dataclass(frozen=True)
 class Heatmap:
+    """Bucket rates over time for one heatmap panel, ready to draw."""
+
     title: str
     times: np.ndarray       # unix seconds, one per column
     edges: np.ndarray       # bucket boundaries, len(rows) + 1
@@ -31,6 +33,8 @@ class Heatmap:
 
 @dataclass(frozen=True)
 class SnapshotResult:
+    """The PNGs written, and the heatmaps skipped (each with why)."""
+
     written: list[Path]
     skipped: list[str]      # "board / panel: why", one per heatmap that had nothing to draw
 
@@ -81,6 +85,7 @@ def _panel_heatmaps(api: PrometheusApi, board: Board, panel: Panel, rate_window:
 
 
 def draw(board: Board, heatmaps: list[Heatmap], path: Path, unit: str = "s") -> Path:
+    """Draw one board's heatmaps to ``path``."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -17,6 +17,8 @@ RATE_INTERVAL = "$__rate_interval"
 
 @dataclass(frozen=True)
 class Query:
+    """One PromQL expression of a panel, its legend, and the families it reads."""
+
     expr: str
     legend: str = ""
     sources: tuple[str, ...] = ()
@@ -35,6 +37,8 @@ class Variable:
 
 @dataclass(frozen=True)
 class Panel:
+    """One panel: title, kind, queries and display options."""
+
     title: str
     kind: Literal["heatmap", "timeseries", "stat"]
     queries: tuple[Query, ...]
@@ -51,6 +55,8 @@ class Panel:
 
 @dataclass(frozen=True)
 class Board:
+    """One dashboard: its panels and template variables."""
+
     uid: str
     title: str
     description: str

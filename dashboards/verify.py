@@ -19,6 +19,8 @@ SERIES_SUFFIXES = ("", "_bucket", "_count", "_sum", "_total")
 
 @dataclass(frozen=True)
 class QueryCheck:
+    """The outcome of running one panel query: ok, empty, absent (source not running) or error."""
+
     board: str
     panel: str
     legend: str
@@ -32,10 +34,12 @@ class QueryCheck:
 
 
 def family_present(family: str, names: set[str]) -> bool:
+    """True when Prometheus has any series of ``family``."""
     return any(family + suffix in names for suffix in SERIES_SUFFIXES)
 
 
 def check_boards(api: PrometheusApi, boards: Iterable[Board], rate_window: str) -> list[QueryCheck]:
+    """Run every query of ``boards`` against Prometheus; one ``QueryCheck`` each."""
     names = api.metric_names()
     checks = []
     for board in boards:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rag.slo import SLO_MS, SLO_SECONDS
 from rag.stages import STAGES
 from telemetry.buckets import LATENCY_SECONDS
 
@@ -48,6 +49,7 @@ def _series(results: dict) -> tuple[dict[str, list[float]], dict[str, list[float
 
 
 def render_report(results_path: Path, out_dir: Path | None = None) -> Path:
+    """Write ``report.html`` and its PNGs next to ``results.json``; returns the report's path."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -70,7 +72,7 @@ def render_report(results_path: Path, out_dir: Path | None = None) -> Path:
                          norm=LogNorm(vmin=1e-4, vmax=1))
         ax.set_xticks(range(len(names)), names, rotation=30, ha="right")
         ax.set_yticks(range(len(labels)), labels, fontsize=7)
-        ax.axhline(list(LATENCY_SECONDS).index(0.42) + 0.5, color="tab:blue", lw=1, ls="--")
+        ax.axhline(list(LATENCY_SECONDS).index(SLO_SECONDS) + 0.5, color="tab:blue", lw=1, ls="--")
         ax.set_ylabel("latency bucket (ms)")
         ax.set_title(f"share of requests per latency bucket, whole sweep (--- = SLO {results['slo_ms']:g} ms)")
         fig.colorbar(mesh, ax=ax, label="share of the stage's requests")
@@ -85,8 +87,9 @@ def render_report(results_path: Path, out_dir: Path | None = None) -> Path:
             ax.imshow(np.where(grid.T > 0, grid.T, np.nan), aspect="auto", origin="lower", cmap="viridis",
                       norm=LogNorm(vmin=1, vmax=max(1, grid.max())),
                       extent=[time_bins[0], time_bins[-1], 0, len(labels)])
-            ax.set_yticks([0.5, list(LATENCY_SECONDS).index(0.01) + 0.5, list(LATENCY_SECONDS).index(0.42) + 0.5],
-                          ["0.5 ms", "10 ms", "420 ms"], fontsize=7)
+            rows = list(LATENCY_SECONDS)
+            ax.set_yticks([0.5, rows.index(0.01) + 0.5, rows.index(SLO_SECONDS) + 0.5],
+                          ["0.5 ms", "10 ms", f"{SLO_MS:g} ms"], fontsize=7)
             ax.set_ylabel(name, rotation=0, ha="right", fontsize=8)
         axes[-1, 0].set_xlabel("seconds into the sweep (steps back to back, warm-ups left out)")
         fig.suptitle("latency over time per stage (colour: requests per cell)")

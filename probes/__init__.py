@@ -2,4 +2,5 @@
 
 ``program`` (the C program and the tracepoint facts it needs), ``loader`` (attach, read the maps),
 ``stats`` (plain data: thread name -> stage, log2 slots -> buckets), ``collector`` (Prometheus export),
-``cli`` (``ragheat probes``), ``inprocess`` (inside ``ragheat serve``). See docs/probes.md."""
+``inprocess`` (inside ``ragheat serve``); the ``ragheat probes`` command is ``ragheat.commands.probes``.
+See docs/probes.md."""

@@ -14,15 +14,13 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, M
 from prometheus_client.utils import floatToGoString
 
 from probes.stats import TCP_STATE_LABELS, KernelSnapshot, Log2Histogram
-from telemetry.metrics import KERNEL_METRICS, KERNEL_STAGES, OFFCPU_REASONS, SYSCALL_FAMILIES
+from telemetry.metrics import KERNEL_STAGES, OFFCPU_REASONS, SYSCALL_FAMILIES, MetricSpec, specs
 
-HELP = {
-    "runqueue": "Time a thread of the service waited for a CPU (woken or preempted until it ran), by RAG stage.",
-    "offcpu": "Time a thread of the service spent off the CPU, from leaving it until running again, by RAG stage "
-              "and why it left (preempted, blocked, uninterruptible).",
-    "syscall": "Time a system call of the service took from entry to exit, by RAG stage and system-call family.",
-    "tcp_retransmits": "TCP segments retransmitted on the service's connections, by TCP state.",
-}
+SPECS = specs("kernel")
+
+
+def _family(kind, spec: MetricSpec) -> Metric:
+    return kind(spec.base_name, spec.help, labels=list(spec.labels))
 
 
 def _histogram(family: HistogramMetricFamily, labels: list[str], hist: Log2Histogram | None) -> None:
@@ -51,8 +49,8 @@ class KernelCollector:
 
     def _families(self, snap: KernelSnapshot | None) -> Iterator[Metric]:
         if self.scheduler:
-            runqueue = HistogramMetricFamily(KERNEL_METRICS["runqueue"], HELP["runqueue"], labels=["stage"])
-            offcpu = HistogramMetricFamily(KERNEL_METRICS["offcpu"], HELP["offcpu"], labels=["stage", "reason"])
+            runqueue = _family(HistogramMetricFamily, SPECS["runqueue"])
+            offcpu = _family(HistogramMetricFamily, SPECS["offcpu"])
             if snap is not None:
                 for stage in KERNEL_STAGES:
                     _histogram(runqueue, [stage], snap.runqueue.get(stage))
@@ -61,15 +59,14 @@ class KernelCollector:
             yield runqueue
             yield offcpu
         if self.syscalls:
-            syscall = HistogramMetricFamily(KERNEL_METRICS["syscall"], HELP["syscall"], labels=["stage", "family"])
+            syscall = _family(HistogramMetricFamily, SPECS["syscall"])
             if snap is not None:
                 for stage in KERNEL_STAGES:
                     for family in SYSCALL_FAMILIES:
                         _histogram(syscall, [stage, family], snap.syscall.get((stage, family)))
             yield syscall
         if self.tcp_retransmits:
-            retransmits = CounterMetricFamily(KERNEL_METRICS["tcp_retransmits"], HELP["tcp_retransmits"],
-                                              labels=["state"])
+            retransmits = _family(CounterMetricFamily, SPECS["tcp_retransmits"])
             if snap is not None:
                 for state in TCP_STATE_LABELS:
                     retransmits.add_metric([state], snap.tcp_retransmits.get(state, 0))

@@ -29,6 +29,7 @@ def listening_sockets(proc: Path = Path("/proc"), netns_of: int | None = None) -
 
 
 def socket_inodes(pid: int, proc: Path = Path("/proc")) -> set[int]:
+    """Inodes of the sockets process ``pid`` holds open."""
     inodes = set()
     fd_dir = proc / str(pid) / "fd"
     try:

@@ -23,6 +23,7 @@ class ProbesUnavailable(RuntimeError):
 
 
 def effective_capabilities(status: Path = Path("/proc/self/status")) -> int:
+    """This process's effective capability bits (from /proc/self/status)."""
     for line in status.read_text().splitlines():
         if line.startswith("CapEff:"):
             return int(line.split()[1], 16)
@@ -39,6 +40,7 @@ def missing_privileges(caps: int | None = None) -> list[str]:
 
 
 def check_privileges(caps: int | None = None) -> None:
+    """Raise ``ProbesUnavailable`` naming the capabilities eBPF needs when this process lacks them."""
     missing = missing_privileges(caps)
     if missing:
         raise ProbesUnavailable(

@@ -85,6 +85,7 @@ def parse_switch_state_bits(format_text: str, where: str = "sched_switch format"
 
 
 def read_switch_state_bits(tracefs: Path) -> SwitchStateBits:
+    """The ``prev_state`` bits of ``sched_switch`` on this kernel, read from its format file."""
     path = tracefs / "events" / "sched" / "sched_switch" / "format"
     try:
         return parse_switch_state_bits(path.read_text(), str(path))

@@ -31,6 +31,7 @@ def stage_of(comm: bytes) -> str:
 
 
 def tcp_state_label(state: int) -> str:
+    """The ``state`` label of a kernel TCP state number (``other`` for an unknown one)."""
     return TCP_STATES[state - 1] if 1 <= state <= len(TCP_STATES) else "other"
 
 
@@ -110,6 +111,7 @@ assert set(_FAMILY_NAMES) | {"other"} == set(SYSCALL_FAMILIES)
 
 
 def family_of(syscall_name: str) -> str:
+    """The system-call family (label) of a syscall name."""
     return SYSCALL_FAMILY_BY_NAME.get(syscall_name, "other")
 
 

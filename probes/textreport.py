@@ -24,6 +24,7 @@ def format_histogram(title: str, hist: Log2Histogram) -> str:
 
 
 def format_snapshot(snap: KernelSnapshot) -> str:
+    """Text histograms of a ``KernelSnapshot``, one per stage and probe (``ragheat probes --print``)."""
     parts = []
     for stage, hist in sorted(snap.runqueue.items()):
         parts.append(format_histogram(f"run-queue latency, stage={stage}", hist))

@@ -38,4 +38,5 @@ class StageError(RagheatError):
 
     @classmethod
     def from_exception(cls, stage: str, exc: BaseException) -> "StageError":
+        """``exc`` itself if it already names a stage, else a ``StageError`` for ``stage``."""
         return exc if isinstance(exc, StageError) else cls(stage, exc)

@@ -19,33 +19,50 @@ from rag.generation.extractive import ExtractiveGenerator
 from rag.generation.llm import GeneratorUnavailable
 from rag.generation.support import SupportChecker
 from rag.index.store import LoadedIndex, load_index
+from rag.protocols import (AnswerCache, Embedder, Fuser, Generator, GraphStore, Reranker, Retriever, Router,
+                           StreamingGenerator, SupportCheck)
 from rag.retrieval.fusion import WeightedRRF
 from rag.retrieval.lexical import LexicalAnalyzer
 from rag.retrieval.retrievers import BM25Retriever, DenseRetriever
-from rag.settings import RagheatSettings
+from rag.settings import GenerationSettings, RagheatSettings
 from rag.stages import RETRIEVERS, STAGES  # noqa: F401  (re-exported: the pipeline's closed sets)
 from rag.threadnames import original_name, set_name, stage_comm
-from rag.types import Chunk, FusionResult, GenerationResult, GenerationStats, Hit, QueryResult, Source, StageTiming
+from rag.types import (Chunk, FusionResult, GenerationResult, GenerationStats, Hit, PipelineDescription, QueryResult,
+                       Source, StageTiming)
 
 
 class RagPipeline:
-    """Owns the loaded index and the stage implementations.
+    """Owns the loaded index and the stage implementations, each typed by its Protocol (``rag.protocols``).
 
     >>> pipeline = RagPipeline(RagheatSettings(), Path("data/index")); pipeline.warm_up()
     >>> pipeline.query("what causes tides?", top_k=5).answer
+    >>> pipeline.close()
     """
 
     def __init__(self, settings: RagheatSettings, index_dir: Path) -> None:
         self.settings = settings
         self.index_dir = Path(index_dir)
         self.index: LoadedIndex | None = None
-        self.embedder: OnnxEmbedder | None = None
-        self.llm = None  # a streaming generator (rag.generation.llm); None = extractive only
+        # The stages, set by warm_up(). The query path runs, in order: router (admission) -> cache -> embedder
+        # -> retrievers | graph -> fuser -> reranker -> llm (or generator) -> support; None = not in the path.
+        self.embedder: Embedder | None = None
+        self.retrievers: dict[str, Retriever] = {}
+        self.fuser: Fuser | None = None
+        self.generator: Generator | None = None  # extractive: the answer, or the fallback when the llm fails
+        self.llm: StreamingGenerator | None = None  # a language model; None = extractive only
+        self.support: SupportCheck | None = None
+        # Declared for the stages that come next (knowledge graph, reranker, answer cache, admission); none of
+        # them is built or called yet.
+        self.graph: GraphStore | None = None
+        self.reranker: Reranker | None = None
+        self.cache: AnswerCache | None = None
+        self.router: Router | None = None
         self._stage_options = _StageOptions(settings.server.stage_thread_names, settings.faults.delay_stage,
                                             settings.faults.delay_ms / 1000)
 
     @property
     def ready(self) -> bool:
+        """True once ``warm_up()`` has loaded the index and every stage."""
         return self.index is not None
 
     def warm_up(self) -> None:
@@ -74,6 +91,24 @@ class RagPipeline:
             self.llm.warm_up()
         self.embedder = embedder
         self.index = index
+
+    def describe(self) -> PipelineDescription:
+        """What this (warmed-up) pipeline serves: index, corpus, models, and where an in-process engine's
+        metrics are written."""
+        if not self.ready:
+            raise RuntimeError("RagPipeline.warm_up() has not run")
+        manifest = self.index.manifest
+        return PipelineDescription(
+            index_folder=self.index.folder, generation=manifest["generation"], corpus=manifest["corpus"]["name"],
+            chunks=manifest["counts"]["chunks"], embedding_model=manifest["model"]["name"],
+            generator=self.settings.generation.generator,
+            engine_metrics_dir=None if self.llm is None or self.llm.metrics_dir is None else Path(self.llm.metrics_dir))
+
+    def close(self) -> None:
+        """Release what ``warm_up()`` opened outside this process's memory: the model client's connections, or
+        the in-process engine's processes. Idempotent."""
+        if self.llm is not None:
+            self.llm.close()
 
     def retrieve(self, query: str, k: int, retrievers: Sequence[str] | None = None,
                  stages: list[StageTiming] | None = None, counts: dict[str, int] | None = None) -> FusionResult:
@@ -173,7 +208,7 @@ class RagPipeline:
         return list(seen.items())
 
 
-def _make_llm(settings):
+def _make_llm(settings: GenerationSettings) -> StreamingGenerator:
     if settings.generator == "openai":
         from rag.generation.llm import OpenAIStreamGenerator
 

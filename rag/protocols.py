@@ -1,20 +1,30 @@
-"""One Protocol per pipeline stage. Every backend implements the same typed call.
+"""The pipeline's contract: one Protocol per stage. Every backend implements the same typed call, and
+``RagPipeline`` declares each of its stage attributes by these types, never by a concrete class.
 
-Constructors are cheap and validate; ``warm_up()`` loads models and indexes (Haystack 2 style),
-so the FastAPI lifespan decides when the expensive work happens.
+Constructors are cheap and validate; ``warm_up()`` loads models, indexes and clients (Haystack 2 style), so the
+FastAPI lifespan decides when the expensive work happens; ``close()`` releases what ``warm_up()`` opened.
+
+The stages that run today: ``Embedder``, ``Retriever``, ``Fuser``, ``Generator`` (extractive, and the fallback),
+``StreamingGenerator`` (a language model, token by token) and ``SupportCheck``. Declared for the stages that come
+next, so they plug into a typed seam: ``Reranker``, ``GraphStore`` (knowledge graph), ``AnswerCache`` and ``Router``
+(admission: which path a request takes, or none). docs/architecture.md says how a new stage plugs in.
 """
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence, runtime_checkable
+from pathlib import Path
+from typing import Iterator, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from rag.types import Chunk, EmbeddingResult, FusionResult, GenerationResult, RetrievalResult
+from rag.types import (CacheKey, Chunk, EmbeddingResult, FusionResult, GenerationResult, GraphFact, GraphResult,
+                       QueryResult, RerankResult, RetrievalResult, Route, SentenceSupport)
 
 
 @runtime_checkable
 class Embedder(Protocol):
+    """Turns a query into the vector the dense index was built with (and texts into many, at ingest)."""
+
     def warm_up(self) -> None: ...
 
     def embed_query(self, text: str) -> EmbeddingResult: ...
@@ -33,6 +43,8 @@ class Retriever(Protocol):
 
 @runtime_checkable
 class Fuser(Protocol):
+    """Merges several retrievers' rankings into one of ``k`` hits."""
+
     def fuse(self, results: Sequence[RetrievalResult], k: int) -> FusionResult: ...
 
 
@@ -43,3 +55,85 @@ class Generator(Protocol):
     name: str
 
     def generate(self, query: str, passages: Sequence[Chunk]) -> GenerationResult: ...
+
+
+@runtime_checkable
+class TokenStream(Protocol):
+    """The pieces of one streamed answer as they arrive. ``output_tokens`` is the model's count once the stream
+    has ended (0 if it sent none) and ``model`` the model that answered; iterate to the end, or ``close()`` to stop
+    early (the model's request is aborted)."""
+
+    output_tokens: int
+    model: str
+
+    def __iter__(self) -> Iterator[str]: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class StreamingGenerator(Protocol):
+    """A language model writing the answer token by token. The pipeline times the stream (``generate_prefill``,
+    ``generate_decode``) and falls back to the extractive ``Generator`` when iterating raises
+    ``rag.generation.llm.GeneratorUnavailable``. ``metrics_dir`` is where a child process of the generator writes
+    its Prometheus metrics for the service to serve (an in-process vLLM engine), or None."""
+
+    name: str
+    metrics_dir: Path | None
+
+    def warm_up(self) -> None: ...
+
+    def stream(self, query: str, passages: Sequence[Chunk]) -> TokenStream: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class SupportCheck(Protocol):
+    """Scores each sentence of a written answer against the passages it cites (the ``support_check`` stage)."""
+
+    def check(self, answer: str, passages: Sequence[Chunk]) -> tuple[SentenceSupport, ...]: ...
+
+
+@runtime_checkable
+class Reranker(Protocol):
+    """Reorders fused candidates by reading them with the query (a cross-encoder, say); returns at most ``k``."""
+
+    name: str
+
+    def warm_up(self) -> None: ...
+
+    def rerank(self, query: str, candidates: Sequence[Chunk], k: int) -> RerankResult: ...
+
+
+@runtime_checkable
+class GraphStore(Protocol):
+    """A knowledge graph of the corpus: facts extracted from chunks at ingest (``add``), searched at query time
+    around the entities a query names (``neighbours``), each fact pointing back at the chunk that states it."""
+
+    name: str
+
+    def warm_up(self) -> None: ...
+
+    def add(self, facts: Sequence[GraphFact]) -> None: ...
+
+    def neighbours(self, entities: Sequence[str], hops: int, limit: int) -> GraphResult: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class AnswerCache(Protocol):
+    """Answers already given, looked up before any stage runs; a miss is ``None``."""
+
+    def get(self, key: CacheKey) -> QueryResult | None: ...
+
+    def put(self, key: CacheKey, result: QueryResult) -> None: ...
+
+
+@runtime_checkable
+class Router(Protocol):
+    """Admission: decides, before any stage runs, which path a request takes (retrievers, whether a language model
+    may answer) or sheds it with a reason, from the request and the service's own load."""
+
+    def route(self, query: str, top_k: int, retrievers: Sequence[str]) -> Route: ...

@@ -119,6 +119,12 @@ class GenerationSettings(_Section):
     vllm_max_model_len: int = Field(4096, ge=64, description="vllm: context length of the in-process engine")
     vllm_max_num_seqs: int = Field(16, ge=1, description="vllm: sequences the in-process engine batches")
     vllm_load_format: str = Field("auto", description="vllm: 'dummy' = random weights (tests, no weight files)")
+    vllm_metrics_dir: Path | None = Field(
+        None, description="vllm: folder where the engine-core process writes its metrics (its "
+                          "PROMETHEUS_MULTIPROC_DIR), served at /metrics; unset = `ragheat serve` makes a fresh one")
+    vllm_python: Path | None = Field(
+        None, description="interpreter of vLLM's own environment, for the vLLM servers `tune-vllm` and `stack up` "
+                          "start; unset = .venv-vllm/bin/python of this checkout")
 
     @model_validator(mode="after")
     def _check(self) -> "GenerationSettings":
@@ -162,6 +168,8 @@ class TelemetrySettings(_Section):
     export_batch_size: int = Field(512, ge=1, description="spans per OTLP request (sent sooner after 2 s)")
     export_timeout_s: float = Field(5.0, gt=0, description="one OTLP export attempt, retries included")
     service_name: str = Field("ragheat", min_length=1)
+    vllm_plugin: bool = Field(True, description="ragheat's hooks inside vLLM's processes (per-step KV-cache and token "
+                                                "metrics); false leaves vLLM untouched. Read by the plugin itself")
 
     @model_validator(mode="after")
     def _check(self) -> "TelemetrySettings":

@@ -1,11 +1,15 @@
-"""Plain data passed between stages. Each stage returns its result with its own timing."""
+"""Plain data passed between stages, and out of the pipeline to whoever observes it. Each stage returns its
+result with its own timing; nothing here imports a metrics or tracing library."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
+
+from rag.errors import StageError
 
 if TYPE_CHECKING:
     from rag.devicetime import DeviceTiming
@@ -42,6 +46,8 @@ class Hit:
 
 @dataclass(frozen=True)
 class EmbeddingResult:
+    """A query's vector, its token count and how long the model took."""
+
     vector: np.ndarray
     tokens: int
     seconds: float
@@ -50,6 +56,8 @@ class EmbeddingResult:
 
 @dataclass(frozen=True)
 class RetrievalResult:
+    """One retriever's ranked hits for a query, and how long it took."""
+
     retriever: str
     hits: list[Hit]
     seconds: float
@@ -58,12 +66,16 @@ class RetrievalResult:
 
 @dataclass(frozen=True)
 class FusionResult:
+    """The fused ranking of several retrievers' hits."""
+
     hits: list[Hit]
     seconds: float
 
 
 @dataclass(frozen=True)
 class AnswerSentence:
+    """One sentence of an extractive answer and the source it was copied from."""
+
     text: str
     citation: int  # 1-based number of the source it came from
 
@@ -95,6 +107,8 @@ class GenerationStats:
 
 @dataclass(frozen=True)
 class GenerationResult:
+    """An answer (extractive sentences or a written text) with how it was produced."""
+
     generator: str
     sentences: list[AnswerSentence]
     seconds: float
@@ -141,6 +155,8 @@ class Source:
 
 @dataclass
 class QueryResult:
+    """Everything one query produced: the answer, its sources, every stage's timing, and generation details."""
+
     answer: str
     generator: str
     sources: list[Source]
@@ -158,3 +174,98 @@ class QueryResult:
     @property
     def unsupported_sentences(self) -> int:
         return sum(not s.supported for s in self.support)
+
+
+@dataclass(frozen=True)
+class RerankResult:
+    """A reranker's new order of the candidates it was given (``Hit.score`` is its own score)."""
+
+    hits: list[Hit]
+    seconds: float
+
+
+@dataclass(frozen=True)
+class GraphFact:
+    """One edge of the knowledge graph, ``subject -relation-> object``, and the chunk that states it."""
+
+    subject: str
+    relation: str
+    object: str
+    chunk_id: int
+
+
+@dataclass(frozen=True)
+class GraphResult:
+    """Facts around the entities a query names, found in the knowledge graph, and how long the search took."""
+
+    facts: list[GraphFact]
+    seconds: float
+
+    @property
+    def chunk_ids(self) -> list[int]:
+        """The chunks stating the facts, first mention first."""
+        return list(dict.fromkeys(f.chunk_id for f in self.facts))
+
+
+@dataclass(frozen=True)
+class CacheKey:
+    """What makes two requests the same question for an answer cache: the normalised query, how many sources and
+    which retrievers were asked for, and the index generation that answered."""
+
+    query: str
+    top_k: int
+    retrievers: tuple[str, ...]
+    generation: str
+
+
+@dataclass(frozen=True)
+class Route:
+    """A router's decision before any stage runs: the retrievers to use and whether a language model may write
+    the answer, or ``rejected`` (a sentence) when the request is shed."""
+
+    retrievers: tuple[str, ...]
+    use_llm: bool = True
+    rejected: str | None = None
+
+
+@dataclass(frozen=True)
+class PipelineDescription:
+    """What a warmed-up pipeline serves, for whoever reports on it (telemetry, ``/readyz``, logs), so that
+    nobody reaches into the pipeline's stages."""
+
+    index_folder: Path
+    generation: str  # the index generation's name
+    corpus: str
+    chunks: int
+    embedding_model: str
+    generator: Literal["extractive", "openai", "vllm"]
+    engine_metrics_dir: Path | None = None  # where an in-process vLLM engine's child process writes its metrics
+
+
+REQUEST_RECORD_KEY = "rag"
+"""The attribute of Starlette's ``request.state`` (the key of the ASGI scope's ``state``) holding the
+``RequestRecord``."""
+
+
+@dataclass
+class RequestRecord:
+    """What the API learned about one query request, attached once to the request (``request.state.rag``) and
+    filled in as it goes: the query and ``top_k`` first, then the result or the error that ended it. Whoever
+    observes requests (telemetry's middleware) reads it when the response is complete; the API never calls them."""
+
+    query: str | None = None
+    top_k: int | None = None
+    result: QueryResult | None = None
+    error: BaseException | None = None
+
+    @property
+    def failed_stage(self) -> str | None:
+        """The pipeline stage whose failure ended the request, if one did."""
+        return self.error.stage if isinstance(self.error, StageError) else None
+
+    @property
+    def stages(self) -> list[StageTiming]:
+        """The stages that ran: all of them, or those up to (and including) the one that failed."""
+        if self.result is not None:
+            return self.result.stages
+        return self.error.stages if isinstance(self.error, StageError) else []

@@ -21,9 +21,9 @@ from typing import Callable, Literal
 import httpx
 import yaml
 
-from rag.api.server import free_port, wait_until_ok
 from rag.errors import ConfigurationError
 from stack import topology
+from stack.children import free_port, wait_until_ok
 from stack.processes import Managed, StackState
 
 DEFAULT_PORTS = {"api": 8000, "prometheus": 9090, "alertmanager": 9093, "alert-receiver": 9095, "probes": 9465,
@@ -38,6 +38,8 @@ class StackError(ConfigurationError):
 
 @dataclass
 class StackOptions:
+    """What ``ragheat stack up`` was asked for: the index, the state folder, ports, probes and vLLM."""
+
     index: Path
     folder: Path
     ports: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_PORTS))
@@ -48,6 +50,7 @@ class StackOptions:
 
 
 def ragheat_executable() -> str:
+    """The ``ragheat`` console script of this interpreter's environment."""
     return str(Path(sys.executable).parent / "ragheat")
 
 
@@ -79,7 +82,7 @@ def _vllm_plan(options: StackOptions, folder: Path) -> tuple[Path | None, str, s
     """(interpreter, model, note): whether and how vLLM runs; the note says why it does not."""
     if options.vllm_model == "off":
         return None, "", "vllm off (--vllm-model off)"
-    from rag.generation.vllm_server import vllm_python
+    from stack.vllm import vllm_python
 
     try:
         python = vllm_python(options.vllm_python)
@@ -92,7 +95,7 @@ def _vllm_plan(options: StackOptions, folder: Path) -> tuple[Path | None, str, s
         if not (model / "config.json").is_file():
             raise StackError(f"--vllm-model {model} is not a model folder (no config.json in it)")
         return python, str(model), None
-    from rag.generation.tiny_llama import build_tiny_llama
+    from stack.tiny_llama import build_tiny_llama
 
     # No weights can be downloaded here: a tiny Llama with random weights (vLLM's dummy loader) exercises
     # the engine, its metrics and the API's fallback; its text is noise. docs/stack.md: real models.
@@ -102,20 +105,16 @@ def _vllm_plan(options: StackOptions, folder: Path) -> tuple[Path | None, str, s
 
 
 def _vllm_argv(python: Path, model: str, port: int, tiny: bool) -> list[str]:
-    argv = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--served-model-name",
-            SERVED_MODEL, "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "4096", "--enforce-eager"]
-    return argv + (["--load-format", "dummy"] if tiny else [])
+    from stack.vllm import server_argv
+
+    args = ["--max-model-len", "4096", "--enforce-eager"] + (["--load-format", "dummy"] if tiny else [])
+    return server_argv(python, model, port, SERVED_MODEL, args)
 
 
 def _vllm_env(folder: Path) -> dict[str, str]:
-    from rag.generation.vllm_server import CPU_ENV
+    from stack.vllm import server_env
 
-    work = folder / "vllm"
-    shutil.rmtree(work / "prometheus", ignore_errors=True)  # values from an earlier run would be summed in
-    (work / "prometheus").mkdir(parents=True)
-    return {**CPU_ENV, **os.environ, "PROMETHEUS_MULTIPROC_DIR": str(work / "prometheus"),
-            "VLLM_CACHE_ROOT": str(work / "cache"), "VLLM_CONFIG_ROOT": str(work / "config"),
-            "HF_HOME": str(work / "hf"), "XDG_CACHE_HOME": str(work / "xdg")}
+    return server_env(folder / "vllm")
 
 
 def _wait(managed: Managed, url: str, timeout_s: float, hint: str = "") -> None:

@@ -10,36 +10,19 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from stack.children import ChildProcess, group_members, stat_fields, terminate
+
 STATE_FILE = "state.json"
-
-
-def _stat_fields(pid: int | str, proc: Path) -> list[str] | None:
-    """/proc/PID/stat after the command name (which may hold spaces or parentheses); None when gone."""
-    try:
-        return (proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
-def group_members(pgid: int, proc: Path = Path("/proc")) -> list[int]:
-    """Running (not zombie) processes of process group ``pgid``."""
-    members = []
-    for entry in os.listdir(proc):
-        if entry.isdigit() and (fields := _stat_fields(entry, proc)) and fields[0] != "Z" and int(fields[2]) == pgid:
-            members.append(int(entry))
-    return members
 
 
 def start_time(pid: int, proc: Path = Path("/proc")) -> int | None:
     """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat); None when gone."""
-    fields = _stat_fields(pid, proc)
+    fields = stat_fields(pid, proc)
     if fields is None or fields[0] == "Z":  # a zombie has exited, waiting to be reaped by its (new) parent
         return None
     return int(fields[19])
@@ -72,18 +55,8 @@ class Managed:
         """SIGTERM to its process group, then SIGKILL after ``timeout_s``; returns once the whole group is gone
         (vLLM's engine, a shell's children), including members left behind by a leader that died. A group
         that is not ours any more is left alone."""
-        if not self.running():
-            return
-        for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
-            try:
-                os.killpg(self.pid, sig)
-            except ProcessLookupError:
-                return
-            deadline = time.monotonic() + wait_s
-            while time.monotonic() < deadline:
-                if not group_members(self.pid):
-                    return
-                time.sleep(0.05)
+        if self.running():
+            terminate(lambda sig: os.killpg(self.pid, sig), lambda: not group_members(self.pid), timeout_s)
 
 
 @dataclass
@@ -119,13 +92,9 @@ class StackState:
     def spawn(self, name: str, argv: Sequence[str], env: dict[str, str] | None = None, url: str = "") -> Managed:
         """Start ``argv`` detached (own session, output to ``<folder>/logs/<name>.log``) and record it
         before returning, so a crash of ``up`` right after still leaves it findable by ``down``."""
-        logs = self.folder / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        log_path = logs / f"{name}.log"
-        with open(log_path, "wb") as log:
-            process = subprocess.Popen(list(argv), env=env, stdout=log, stderr=subprocess.STDOUT,
-                                       stdin=subprocess.DEVNULL, start_new_session=True)
-        managed = Managed(name, process.pid, start_time(process.pid) or 0, list(argv), str(log_path), url)
+        log_path = self.folder / "logs" / f"{name}.log"
+        child = ChildProcess(name, argv, log_path=log_path, env=env, stdin=subprocess.DEVNULL).start()
+        managed = Managed(name, child.pid, start_time(child.pid) or 0, list(argv), str(log_path), url)
         self.processes.append(managed)
         self.save()
         return managed

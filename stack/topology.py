@@ -32,6 +32,7 @@ SERVICE_COMPONENTS = {"prometheus:9090": "prometheus", "alert-receiver:9095": "a
 
 
 def load_yaml(path: Path) -> dict:
+    """A YAML file of the checkout; ``ConfigurationError`` naming it when missing or invalid."""
     try:
         return yaml.safe_load(path.read_text(encoding="utf-8"))
     except FileNotFoundError:

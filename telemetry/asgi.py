@@ -1,8 +1,8 @@
 """Wiring into the web app: a pure-ASGI middleware around the query routes and ``GET /metrics``.
 
-The endpoints leave what they learned on ``request.state`` (``rag_query``, ``rag_top_k``,
-``rag_result``, ``rag_error``); the middleware reads it when the response is complete, so the
-API code never calls telemetry and a telemetry failure can never fail a request.
+The routes attach one typed ``rag.types.RequestRecord`` to the request (``request.state.rag``: the query,
+``top_k``, then the result or the error that ended it); the middleware reads it when the response is complete,
+so the API code never calls telemetry and a telemetry failure can never fail a request.
 """
 
 from __future__ import annotations
@@ -11,11 +11,14 @@ from prometheus_client.exposition import choose_encoder
 from starlette.requests import Request
 from starlette.responses import Response
 
+from rag.types import REQUEST_RECORD_KEY, RequestRecord
 from telemetry.metrics import ROUTES
-from telemetry.recorder import RequestInfo, Telemetry
+from telemetry.recorder import Telemetry
 
 
 class TelemetryMiddleware:
+    """Times each query request and hands its ``RequestRecord`` and status to ``Telemetry.finish``."""
+
     def __init__(self, app, telemetry: Telemetry) -> None:
         self.app, self.telemetry = app, telemetry
 
@@ -36,10 +39,9 @@ class TelemetryMiddleware:
         try:
             await self.app(scope, receive, send_with_status)
         finally:
-            state = scope.get("state") or {}
-            info = RequestInfo(query=state.get("rag_query"), top_k=state.get("rag_top_k"),
-                               result=state.get("rag_result"), error=state.get("rag_error"))
-            self.telemetry.finish(request_scope, status, info)
+            # Absent when the request never reached a route (unreadable JSON, a body over the limit).
+            record = (scope.get("state") or {}).get(REQUEST_RECORD_KEY) or RequestRecord()
+            self.telemetry.finish(request_scope, status, record)
 
 
 def metrics_endpoint(telemetry: Telemetry):

@@ -6,9 +6,7 @@ that a change is always deliberate.
 
 from __future__ import annotations
 
-SLO_SECONDS = 0.42
-"""The end-to-end latency objective: 99 % of requests within 420 ms. It must be an exact bucket edge so
-that the SLI (share of requests <= 0.42 s) is read off ``le="0.42"`` without interpolation."""
+from rag.slo import SLO_SECONDS
 
 LATENCY_SECONDS: tuple[float, ...] = (
     0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075,
@@ -43,6 +41,8 @@ per running sequence (1..max_num_seqs) and a prefill step up to max_num_batched_
 VLLM_STEP_BLOCKS: tuple[float, ...] = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 """KV-cache blocks allocated or freed in one vLLM engine step: zero (the common decode step within a block)
 must stand out; a prefill of N tokens takes N/block_size blocks, a finished long request frees hundreds."""
+
+assert SLO_SECONDS in LATENCY_SECONDS, "the latency SLO (rag.slo) must be an exact bucket edge"
 
 BUCKET_SETS: dict[str, tuple[float, ...]] = {
     "latency_seconds": LATENCY_SECONDS,

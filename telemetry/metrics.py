@@ -1,52 +1,29 @@
-"""The Prometheus metrics contract: names, help, closed label sets. Recording lives in ``recorder.py``.
+"""The Prometheus metrics contract: one table of every family ragheat exports (name, type, help, labels, buckets)
+and the closed label sets. Recording lives in ``recorder.py``.
 
-Every label value comes from a closed set declared here (or in ``rag.stages.STAGES`` and the
-configured qps buckets); nothing user-controlled (query text, paths, ids) ever becomes a label.
+``METRICS`` is the single place a metric is named: ``PrometheusMetrics`` (the service), the vLLM plugin and the
+kernel probes' collector create their families from it, ``EXPECTED_METRICS`` (what a scrape must show) and the
+dashboards' contract (``dashboards.contract``) are read off it. Every label value comes from a closed set declared
+here (or in ``rag.stages.STAGES`` and the configured qps buckets); nothing user-controlled (query text, paths, ids)
+ever becomes a label.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Literal, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from rag.stages import RETRIEVERS, STAGES
-from telemetry.buckets import LATENCY_SECONDS, RETRIEVED_DOCUMENTS
+from telemetry.buckets import (KERNEL_LOG2_SECONDS, LATENCY_SECONDS, RETRIEVED_DOCUMENTS, VLLM_STEP_BLOCKS,
+                               VLLM_STEP_TOKENS)
 
 ROUTES = ("/v1/query", "/v1/query/stream")
 STAGE_OUTCOMES = ("ok", "error")
 REQUEST_OUTCOMES = ("ok", "rejected", "error")  # 2xx/3xx, 4xx (bad input, not ready), 5xx
 SIGNALS = ("spans", "metrics")
 DROP_REASONS = ("queue_full", "export_failed")
-
-EXPECTED_METRICS = [
-    "ragheat_stage_duration_seconds",
-    "ragheat_request_duration_seconds",
-    "ragheat_requests_in_flight",
-    "ragheat_qps",
-    "ragheat_retrieved_documents",
-    "ragheat_stage_errors_total",
-    "ragheat_requests_total",
-    "ragheat_telemetry_dropped_total",
-    "ragheat_generation_ttft_seconds",
-    "ragheat_generation_inter_token_seconds",
-    "ragheat_unsupported_sentences_total",
-    "ragheat_generation_degraded_total",
-    "ragheat_stage_device_seconds",
-]
-"""Metric families a scrape of a running service must contain (as prometheus_client's parser names them;
-counters are listed with ``_total``, which the parser strips from the family name)."""
-
-
-# Metric families exported by other processes, named here so that their exporters and the dashboards
-# (``dashboards/``) share one spelling. Each maps a role to the family name as Prometheus stores it.
-KERNEL_METRICS = {
-    "runqueue": "ragheat_kernel_runqueue_seconds",      # histogram {stage}: wakeup -> on CPU
-    "offcpu": "ragheat_kernel_offcpu_seconds",          # histogram {stage, reason}: off CPU -> back on
-    "syscall": "ragheat_kernel_syscall_seconds",        # histogram {stage, family}: enter -> exit
-    "tcp_retransmits": "ragheat_kernel_tcp_retransmits_total",  # counter {state}
-}
-"""``probes/`` (eBPF) exports these; buckets are ``telemetry.buckets.KERNEL_LOG2_SECONDS``."""
 KERNEL_STAGES = STAGES + ("http", "other")
 """Stage label values of the kernel metrics: a pipeline stage while a thread carries its ``rh:<stage>`` name
 (``rag.threadnames``), ``http`` for the server's event-loop thread, ``other`` for any other thread."""
@@ -56,23 +33,114 @@ KERNEL_TCP_STATES = ("established", "syn_sent", "syn_recv", "fin_wait1", "fin_wa
                      "close_wait", "last_ack", "listen", "closing", "new_syn_recv", "bound_inactive", "other")
 """``state`` label of the retransmit counter: the kernel's TCP states in their ABI order (TCP_ESTABLISHED = 1
 ... in include/net/tcp_states.h, as /proc/net/tcp numbers them), then ``other`` for anything newer."""
-
-VLLM_METRICS = {
-    "step_duration": "ragheat_vllm_step_duration_seconds",        # histogram {phase}
-    "scheduled_tokens": "ragheat_vllm_scheduled_tokens",          # histogram {phase}: tokens per engine step
-    "kv_blocks_allocated": "ragheat_vllm_kv_blocks_allocated",    # histogram: blocks allocated per step
-    "kv_blocks_freed": "ragheat_vllm_kv_blocks_freed",            # histogram: blocks freed per step
-    "kv_free_blocks": "ragheat_vllm_kv_free_blocks",              # gauge
-    "kv_usage": "ragheat_vllm_kv_usage_ratio",                    # gauge 0..1
-    "preemptions": "ragheat_vllm_preemptions_total",              # counter
-    "ttft": "ragheat_generation_ttft_seconds",                    # histogram, client side
-    "inter_token": "ragheat_generation_inter_token_seconds",      # histogram, client side
-    "unsupported_sentences": "ragheat_unsupported_sentences_total",  # counter
-    "degraded": "ragheat_generation_degraded_total",              # counter: answers that fell back to extractive
-    "device_seconds": "ragheat_stage_device_seconds",             # histogram {stage, clock}: CUDA-event time
-}
-"""vLLM and generation families (the ``vllm`` generator, the ragheat vLLM plugin, CUDA event timers)."""
 VLLM_PHASES = ("prefill", "decode", "mixed")
+
+Group = Literal["service", "generation", "vllm", "kernel"]
+"""Who exports a family: the service (``PrometheusMetrics``), the service about its language model
+(``PrometheusMetrics``, streamed generators only), ragheat's plugin inside vLLM's engine, the eBPF probes."""
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One family of the contract. ``role`` is how code and dashboards refer to it; ``name`` is the family as
+    Prometheus stores it (a counter's ends in ``_total``)."""
+
+    group: Group
+    role: str
+    name: str
+    kind: Literal["counter", "gauge", "histogram"]
+    help: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] = ()
+
+    @property
+    def base_name(self) -> str:
+        """The name ``prometheus_client`` is given and its parser reports: a counter's without ``_total``."""
+        return self.name.removesuffix("_total") if self.kind == "counter" else self.name
+
+
+METRICS: tuple[MetricSpec, ...] = (
+    # -- the service: GET /metrics of `ragheat serve` ---------------------------------------------------------
+    MetricSpec("service", "stage_duration", "ragheat_stage_duration_seconds", "histogram",
+               "Time one RAG pipeline stage took for one request, by stage, load level at request start and outcome.",
+               ("stage", "qps_bucket", "outcome"), LATENCY_SECONDS),
+    MetricSpec("service", "request_duration", "ragheat_request_duration_seconds", "histogram",
+               "End-to-end time of one API request as the server saw it, by route, load level and outcome.",
+               ("route", "qps_bucket", "outcome"), LATENCY_SECONDS),
+    MetricSpec("service", "requests", "ragheat_requests_total", "counter",
+               "API requests by route and HTTP status class.", ("route", "status_class")),
+    MetricSpec("service", "in_flight", "ragheat_requests_in_flight", "gauge",
+               "API requests being served right now.", ("route",)),
+    MetricSpec("service", "qps", "ragheat_qps", "gauge",
+               "API request rate (requests per second) over the sliding qps window."),
+    MetricSpec("service", "retrieved", "ragheat_retrieved_documents", "histogram",
+               "Chunks a retriever returned for one request, before fusion.", ("retriever",), RETRIEVED_DOCUMENTS),
+    MetricSpec("service", "stage_errors", "ragheat_stage_errors_total", "counter",
+               "Requests that failed in a pipeline stage, by stage.", ("stage",)),
+    MetricSpec("service", "stage_device", "ragheat_stage_device_seconds", "histogram",
+               "Device time of the GPU-capable work inside one stage (embed, retrieve_dense): CUDA events "
+               "(clock=cuda), or that work's own host time without a GPU (clock=monotonic).",
+               ("stage", "clock"), LATENCY_SECONDS),
+    MetricSpec("service", "telemetry_dropped", "ragheat_telemetry_dropped_total", "counter",
+               "Spans or metric batches dropped instead of slowing requests, by reason.", ("signal", "reason")),
+    # -- generation: the same service, about its language model as it saw it (client side) ------------------
+    MetricSpec("generation", "ttft", "ragheat_generation_ttft_seconds", "histogram",
+               "Time to the first generated token as the service saw it (streamed generators).", (), LATENCY_SECONDS),
+    MetricSpec("generation", "inter_token", "ragheat_generation_inter_token_seconds", "histogram",
+               "Time between consecutive streamed tokens as the service saw it.", (), LATENCY_SECONDS),
+    MetricSpec("generation", "unsupported_sentences", "ragheat_unsupported_sentences_total", "counter",
+               "Answer sentences the support check found unsupported by the passages they cite."),
+    MetricSpec("generation", "degraded", "ragheat_generation_degraded_total", "counter",
+               "Answers that fell back to the extractive generator because the LLM was down or slow."),
+    # -- vLLM's engine: ragheat's plugin (telemetry.vllm_plugin), served by vLLM's own /metrics ---------------
+    MetricSpec("vllm", "step_duration", "ragheat_vllm_step_duration_seconds", "histogram",
+               "Time of one vLLM engine step (schedule, forward, update) by phase.", ("phase",), LATENCY_SECONDS),
+    MetricSpec("vllm", "scheduled_tokens", "ragheat_vllm_scheduled_tokens", "histogram",
+               "Tokens one vLLM engine step scheduled, by phase (prefill or decode).", ("phase",), VLLM_STEP_TOKENS),
+    MetricSpec("vllm", "kv_blocks_allocated", "ragheat_vllm_kv_blocks_allocated", "histogram",
+               "KV-cache blocks allocated from the free pool in one engine step.", (), VLLM_STEP_BLOCKS),
+    MetricSpec("vllm", "kv_blocks_freed", "ragheat_vllm_kv_blocks_freed", "histogram",
+               "KV-cache blocks returned to the free pool in one engine step.", (), VLLM_STEP_BLOCKS),
+    MetricSpec("vllm", "kv_free_blocks", "ragheat_vllm_kv_free_blocks", "gauge",
+               "Free KV-cache blocks after the latest engine step."),
+    MetricSpec("vllm", "kv_usage", "ragheat_vllm_kv_usage_ratio", "gauge",
+               "Share of KV-cache blocks in use after the latest engine step (0..1)."),
+    MetricSpec("vllm", "preemptions", "ragheat_vllm_preemptions_total", "counter",
+               "Requests vLLM's scheduler preempted (KV cache full), counted per engine step."),
+    # -- the kernel: the eBPF probes (probes.collector), in-process or on the exporter's own port -------------
+    MetricSpec("kernel", "runqueue", "ragheat_kernel_runqueue_seconds", "histogram",
+               "Time a thread of the service waited for a CPU (woken or preempted until it ran), by RAG stage.",
+               ("stage",), KERNEL_LOG2_SECONDS),
+    MetricSpec("kernel", "offcpu", "ragheat_kernel_offcpu_seconds", "histogram",
+               "Time a thread of the service spent off the CPU, from leaving it until running again, by RAG stage "
+               "and why it left (preempted, blocked, uninterruptible).", ("stage", "reason"), KERNEL_LOG2_SECONDS),
+    MetricSpec("kernel", "syscall", "ragheat_kernel_syscall_seconds", "histogram",
+               "Time a system call of the service took from entry to exit, by RAG stage and system-call family.",
+               ("stage", "family"), KERNEL_LOG2_SECONDS),
+    MetricSpec("kernel", "tcp_retransmits", "ragheat_kernel_tcp_retransmits_total", "counter",
+               "TCP segments retransmitted on the service's connections, by TCP state.", ("state",)),
+)
+
+
+def specs(group: Group) -> dict[str, MetricSpec]:
+    """Role -> spec for one group of ``METRICS``, in table order."""
+    return {m.role: m for m in METRICS if m.group == group}
+
+
+def _names(group: Group) -> dict[str, str]:
+    return {role: m.name for role, m in specs(group).items()}
+
+
+SERVICE_METRICS = _names("service")
+GENERATION_METRICS = _names("generation")
+VLLM_METRICS = _names("vllm")
+KERNEL_METRICS = _names("kernel")
+"""Role -> family name as Prometheus stores it, per group (read by dashboards, probes, tests)."""
+
+EXPECTED_METRICS = [m.name for m in METRICS if m.group in ("service", "generation")]
+"""Metric families a scrape of a running service must contain (as prometheus_client's parser names them;
+counters are listed with ``_total``, which the parser strips from the family name)."""
+
 VLLM_NATIVE_METRICS = {
     "ttft": "vllm:time_to_first_token_seconds",
     "inter_token": "vllm:inter_token_latency_seconds",
@@ -81,56 +149,37 @@ VLLM_NATIVE_METRICS = {
     "waiting": "vllm:num_requests_waiting",
     "preemptions": "vllm:num_preemptions_total",
 }
-"""vLLM's own metric names (v1 engine) that dashboards read next to ours."""
+"""vLLM's own metric names (v1 engine) that dashboards read next to ours; not ours, so not in ``METRICS``."""
+
+
+def create_metric(spec: MetricSpec, registry: CollectorRegistry, **options):
+    """The ``prometheus_client`` object for ``spec`` on ``registry`` (``options``: e.g. a gauge's multiprocess mode)."""
+    if spec.kind == "histogram":
+        return Histogram(spec.base_name, spec.help, spec.labels, buckets=spec.buckets, registry=registry, **options)
+    kind = Counter if spec.kind == "counter" else Gauge
+    return kind(spec.base_name, spec.help, spec.labels, registry=registry, **options)
 
 
 class PrometheusMetrics:
-    """The service's metric objects, registered on ``registry`` (a fresh one per app or test)."""
+    """The service's metric objects (the ``service`` and ``generation`` groups of ``METRICS``), registered on
+    ``registry`` (a fresh one per app or test)."""
 
     def __init__(self, registry: CollectorRegistry, qps_labels: Sequence[str]) -> None:
         self.qps_labels = tuple(qps_labels)
-        self.stage_duration = Histogram(
-            "ragheat_stage_duration_seconds",
-            "Time one RAG pipeline stage took for one request, by stage, load level at request start and outcome.",
-            ["stage", "qps_bucket", "outcome"], buckets=LATENCY_SECONDS, registry=registry)
-        self.request_duration = Histogram(
-            "ragheat_request_duration_seconds",
-            "End-to-end time of one API request as the server saw it, by route, load level and outcome.",
-            ["route", "qps_bucket", "outcome"], buckets=LATENCY_SECONDS, registry=registry)
-        self.requests = Counter(
-            "ragheat_requests", "API requests by route and HTTP status class.",
-            ["route", "status_class"], registry=registry)
-        self.in_flight = Gauge(
-            "ragheat_requests_in_flight", "API requests being served right now.", ["route"], registry=registry)
-        self.qps = Gauge(
-            "ragheat_qps", "API request rate (requests per second) over the sliding qps window.", registry=registry)
-        self.retrieved = Histogram(
-            "ragheat_retrieved_documents", "Chunks a retriever returned for one request, before fusion.",
-            ["retriever"], buckets=RETRIEVED_DOCUMENTS, registry=registry)
-        self.stage_errors = Counter(
-            "ragheat_stage_errors", "Requests that failed in a pipeline stage, by stage.", ["stage"],
-            registry=registry)
-        self.generation_ttft = Histogram(
-            VLLM_METRICS["ttft"], "Time to the first generated token as the service saw it (streamed generators).",
-            buckets=LATENCY_SECONDS, registry=registry)
-        self.generation_inter_token = Histogram(
-            VLLM_METRICS["inter_token"], "Time between consecutive streamed tokens as the service saw it.",
-            buckets=LATENCY_SECONDS, registry=registry)
-        self.unsupported_sentences = Counter(
-            VLLM_METRICS["unsupported_sentences"].removesuffix("_total"),
-            "Answer sentences the support check found unsupported by the passages they cite.", registry=registry)
-        self.generation_degraded = Counter(
-            VLLM_METRICS["degraded"].removesuffix("_total"),
-            "Answers that fell back to the extractive generator because the LLM was down or slow.",
-            registry=registry)
-        self.stage_device = Histogram(
-            VLLM_METRICS["device_seconds"],
-            "Device time of the GPU-capable work inside one stage (embed, retrieve_dense): CUDA events "
-            "(clock=cuda), or that work's own host time without a GPU (clock=monotonic).",
-            ["stage", "clock"], buckets=LATENCY_SECONDS, registry=registry)
-        self.telemetry_dropped = Counter(
-            "ragheat_telemetry_dropped", "Spans or metric batches dropped instead of slowing requests, by reason.",
-            ["signal", "reason"], registry=registry)
+        service, generation = specs("service"), specs("generation")
+        self.stage_duration = create_metric(service["stage_duration"], registry)
+        self.request_duration = create_metric(service["request_duration"], registry)
+        self.requests = create_metric(service["requests"], registry)
+        self.in_flight = create_metric(service["in_flight"], registry)
+        self.qps = create_metric(service["qps"], registry)
+        self.retrieved = create_metric(service["retrieved"], registry)
+        self.stage_errors = create_metric(service["stage_errors"], registry)
+        self.stage_device = create_metric(service["stage_device"], registry)
+        self.telemetry_dropped = create_metric(service["telemetry_dropped"], registry)
+        self.generation_ttft = create_metric(generation["ttft"], registry)
+        self.generation_inter_token = create_metric(generation["inter_token"], registry)
+        self.unsupported_sentences = create_metric(generation["unsupported_sentences"], registry)
+        self.generation_degraded = create_metric(generation["degraded"], registry)
         self._children: dict = {}
         # Create every closed-set series up front: a rate() over a series that appears late reads as missing.
         for route in ROUTES:
@@ -145,7 +194,6 @@ class PrometheusMetrics:
             for reason in DROP_REASONS:
                 self.telemetry_dropped.labels(signal, reason)
 
-
     def child(self, metric, *label_values):
         """``metric.labels(*label_values)``, cached: ``labels()`` validates and locks on every call, which
         is a measurable share of per-request cost when a request makes eight observations."""
@@ -157,8 +205,10 @@ class PrometheusMetrics:
 
 
 def status_class(status: int) -> str:
+    """``2xx``, ``4xx``, ... (the ``status_class`` label); ``other`` outside 100..599."""
     return f"{status // 100}xx" if 100 <= status < 600 else "other"
 
 
 def request_outcome(status: int) -> str:
+    """``ok``, ``rejected`` (4xx) or ``error`` (5xx): the ``outcome`` label of a request."""
     return "error" if status >= 500 else "rejected" if status >= 400 else "ok"

@@ -70,6 +70,7 @@ def parse_headers(raw: str | None) -> dict[str, str]:
 
 
 def headers_from_env(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """OTLP metrics export headers from the standard variables (URL-decoded)."""
     return parse_headers(environ.get("OTEL_EXPORTER_OTLP_METRICS_HEADERS") or environ.get("OTEL_EXPORTER_OTLP_HEADERS"))
 
 

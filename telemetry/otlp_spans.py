@@ -213,6 +213,7 @@ def traces_endpoint_from_env(environ: Mapping[str, str] = os.environ) -> str:
 
 
 def traces_headers_from_env(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """OTLP traces export headers from the standard variables (URL-decoded)."""
     from telemetry.otlp_metrics import parse_headers
 
     return parse_headers(environ.get("OTEL_EXPORTER_OTLP_TRACES_HEADERS") or environ.get("OTEL_EXPORTER_OTLP_HEADERS"))

@@ -1,4 +1,5 @@
-"""Turns one request's stats (``rag.types`` timings) into metrics, exemplars and spans.
+"""Turns one request's record (``rag.types.RequestRecord``: its stage timings, result or failure) into metrics,
+exemplars and spans.
 
 ``rag/`` measures; this module exports. Stage spans are created after the fact from the stage
 timings, so the pipeline stays free of tracing code and pays nothing for it on its hot path.
@@ -21,9 +22,8 @@ from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, Trace
 from prometheus_client import CollectorRegistry
 
 from rag import __version__
-from rag.errors import StageError
 from rag.settings import TelemetrySettings
-from rag.types import QueryResult, StageTiming
+from rag.types import RequestRecord, StageTiming
 from telemetry.metrics import PrometheusMetrics, request_outcome, status_class
 from telemetry.qps import QpsBuckets, SlidingWindowRate
 from telemetry.tracing import BoundedSpanProcessor, otlp_configured
@@ -44,21 +44,11 @@ class RequestScope:
     trace_id: str | None = None
 
 
-@dataclass
-class RequestInfo:
-    """What the API learned about the request (set on ``request.state`` by the endpoints)."""
-
-    query: str | None = None
-    top_k: int | None = None
-    result: QueryResult | None = None
-    error: BaseException | None = None
-
-
 class Telemetry:
     """Metrics registry, span export and OTLP metrics for one service instance.
 
     >>> telemetry = Telemetry(TelemetrySettings())
-    >>> scope = telemetry.start("/v1/query"); ...; telemetry.finish(scope, 200, RequestInfo(result=result))
+    >>> scope = telemetry.start("/v1/query"); ...; telemetry.finish(scope, 200, RequestRecord(result=result))
     """
 
     def __init__(self, settings: TelemetrySettings, *, registry: CollectorRegistry | None = None,
@@ -148,23 +138,23 @@ class Telemetry:
         context = get_current_span(self._propagator.extract(trace_headers)).get_span_context()
         return context if context.is_valid else None
 
-    def finish(self, scope: RequestScope, status: int, info: RequestInfo) -> None:
+    def finish(self, scope: RequestScope, status: int, record: RequestRecord) -> None:
         """Called when the response is complete. Never raises: telemetry must not fail a request."""
         try:
-            self._finish(scope, status, info)
+            self._finish(scope, status, record)
         except Exception:  # pragma: no cover - defensive
             log.exception("telemetry could not record a request")
 
-    def _finish(self, scope: RequestScope, status: int, info: RequestInfo) -> None:
+    def _finish(self, scope: RequestScope, status: int, record: RequestRecord) -> None:
         end_perf = time.perf_counter()
         seconds = end_perf - scope.start_perf
-        if info.error is not None and status < 500:
+        if record.error is not None and status < 500:
             # A stage that failed after a stream's 200 went out: the client got an error event, not an answer.
             # Counted as the server error it is, so the availability SLI and its alerts see it.
             status = 500
         outcome = request_outcome(status)
-        failed = info.error.stage if isinstance(info.error, StageError) else None
-        stages: list[StageTiming] = info.result.stages if info.result else getattr(info.error, "stages", []) or []
+        failed = record.failed_stage
+        stages = record.stages
         exemplar = {"trace_id": scope.trace_id} if scope.trace_id else None
         if self.metrics:
             m = self.metrics
@@ -178,7 +168,7 @@ class Telemetry:
                     m.child(m.stage_device, stage.name, stage.clock).observe(stage.device_seconds, exemplar)
             if failed:
                 m.stage_errors.labels(failed).inc()
-            result = info.result
+            result = record.result
             if result:
                 for retriever, count in result.retrieved.items():
                     m.child(m.retrieved, retriever).observe(count)
@@ -198,9 +188,9 @@ class Telemetry:
                 push("ragheat.stage.duration", stage.seconds, (("stage", stage.name), ("qps_bucket", scope.qps_bucket),
                                                                ("outcome", "error" if stage.name == failed else "ok")))
         if scope.trace is not None and self.span_processor is not None:
-            self._end_spans(scope, status, info, stages, failed, end_perf)
+            self._end_spans(scope, status, record, stages, failed, end_perf)
 
-    def _end_spans(self, scope, status, info, stages, failed, end_perf) -> None:
+    def _end_spans(self, scope, status, record, stages, failed, end_perf) -> None:
         # Every span of a request ends together, here, so they are built as finished spans and handed over
         # in one call: the SDK's live-span path (sampler, attribute cleaning, context look-ups, processor
         # hooks) costs ~18 µs a span, this ~1.5 µs.
@@ -211,11 +201,11 @@ class Telemetry:
         request_context = SpanContext(trace_id, request_span_id, False, flags, state)
         spans = []
         for stage in stages:
-            name, attributes = self._stage_span(stage, info)
+            name, attributes = self._stage_span(stage, record)
             context = SpanContext(trace_id, self._ids.generate_span_id(), False, flags, state)
             events, status_ = (), _UNSET
             if stage.name == failed:
-                cause = info.error.cause
+                cause = record.error.cause
                 status_ = Status(StatusCode.ERROR, type(cause).__name__)
                 events = (Event("exception", {"exception.type": type(cause).__qualname__,
                                               "exception.message": str(cause)}, to_ns(stage.start + stage.seconds)),)
@@ -225,12 +215,12 @@ class Telemetry:
                 start_time=to_ns(stage.start), end_time=to_ns(stage.start + stage.seconds)))
         attributes = {"http.request.method": "POST", "http.route": scope.route, "rag.qps_bucket": scope.qps_bucket,
                       "http.response.status_code": status}
-        if info.top_k is not None:
-            attributes["gen_ai.retrieval.top_k"] = info.top_k
-        if self.settings.capture_content and info.query is not None:
-            attributes["gen_ai.retrieval.query.text"] = info.query
-        if self.settings.capture_content and info.result is not None:
-            attributes["rag.answer"] = info.result.answer
+        if record.top_k is not None:
+            attributes["gen_ai.retrieval.top_k"] = record.top_k
+        if self.settings.capture_content and record.query is not None:
+            attributes["gen_ai.retrieval.query.text"] = record.query
+        if self.settings.capture_content and record.result is not None:
+            attributes["rag.answer"] = record.result.answer
         spans.append(ReadableSpan(
             name=f"POST {scope.route}", context=request_context, parent=remote_parent, resource=self.resource,
             attributes=attributes, kind=SpanKind.SERVER,
@@ -238,36 +228,36 @@ class Telemetry:
             instrumentation_scope=self._scope, start_time=scope.start_ns, end_time=to_ns(end_perf)))
         self.span_processor.add(spans)
 
-    def _stage_span(self, stage: StageTiming, info: RequestInfo) -> tuple[str, dict]:
+    def _stage_span(self, stage: StageTiming, record: RequestRecord) -> tuple[str, dict]:
         attributes: dict = {"rag.stage": stage.name}
         if stage.name.startswith("retrieve_"):
             retriever = stage.name.removeprefix("retrieve_")
             attributes.update({"gen_ai.operation.name": "retrieval", "gen_ai.data_source.id": self.data_source,
                                "rag.retriever": retriever})
-            if info.top_k is not None:
-                attributes["gen_ai.retrieval.top_k"] = info.top_k
-            if info.result is not None:
-                attributes["rag.retrieved_documents"] = info.result.retrieved.get(retriever, 0)
-            if self.settings.capture_content and info.query is not None:
-                attributes["gen_ai.retrieval.query.text"] = info.query
+            if record.top_k is not None:
+                attributes["gen_ai.retrieval.top_k"] = record.top_k
+            if record.result is not None:
+                attributes["rag.retrieved_documents"] = record.result.retrieved.get(retriever, 0)
+            if self.settings.capture_content and record.query is not None:
+                attributes["gen_ai.retrieval.query.text"] = record.query
             return f"retrieval {retriever}", attributes
         if stage.name == "embed":
             attributes.update({"gen_ai.operation.name": "embeddings", "gen_ai.request.model": self.model})
             return f"embeddings {self.model}".strip(), attributes
-        generation = info.result.generation if info.result is not None else None
+        generation = record.result.generation if record.result is not None else None
         if stage.name in ("generate_prefill", "generate_decode") and generation is not None:
             attributes.update({"gen_ai.operation.name": "chat", "gen_ai.request.model": generation.model,
-                               "gen_ai.response.model": generation.model, "rag.generator": info.result.generator})
+                               "gen_ai.response.model": generation.model, "rag.generator": record.result.generator})
             if stage.name == "generate_decode":
                 attributes["gen_ai.usage.output_tokens"] = generation.output_tokens
             return f"chat {generation.model}".strip() if stage.name == "generate_prefill" else stage.name, attributes
-        if stage.name == "generate" and info.result is not None:
-            attributes["rag.generator"] = info.result.generator
-            if info.result.degraded:
-                attributes.update({"rag.degraded": True, "rag.degraded_reason": info.result.degraded_reason})
+        if stage.name == "generate" and record.result is not None:
+            attributes["rag.generator"] = record.result.generator
+            if record.result.degraded:
+                attributes.update({"rag.degraded": True, "rag.degraded_reason": record.result.degraded_reason})
             if self.settings.capture_content:
                 attributes["gen_ai.retrieval.documents"] = json.dumps(
-                    [{"id": s.chunk.doc_id, "score": s.score, "text": s.chunk.text} for s in info.result.sources])
+                    [{"id": s.chunk.doc_id, "score": s.score, "text": s.chunk.text} for s in record.result.sources])
         return stage.name, attributes
 
     # -- lifecycle -----------------------------------------------------------------------------

@@ -22,6 +22,7 @@ OTLP_ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TR
 
 
 def otlp_configured(environ=os.environ) -> bool:
+    """True when an ``OTEL_EXPORTER_OTLP_*ENDPOINT`` variable is set."""
     return any(environ.get(name) for name in OTLP_ENDPOINT_VARIABLES)
 
 

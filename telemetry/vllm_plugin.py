@@ -31,7 +31,6 @@ from dataclasses import dataclass
 
 log = logging.getLogger("ragheat.vllm_plugin")
 
-PLUGIN_DISABLE_ENV = "RAGHEAT_VLLM_PLUGIN"  # "off" leaves vLLM untouched
 
 @dataclass(frozen=True)
 class StepStats:
@@ -57,33 +56,20 @@ class VllmStepMetrics:
     """Exports ``StepStats`` as the ``ragheat_vllm_*`` families named in ``telemetry.metrics.VLLM_METRICS``."""
 
     def __init__(self, registry=None) -> None:
-        from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+        from prometheus_client import REGISTRY
 
-        from telemetry.buckets import LATENCY_SECONDS, VLLM_STEP_BLOCKS, VLLM_STEP_TOKENS
-        from telemetry.metrics import VLLM_METRICS, VLLM_PHASES
+        from telemetry.metrics import VLLM_PHASES, create_metric, specs
 
         registry = REGISTRY if registry is None else registry
-        name = VLLM_METRICS
-        self.step_duration = Histogram(
-            name["step_duration"], "Time of one vLLM engine step (schedule, forward, update) by phase.",
-            ["phase"], buckets=LATENCY_SECONDS, registry=registry)
-        self.scheduled_tokens = Histogram(
-            name["scheduled_tokens"], "Tokens one vLLM engine step scheduled, by phase (prefill or decode).",
-            ["phase"], buckets=VLLM_STEP_TOKENS, registry=registry)
-        self.blocks_allocated = Histogram(
-            name["kv_blocks_allocated"], "KV-cache blocks allocated from the free pool in one engine step.",
-            buckets=VLLM_STEP_BLOCKS, registry=registry)
-        self.blocks_freed = Histogram(
-            name["kv_blocks_freed"], "KV-cache blocks returned to the free pool in one engine step.",
-            buckets=VLLM_STEP_BLOCKS, registry=registry)
+        spec = specs("vllm")
+        self.step_duration = create_metric(spec["step_duration"], registry)
+        self.scheduled_tokens = create_metric(spec["scheduled_tokens"], registry)
+        self.blocks_allocated = create_metric(spec["kv_blocks_allocated"], registry)
+        self.blocks_freed = create_metric(spec["kv_blocks_freed"], registry)
         # "mostrecent" only matters with PROMETHEUS_MULTIPROC_DIR: the engine core's latest value wins.
-        self.free_blocks = Gauge(name["kv_free_blocks"], "Free KV-cache blocks after the latest engine step.",
-                                 registry=registry, multiprocess_mode="mostrecent")
-        self.usage = Gauge(name["kv_usage"], "Share of KV-cache blocks in use after the latest engine step (0..1).",
-                           registry=registry, multiprocess_mode="mostrecent")
-        self.preemptions = Counter(name["preemptions"].removesuffix("_total"),
-                                   "Requests vLLM's scheduler preempted (KV cache full), counted per engine step.",
-                                   registry=registry)
+        self.free_blocks = create_metric(spec["kv_free_blocks"], registry, multiprocess_mode="mostrecent")
+        self.usage = create_metric(spec["kv_usage"], registry, multiprocess_mode="mostrecent")
+        self.preemptions = create_metric(spec["preemptions"], registry)
         self._duration = {p: self.step_duration.labels(p) for p in VLLM_PHASES}
         self._tokens = {p: self.scheduled_tokens.labels(p) for p in ("prefill", "decode")}
 
@@ -247,9 +233,21 @@ def _wrap_free_blocks(original):
     return _wrap_free_pool_change(original, lambda before, after: {"freed": max(0, after - before)})
 
 
+def enabled() -> bool:
+    """``telemetry.vllm_plugin`` from ragheat's settings (``RAGHEAT_TELEMETRY__VLLM_PLUGIN=false`` turns the hooks
+    off). Settings that do not validate leave the hooks on, with a warning: the plugin never stops vLLM."""
+    try:
+        from rag.settings import RagheatSettings
+
+        return RagheatSettings().telemetry.vllm_plugin
+    except Exception as exc:  # noqa: BLE001 - a ragheat setting must not take vLLM down
+        log.warning("ragheat vLLM plugin: ragheat's settings are invalid (%s); the hooks stay on", exc)
+        return True
+
+
 def register() -> None:
     """The ``vllm.general_plugins`` entry point. Idempotent: vLLM may call it more than once per process."""
-    if os.environ.get(PLUGIN_DISABLE_ENV, "").lower() in ("off", "0", "false"):
+    if not enabled():
         return
     try:
         from vllm.v1.core.block_pool import BlockPool

@@ -89,19 +89,19 @@ VLLM_BLOCKS, VLLM_BLOCK_SIZE, VLLM_MAX_MODEL_LEN = 48, 32, 512
 
 
 @pytest.fixture(scope="session")
-def vllm_python() -> Path:
+def vllm_python(settings) -> Path:
     from rag.errors import ConfigurationError
-    from rag.generation.vllm_server import vllm_python as find
+    from stack.vllm import vllm_python as find
 
     try:
-        return find()
+        return find(settings.generation.vllm_python)
     except ConfigurationError as exc:
         pytest.fail(str(exc))
 
 
 @pytest.fixture(scope="session")
 def tiny_model(scifact_dir, tmp_path_factory) -> Path:
-    from rag.generation.tiny_llama import build_tiny_llama
+    from stack.tiny_llama import build_tiny_llama
 
     with open(scifact_dir / "corpus.jsonl", encoding="utf-8") as fh:
         texts = [json.loads(line)["text"] for _, line in zip(range(1000), fh)]
@@ -110,8 +110,8 @@ def tiny_model(scifact_dir, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def vllm_server(vllm_python, tiny_model, tmp_path_factory):
-    from rag.api.server import free_port
-    from rag.generation.vllm_server import VllmServer
+    from stack.children import free_port
+    from stack.vllm import VllmServer
 
     server = VllmServer(tiny_model, port=free_port(), python=vllm_python, served_name="tiny", load_format="dummy",
                         max_model_len=VLLM_MAX_MODEL_LEN, max_num_seqs=16, block_size=VLLM_BLOCK_SIZE,

@@ -1,4 +1,8 @@
-"""The one place where errors become HTTP status codes, always with a JSON reason."""
+"""The one place where errors become HTTP status codes, always with a JSON reason.
+
+``STATUS`` maps every error kind the API answers with to its status; ``ApiError`` (raised by the routes and the
+middleware), validation errors, Starlette's own HTTP errors and ``StageError`` all become a response here.
+"""
 
 from __future__ import annotations
 
@@ -11,30 +15,49 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rag.errors import StageError
+from rag.types import REQUEST_RECORD_KEY, RequestRecord
 
 log = logging.getLogger("ragheat.api")
 
+STATUS = {
+    "invalid_json": 400,       # the body is not JSON
+    "invalid_utf8": 400,       # the body is not UTF-8
+    "bad_request": 400,        # Starlette could not read the request
+    "not_found": 404,
+    "method_not_allowed": 405,
+    "body_too_large": 413,     # over server.max_body_bytes
+    "invalid_request": 422,    # parses, but a field is invalid (query too long, top_k out of range, ...)
+    "stage_failed": 500,       # a pipeline stage raised; the body names the stage
+    "not_ready": 503,          # the index is still loading
+}
+"""Error kind (the ``error`` field of the body) -> HTTP status."""
+HTTP_KINDS = {status: kind for kind, status in STATUS.items() if kind in ("bad_request", "not_found",
+                                                                            "method_not_allowed")}
+
 
 class ApiError(Exception):
-    def __init__(self, status: int, error: str, reason: str) -> None:
+    """A request the API refuses: ``kind`` is a key of ``STATUS``, ``reason`` a sentence saying what was wrong."""
+
+    def __init__(self, kind: str, reason: str) -> None:
         super().__init__(reason)
-        self.status, self.error, self.reason = status, error, reason
+        self.status, self.error, self.reason = STATUS[kind], kind, reason
 
 
-def error_response(status: int, error: str, reason: str, stage: str | None = None) -> JSONResponse:
-    body = {"error": error, "reason": reason}
+def error_response(kind: str, reason: str, stage: str | None = None, status: int | None = None) -> JSONResponse:
+    """The JSON error body ``{"error", "reason"[, "stage"]}`` with ``kind``'s status (or ``status``)."""
+    body = {"error": kind, "reason": reason}
     if stage:
         body["stage"] = stage
-    return JSONResponse(body, status_code=status)
+    return JSONResponse(body, status_code=status or STATUS[kind])
 
 
-def _describe(errors) -> tuple[int, str, str]:
-    """Turn pydantic's error list into one status and one readable sentence."""
+def _describe(errors) -> tuple[str, str]:
+    """Turn pydantic's error list into one error kind and one readable sentence."""
     first = errors[0]
     kind = first.get("type", "")
     if kind == "json_invalid":
         cause = first.get("ctx", {}).get("error", "malformed JSON")
-        return 400, "invalid_json", f"request body is not valid JSON: {cause}"
+        return "invalid_json", f"request body is not valid JSON: {cause}"
     parts = []
     for err in errors[:5]:
         loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
@@ -42,28 +65,35 @@ def _describe(errors) -> tuple[int, str, str]:
         if err.get("type") == "extra_forbidden":
             msg = "unknown field"
         parts.append(f"{loc}: {msg}")
-    return 422, "invalid_request", "; ".join(parts)
+    return "invalid_request", "; ".join(parts)
+
+
+def record_failure(request: Request, exc: BaseException) -> None:
+    """Note on the request's ``RequestRecord`` that ``exc`` ended it (for telemetry)."""
+    record = getattr(request.state, REQUEST_RECORD_KEY, None)
+    if isinstance(record, RequestRecord):
+        record.error = exc
 
 
 def install_error_handlers(app: FastAPI) -> None:
+    """Register the handlers that turn every error into ``error_response``."""
+
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError):
-        status, error, reason = _describe(exc.errors())
-        return error_response(status, error, reason)
+        return error_response(*_describe(exc.errors()))
 
     @app.exception_handler(ApiError)
     async def _api(request: Request, exc: ApiError):
-        return error_response(exc.status, exc.error, exc.reason)
+        return error_response(exc.error, exc.reason)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
         # FastAPI raises a 400 with this text when the body cannot be decoded (e.g. invalid UTF-8).
         detail = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
-        kind = {400: "bad_request", 404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return error_response(exc.status_code, kind, detail)
+        return error_response(HTTP_KINDS.get(exc.status_code, "http_error"), detail, status=exc.status_code)
 
     @app.exception_handler(StageError)
     async def _stage(request: Request, exc: StageError):
-        request.state.rag_error = exc
+        record_failure(request, exc)
         log.exception("stage %s failed", exc.stage, exc_info=exc.cause)
-        return error_response(500, "stage_failed", f"the {exc.stage} stage failed", stage=exc.stage)
+        return error_response("stage_failed", f"the {exc.stage} stage failed", stage=exc.stage)

@@ -41,6 +41,8 @@ class QueryRequest(BaseModel):
 
 
 class Citation(BaseModel):
+    """One returned passage as the response shows it; ``number`` is the ``[n]`` the answer cites."""
+
     number: int = Field(description="the n of the [n] markers in the answer")
     doc_id: str
     title: str
@@ -51,11 +53,15 @@ class Citation(BaseModel):
 
 
 class StageTimingOut(BaseModel):
+    """One stage's server-side time, in milliseconds."""
+
     name: str
     ms: float
 
 
 class SentenceSupportOut(BaseModel):
+    """One written-answer sentence scored against the passages it cites."""
+
     text: str = Field(description="one sentence of the written answer, markers included")
     citations: list[int] = Field(description="the [n] it cites")
     score: float = Field(description="share of its content terms found in the cited passages, 0..1")
@@ -63,6 +69,8 @@ class SentenceSupportOut(BaseModel):
 
 
 class GenerationStatsOut(BaseModel):
+    """Client-side timing of a streamed (language-model) answer."""
+
     model: str
     ttft_ms: float = Field(description="request sent -> first token, as ragheat saw it")
     time_per_output_token_ms: float | None = Field(description="mean gap between streamed tokens")
@@ -70,6 +78,8 @@ class GenerationStatsOut(BaseModel):
 
 
 class QueryResponse(BaseModel):
+    """``POST /v1/query`` response: the answer, its citations and every stage's time."""
+
     answer: str
     citations: list[Citation]
     stages: list[StageTimingOut]
@@ -84,6 +94,7 @@ class QueryResponse(BaseModel):
 
     @classmethod
     def from_result(cls, result: QueryResult) -> "QueryResponse":
+        """The response for a pipeline ``QueryResult``."""
         return cls(
             answer=result.answer,
             generator=result.generator,
@@ -98,11 +109,13 @@ class QueryResponse(BaseModel):
 
 
 def support_out(result: QueryResult) -> list[SentenceSupportOut]:
+    """The support check's per-sentence results, for the response."""
     return [SentenceSupportOut(text=s.text, citations=list(s.citations), score=s.score, supported=s.supported)
             for s in result.support]
 
 
 def generation_out(result: QueryResult) -> GenerationStatsOut | None:
+    """Streamed-generation timing in milliseconds, or None for an extractive answer."""
     g = result.generation
     if g is None:
         return None
@@ -112,12 +125,15 @@ def generation_out(result: QueryResult) -> GenerationStatsOut | None:
 
 
 def citation(source) -> Citation:
+    """The ``Citation`` of a returned ``Source``."""
     c = source.chunk
     return Citation(number=source.number, doc_id=c.doc_id, title=c.title, chunk_start=c.start, chunk_end=c.end,
                     score=round(source.score, 6), text=c.text)
 
 
 class ErrorBody(BaseModel):
+    """Every error response's body (``rag.api.errors``)."""
+
     error: str = Field(description="machine-readable kind, e.g. invalid_request")
     reason: str = Field(description="a sentence saying what was wrong")
     stage: str | None = Field(None, description="the pipeline stage that failed, for server errors")

@@ -19,6 +19,7 @@ Qrels = dict[str, dict[str, int]]
 
 
 def load_queries(folder: Path) -> dict[str, str]:
+    """Query id -> text from a BEIR folder's ``queries.jsonl``."""
     path = Path(folder) / "queries.jsonl"
     if not path.is_file():
         raise IngestError(f"{path} does not exist: --beir must be a BEIR folder")
@@ -35,6 +36,7 @@ def load_queries(folder: Path) -> dict[str, str]:
 
 
 def load_qrels(folder: Path, split: str) -> Qrels:
+    """Query id -> {document id: relevance} from ``qrels/<split>.tsv``; a missing split names the ones there."""
     path = Path(folder) / "qrels" / f"{split}.tsv"
     if not path.is_file():
         available = sorted(p.stem for p in (Path(folder) / "qrels").glob("*.tsv"))
@@ -53,6 +55,7 @@ def load_qrels(folder: Path, split: str) -> Qrels:
 
 
 def ndcg_at(ranked: Sequence[str], relevant: Mapping[str, int], k: int) -> float:
+    """nDCG@k of one ranked list of document ids against graded relevance."""
     dcg = sum(relevant.get(doc, 0) / math.log2(i + 2) for i, doc in enumerate(ranked[:k]))
     ideal = sorted((g for g in relevant.values() if g > 0), reverse=True)[:k]
     idcg = sum(g / math.log2(i + 2) for i, g in enumerate(ideal))
@@ -60,11 +63,13 @@ def ndcg_at(ranked: Sequence[str], relevant: Mapping[str, int], k: int) -> float
 
 
 def recall_at(ranked: Sequence[str], relevant: Mapping[str, int], k: int) -> float:
+    """Share of the relevant documents found in the top k."""
     positives = {doc for doc, g in relevant.items() if g > 0}
     return len(positives.intersection(ranked[:k])) / len(positives) if positives else 0.0
 
 
 def mrr_at(ranked: Sequence[str], relevant: Mapping[str, int], k: int) -> float:
+    """Reciprocal rank of the first relevant document within the top k (0 if none)."""
     for i, doc in enumerate(ranked[:k]):
         if relevant.get(doc, 0) > 0:
             return 1.0 / (i + 1)

@@ -15,6 +15,7 @@ DEPTH = 100  # documents per query, enough for recall@100
 
 
 def parse_retriever_sets(spec: str) -> list[str]:
+    """``dense,bm25,hybrid`` -> named retriever lists; a sentence naming ``--retrievers`` when invalid."""
     names = [n.strip() for n in spec.split(",") if n.strip()]
     unknown = [n for n in names if n not in RETRIEVER_SETS]
     if unknown or not names:

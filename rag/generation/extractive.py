@@ -19,6 +19,8 @@ RANK_PRIOR = 0.15  # a top-ranked passage's sentence wins ties against a lower o
 
 
 class ExtractiveGenerator:
+    """The extractive ``Generator``: the passages' most query-relevant sentences, each cited."""
+
     name = "extractive"
 
     def __init__(self, analyzer: LexicalAnalyzer, idf: Mapping[str, float], max_sentences: int = 3) -> None:

@@ -33,6 +33,7 @@ class GeneratorUnavailable(RagheatError):
 
 
 def build_messages(query: str, passages: Sequence[Chunk]) -> list[dict]:
+    """The chat messages asking for an answer from the numbered ``passages``, cited as ``[n]``."""
     context = "\n\n".join(f"[{n}] {p.title}\n{p.text}" for n, p in enumerate(passages, 1))
     return [{"role": "system", "content": SYSTEM_PROMPT},
             {"role": "user", "content": f"Passages:\n{context}\n\nQuestion: {query}"}]
@@ -44,8 +45,9 @@ def completion_prompt(messages: Sequence[dict]) -> str:
 
 
 class TokenStream:
-    """Text pieces of one answer as they arrive. ``output_tokens`` is the server's count once the stream ends
-    (0 if it sent none); iterate to the end, or ``close()`` to stop early."""
+    """Base of the ``rag.protocols.TokenStream`` implementations: text pieces of one answer as they arrive.
+    ``output_tokens`` is the server's count once the stream ends (0 if it sent none); iterate to the end, or
+    ``close()`` to stop early."""
 
     output_tokens: int = 0
     model: str = ""
@@ -65,6 +67,7 @@ class OpenAIStreamGenerator:
     """
 
     name = "openai"
+    metrics_dir = None  # the model runs elsewhere and serves its own metrics
 
     def __init__(self, settings) -> None:
         self.settings = settings

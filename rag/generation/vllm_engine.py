@@ -5,9 +5,11 @@ loop of its own thread; the pipeline's thread reads pieces from a queue with the
 ``openai`` generator (first/next token within ``first_token_timeout_s``, the whole answer within
 ``deadline_s``), so a stuck engine degrades to the extractive answer instead of hanging a request.
 ragheat's vLLM plugin (telemetry/vllm_plugin.py) records the engine's steps here too. ``AsyncLLM`` always
-runs its engine core in a child process, so the plugin's ``ragheat_vllm_*`` values live there: ``warm_up``
-points ``PROMETHEUS_MULTIPROC_DIR`` (when unset) at a fresh folder, ``metrics_dir``, before the child starts,
-and the child writes its values there for a ``prometheus_client.multiprocess.MultiProcessCollector`` to read.
+runs its engine core in a child process, so the plugin's ``ragheat_vllm_*`` values live there: the child writes
+them to ``generation.vllm_metrics_dir`` (``metrics_dir``) for a ``prometheus_client.multiprocess.MultiProcessCollector``
+to read. This module only reads the process environment: whoever wires the service (``ragheat.service``) creates
+that folder and exports it as ``PROMETHEUS_MULTIPROC_DIR``, with spawned (not forked) workers, before
+``warm_up`` starts the child.
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ import asyncio
 import itertools
 import os
 import queue
-import tempfile
 import threading
 import time
+from pathlib import Path
 from typing import Iterator, Sequence
 
 from rag.errors import ConfigurationError
@@ -29,6 +31,8 @@ _END = object()
 
 
 class InProcessVllmGenerator:
+    """A ``StreamingGenerator`` on vLLM's ``AsyncLLM`` in this process (``generation.generator=vllm``)."""
+
     name = "vllm"
 
     def __init__(self, settings) -> None:
@@ -36,7 +40,7 @@ class InProcessVllmGenerator:
         self.model = settings.model
         self._ids = itertools.count()
         self.engine = None
-        self.metrics_dir: str | None = None  # where the engine-core process writes ragheat_vllm_* (see above)
+        self.metrics_dir: Path | None = settings.vllm_metrics_dir  # where the engine core writes (see above)
 
     def warm_up(self) -> None:
         try:
@@ -48,14 +52,10 @@ class InProcessVllmGenerator:
                                      "serve vLLM separately and use generation.generator=openai") from exc
 
         s = self.settings
-        # Read by prometheus_client in the engine-core process when it starts (this process's metric values,
-        # already created in memory, are unaffected); an operator's own folder is kept. The child must be
-        # spawned, not forked: a fork inherits this process's in-memory prometheus_client (and its threads:
-        # ONNX Runtime's, the server's), so the plugin's values would never reach the folder.
-        if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-            os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="ragheat-vllm-metrics-")
-        self.metrics_dir = os.environ["PROMETHEUS_MULTIPROC_DIR"]
-        os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+        exported = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        if self.metrics_dir is not None and exported != str(self.metrics_dir):
+            raise ConfigurationError(f"generation.vllm_metrics_dir is {self.metrics_dir}, but PROMETHEUS_MULTIPROC_DIR "
+                                     f"is {exported or 'unset'}: the engine core would write its metrics elsewhere")
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, name="ragheat-vllm-engine", daemon=True).start()
         args = AsyncEngineArgs(model=s.model, max_model_len=s.vllm_max_model_len, max_num_seqs=s.vllm_max_num_seqs,
@@ -72,15 +72,18 @@ class InProcessVllmGenerator:
                                      f"{type(exc).__name__}: {exc}") from exc
 
     def stream(self, query: str, passages: Sequence[Chunk]) -> TokenStream:
+        """The engine's answer, piece by piece; nothing is submitted until iteration begins."""
         if self.engine is None:
             raise RuntimeError("InProcessVllmGenerator.warm_up() has not run")
         prompt = completion_prompt(build_messages(query, passages))
         return _EngineTokenStream(self, prompt, f"ragheat-{next(self._ids)}")
 
     def close(self) -> None:
+        """Stop the engine (its core process included) and its event loop; idempotent."""
         if self.engine is not None:
             self.engine.shutdown()
             self.loop.call_soon_threadsafe(self.loop.stop)
+            self.engine = None
 
 
 class _EngineTokenStream(TokenStream):

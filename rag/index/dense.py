@@ -41,6 +41,7 @@ def build_params(settings: IndexSettings, n: int, dim: int) -> dict:
 
 
 def build_index(vectors: np.ndarray, params: dict) -> faiss.Index:
+    """A FAISS index of ``vectors`` built with ``params`` (``build_params``)."""
     dim = vectors.shape[1]
     kind = params["kind"]
     if kind == "flat":
@@ -60,6 +61,7 @@ def build_index(vectors: np.ndarray, params: dict) -> faiss.Index:
 
 
 def save_index(index: faiss.Index, folder: Path) -> None:
+    """Write ``index`` into the generation ``folder``."""
     faiss.write_index(index, str(folder / DENSE_FILE))
 
 
@@ -71,6 +73,7 @@ def load_index(folder: Path, settings: IndexSettings) -> faiss.Index:
 
 
 def apply_search_params(index: faiss.Index, settings: IndexSettings) -> None:
+    """Set the search-time parameters (efSearch, nprobe) from settings on a loaded index."""
     if isinstance(index, faiss.IndexHNSW):
         index.hnsw.efSearch = settings.hnsw_ef_search
     ivf = faiss.try_extract_index_ivf(index)
@@ -79,6 +82,7 @@ def apply_search_params(index: faiss.Index, settings: IndexSettings) -> None:
 
 
 def gpu_count() -> int:
+    """GPUs FAISS can use (0 with faiss-cpu)."""
     return faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
 
 
@@ -88,6 +92,7 @@ def on_gpu(index: faiss.Index) -> bool:
 
 
 def to_device(index: faiss.Index, device: str) -> faiss.Index:
+    """``index`` on a GPU when ``device`` (``index.device``) allows it and FAISS sees one; HNSW stays on the CPU."""
     gpus = gpu_count()
     if device == "gpu" and gpus == 0:
         raise ConfigurationError("index.device=gpu but FAISS sees no GPU (install the 'gpu' extra, faiss-gpu, "

@@ -27,11 +27,13 @@ def build_bm25(token_lists: list[list[str]], k1: float, b: float) -> tuple[bm25s
 
 
 def save_bm25(model: bm25s.BM25, idf: dict[str, float], folder: Path) -> None:
+    """Write the BM25 model and its IDF table into the generation ``folder``."""
     model.save(str(folder / BM25_DIR), show_progress=False)
     (folder / IDF_FILE).write_text(json.dumps(idf, ensure_ascii=False))
 
 
 def load_bm25(folder: Path) -> tuple[bm25s.BM25, dict[str, float]]:
+    """The BM25 model and IDF table saved in ``folder``."""
     model = bm25s.BM25.load(str(folder / BM25_DIR), mmap=False, show_progress=False, verbosity=0)
     idf = json.loads((folder / IDF_FILE).read_text())
     return model, idf
@@ -51,4 +53,5 @@ def bm25_top_k(model: bm25s.BM25, tokens: list[str], k: int) -> tuple[np.ndarray
 
 
 def bm25_size(model: bm25s.BM25) -> int:
+    """How many documents (chunks) the BM25 model holds."""
     return int(model.scores["num_docs"])

@@ -57,6 +57,7 @@ def resolve_generation(index_dir: Path) -> Path:
 
 
 def read_manifest(index_dir: Path) -> dict:
+    """The manifest of the generation ``index_dir`` points at; ``IndexLoadError`` naming the path if unreadable."""
     folder = resolve_generation(index_dir)
     try:
         manifest = json.loads((folder / MANIFEST).read_text())
@@ -101,6 +102,7 @@ def load_index(index_dir: Path, settings: IndexSettings) -> LoadedIndex:
 
 
 def read_chunks(path: Path) -> list[Chunk]:
+    """The chunks of a ``chunks.jsonl`` file, in chunk-id order; ``IndexLoadError`` naming a bad line."""
     chunks = []
     with open(path, encoding="utf-8") as fh:
         for chunk_id, line in enumerate(fh):
@@ -113,6 +115,7 @@ def read_chunks(path: Path) -> list[Chunk]:
 
 
 def write_chunks(path: Path, chunks: list[Chunk]) -> None:
+    """Write ``chunks`` to ``path`` as JSON lines."""
     with open(path, "w", encoding="utf-8") as fh:
         for c in chunks:
             fh.write(json.dumps({"doc_id": c.doc_id, "title": c.title, "text": c.text, "start": c.start,

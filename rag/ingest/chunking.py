@@ -19,6 +19,8 @@ Span = tuple[int, int]
 
 
 class Chunker(Protocol):
+    """Splits documents into passages: one list of ``(start, end)`` character spans per document."""
+
     name: str
 
     def split(self, documents: Sequence[Document]) -> list[list[Span]]: ...

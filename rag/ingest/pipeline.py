@@ -22,6 +22,8 @@ from rag.types import Chunk
 
 @dataclass
 class IngestReport:
+    """What an ingest did: the manifest, the generation folder, and whether it was skipped as up to date."""
+
     index_dir: Path
     generation: Path | None  # None when the index was already up to date
     manifest: dict
@@ -34,6 +36,7 @@ def passage_text(chunk: Chunk) -> str:
 
 
 def make_chunker(settings: RagheatSettings, embedder: OnnxEmbedder):
+    """The chunker the ``chunking`` settings name, over ``embedder``'s tokenizer."""
     c = settings.chunking
     if c.strategy == "semantic":
         return SemanticDensityChunker(embedder.tokenizer, embedder.embed_many, c.semantic_threshold,

@@ -77,6 +77,7 @@ def load_source(source: str) -> Corpus:
 
 
 def load_beir(folder: Path) -> Corpus:
+    """Documents of a BEIR folder's ``corpus.jsonl``."""
     collector = _Collector()
     corpus_file = folder / "corpus.jsonl"
     with open(corpus_file, "rb") as fh:
@@ -93,6 +94,7 @@ def load_beir(folder: Path) -> Corpus:
 
 
 def load_text_folder(folder: Path) -> Corpus:
+    """Documents from the ``.txt``/``.md`` files under a folder (title: a leading heading, else the file name)."""
     collector = _Collector()
     for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES):
         try:

@@ -13,6 +13,8 @@ from rag.types import FusionResult, Hit, RetrievalResult
 
 
 class WeightedRRF:
+    """The ``Fuser``: weighted reciprocal-rank fusion, score = sum of weight / (k + rank)."""
+
     name = "rrf"
 
     def __init__(self, weights: Mapping[str, float], k: float = 60.0) -> None:

@@ -25,13 +25,12 @@ from dashboards.boards import all_boards
 from dashboards.promapi import PrometheusApi
 from dashboards.snapshot import snapshot
 from dashboards.verify import QueryCheck, check_boards
-from rag.api.app import create_app
-from rag.api.server import BackgroundServer, free_port
 from rag.pipeline import STAGES, RagPipeline
 from rag.settings import FaultSettings
-from telemetry import build_telemetry
-from telemetry.asgi import instrument_app
-from telemetry.prometheus_server import LocalPrometheus
+from ragheat.service import build_service
+from stack.children import free_port
+from stack.prometheus import LocalPrometheus
+from stack.servers import BackgroundServer
 
 pytestmark = pytest.mark.slow
 
@@ -93,23 +92,16 @@ class Service:
         self.settings, self.pipeline, self.port, self.with_probes = settings, pipeline, port, probes
 
     def __enter__(self) -> str:
-        from probes.inprocess import start as start_probes
-
-        app = create_app(self.settings, pipeline=self.pipeline)
-        self.telemetry = build_telemetry(self.settings, self.pipeline, registry=CollectorRegistry())
-        instrument_app(app, self.telemetry)
         # As `ragheat serve --probes` does: the kernel board's panels then have data wherever eBPF is allowed
         # (CI runs as root); elsewhere they are absent and skipped by name.
-        self.probes = start_probes(self.settings, self.telemetry.registry, tcp_ports=[self.port]) \
-            if self.with_probes else None
-        self.server = BackgroundServer(app, port=self.port)
+        self.service = build_service(self.settings, self.pipeline, registry=CollectorRegistry(),
+                                     probes=self.with_probes, probe_ports=[self.port])
+        self.server = BackgroundServer(self.service.app, port=self.port)
         return self.server.__enter__()
 
     def __exit__(self, *exc) -> None:
         self.server.__exit__(*exc)
-        if self.probes is not None:
-            self.probes.close()
-        self.telemetry.shutdown()
+        self.service.close()
 
 
 def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 0.5):

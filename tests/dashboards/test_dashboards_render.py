@@ -1,25 +1,21 @@
 """The generator: committed files never drift from it, names come from the metrics contract, Grafana JSON and
-provisioning have what Grafana needs, the command line answers mistakes with a sentence."""
+provisioning have what Grafana needs (the command line: tests/ragheat/test_dashboards_cli.py)."""
 
 from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from typer.testing import CliRunner
 
 from dashboards import contract, grafana, render, slo
 from dashboards.boards import all_boards
 from dashboards.snapshot import heatmap_from_result
 from dashboards.spec import expand
-from rag.cli import app
 from telemetry.metrics import EXPECTED_METRICS, PrometheusMetrics
 
 DASHBOARDS = Path(__file__).resolve().parents[2] / "dashboards"
@@ -50,8 +46,8 @@ def test_committed_files_match_the_generator():
 
 @pytest.mark.parametrize("profile", list(slo.PROFILES))
 def test_every_metric_name_is_from_the_contract_or_a_recording_rule(profile):
-    families = [*contract.SERVICE.values(), *contract.KERNEL.values(), *contract.VLLM.values(),
-                *contract.VLLM_NATIVE.values()]
+    families = [*contract.SERVICE.values(), *contract.GENERATION.values(), *contract.KERNEL.values(),
+                *contract.VLLM.values(), *contract.VLLM_NATIVE.values()]
     known = {f + s for f in families for s in SUFFIXES}
     known |= {r["record"] for g in slo.prometheus_rules(slo.PROFILES[profile])["groups"] for r in g["rules"]
               if "record" in r}
@@ -65,7 +61,8 @@ def test_boards_read_every_kernel_and_vllm_family_they_promise():
     sources = {b.slug: {s for p in b.panels for q in p.queries for s in q.sources} for b in all_boards(slo.PRODUCTION)}
     assert {contract.KERNEL[k] for k in ("runqueue", "offcpu", "syscall")} <= sources["kernel"]
     assert set(contract.VLLM_NATIVE.values()) <= sources["vllm"]
-    assert {contract.VLLM[k] for k in ("ttft", "inter_token", "kv_usage", "preemptions")} <= sources["vllm"]
+    assert {contract.GENERATION[k] for k in ("ttft", "inter_token")} <= sources["vllm"]
+    assert {contract.VLLM[k] for k in ("kv_usage", "preemptions")} <= sources["vllm"]
 
 
 def test_slo_bucket_label_is_what_the_service_exposes():
@@ -154,34 +151,3 @@ def test_heatmap_from_cumulative_buckets():
     assert heatmap.rates.tolist() == [[1, 0], [2, 2], [0, 3]]  # per bucket, +Inf left out
     assert heatmap.edges.tolist()[1:] == [0.1, 0.42, 1.0]
     assert heatmap_from_result("t", [series("0.1", [0, 0]), series("1", [0, 0])]) is None
-
-
-def test_cli_render_writes_both_profiles(tmp_path):
-    runner = CliRunner()
-    for profile in slo.PROFILES:
-        result = runner.invoke(app, ["dashboards", "render", str(tmp_path / profile), "--profile", profile])
-        assert result.exit_code == 0, result.output
-        for relative, text in render.rendered_files(slo.PROFILES[profile]).items():
-            assert (tmp_path / profile / relative).read_text(encoding="utf-8") == text
-
-
-@pytest.mark.parametrize("args, message", [
-    (["render", "{tmp}/out", "--profile", "staging"], "--profile must be one of production, test"),
-    (["render", "{tmp}/file"], "exists and is not a folder"),
-    (["check", "--prometheus", "http://127.0.0.1:9"], "cannot reach Prometheus at http://127.0.0.1:9"),
-    (["snapshot", "--prometheus", "http://127.0.0.1:9", "--out", "{tmp}/png"], "cannot reach Prometheus"),
-    (["snapshot", "--prometheus", "http://127.0.0.1:9", "--boards", "latency,grafana"], "no board called grafana"),
-])
-def test_cli_mistakes_get_a_sentence(tmp_path, args, message):
-    (tmp_path / "file").write_text("")
-    result = CliRunner().invoke(app, ["dashboards", *[a.format(tmp=tmp_path) for a in args]])
-    assert result.exit_code == 2, result.output
-    assert message in " ".join(result.output.split())
-    assert "Traceback" not in result.output
-
-
-def test_importing_the_cli_stays_light():
-    code = ("import sys, dashboards.cli; heavy = {'grafanalib', 'matplotlib', 'httpx', 'yaml'} & set(sys.modules); "
-            "print(sorted(heavy))")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert result.stdout.strip() == "[]", result.stdout + result.stderr

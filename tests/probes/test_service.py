@@ -7,8 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from rag.api.server import start_serve_process
 from rag.settings import ProbeSettings
+from stack.servers import ServeProcess
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 QUERIES = ["0-dimensional biomaterials lack inductive properties.", "Vitamin D deficiency and bone density",
@@ -18,18 +18,14 @@ QUERIES = ["0-dimensional biomaterials lack inductive properties.", "Vitamin D d
 def test_service_kernel_time_is_attributed_to_pipeline_stages(ebpf, subset_index):
     from probes.loader import KernelProbes
 
-    process, url = start_serve_process(subset_index)
-    try:
-        with KernelProbes.attach(process.pid, ProbeSettings(syscalls=True), tcp_ports=[int(url.rsplit(":", 1)[1])]) \
-                as probes:
+    with ServeProcess(subset_index) as service:
+        url = service.url
+        with KernelProbes.attach(service.pid, ProbeSettings(syscalls=True), tcp_ports=[service.port]) as probes:
             with httpx.Client(timeout=30) as client, ThreadPoolExecutor(4) as pool:
                 def ask(i: int) -> int:
                     return client.post(url + "/v1/query", json={"query": QUERIES[i % len(QUERIES)]}).status_code
                 assert set(pool.map(ask, range(40))) == {200}
             snap = probes.snapshot()
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
     # the event loop answers every request (rh:http); the embed stage runs in worker threads named rh:embed
     for stage in ("http", "embed"):
         seen = sum(h.count for (s, _), h in snap.offcpu.items() if s == stage)
@@ -43,15 +39,11 @@ def test_serve_with_probes_exports_kernel_metrics_on_its_own_metrics(ebpf, subse
 
     from telemetry.metrics import KERNEL_METRICS
 
-    process, url = start_serve_process(subset_index, ("--probes",))
-    try:
-        with httpx.Client(base_url=url, timeout=30) as client:
-            for i in range(20):
-                assert client.post("/v1/query", json={"query": QUERIES[i % len(QUERIES)]}).status_code == 200
-            text = client.get("/metrics").text
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
+    with ServeProcess(subset_index, ("--probes",)) as service, \
+            httpx.Client(base_url=service.url, timeout=30) as client:
+        for i in range(20):
+            assert client.post("/v1/query", json={"query": QUERIES[i % len(QUERIES)]}).status_code == 200
+        text = client.get("/metrics").text
     counts = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:

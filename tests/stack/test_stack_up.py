@@ -29,10 +29,11 @@ QUERIES = ["vitamin D and bone density", "statins and muscle pain", "antibiotic 
 
 def vllm_installed() -> bool:
     from rag.errors import ConfigurationError
-    from rag.generation.vllm_server import vllm_python
+    from rag.settings import RagheatSettings
+    from stack.vllm import vllm_python
 
     try:
-        vllm_python()
+        vllm_python(RagheatSettings().generation.vllm_python)
         return True
     except ConfigurationError:
         return False

@@ -13,10 +13,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
-from rag.api.app import create_app
-from rag.api.server import BackgroundServer
-from telemetry import build_telemetry
-from telemetry.asgi import instrument_app
+from ragheat.service import build_service
+from stack.servers import BackgroundServer
 
 QUERIES = [
     "0-dimensional biomaterials lack inductive properties.",
@@ -47,24 +45,19 @@ def with_telemetry(settings, **update):
 
 @contextmanager
 def serve(settings, pipeline, *, exporter: InMemorySpanExporter | None = None, environ=None, **telemetry_update):
-    """A real uvicorn server with telemetry wired in exactly as ``ragheat serve`` does it.
+    """A real uvicorn server with telemetry wired in exactly as ``ragheat serve`` does it (``ragheat.service``).
     Every request is traced unless the test says otherwise (the default samples 10 %)."""
     telemetry_update.setdefault("trace_sample_ratio", 1.0)
     s = with_telemetry(settings, **telemetry_update)
-    kwargs = {"registry": CollectorRegistry(), "span_exporter": exporter}
-    if environ is not None:
-        kwargs["environ"] = environ
-    app = create_app(s, pipeline=pipeline)
-    tel = build_telemetry(s, pipeline, **kwargs)
-    instrument_app(app, tel)
+    service = build_service(s, pipeline, registry=CollectorRegistry(), span_exporter=exporter, environ=environ)
     served = None
     try:
-        with BackgroundServer(app) as url, httpx.Client(base_url=url, timeout=30) as client:
-            served = Served(url, tel, exporter, client)
+        with BackgroundServer(service.app) as url, httpx.Client(base_url=url, timeout=30) as client:
+            served = Served(url, service.telemetry, exporter, client)
             yield served
     finally:
         start = time.perf_counter()
-        tel.shutdown()
+        service.close()
         if served is not None:
             served.shutdown_s = time.perf_counter() - start
 

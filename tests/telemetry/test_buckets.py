@@ -9,8 +9,9 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from telemetry.buckets import (BUCKET_SETS, KERNEL_LOG2_SECONDS, LATENCY_SECONDS, RETRIEVED_DOCUMENTS, SLO_SECONDS,
-                               VLLM_STEP_BLOCKS, VLLM_STEP_TOKENS)
+from rag.slo import SLO_SECONDS
+from telemetry.buckets import (BUCKET_SETS, KERNEL_LOG2_SECONDS, LATENCY_SECONDS, RETRIEVED_DOCUMENTS, VLLM_STEP_BLOCKS,
+                               VLLM_STEP_TOKENS)
 from telemetry.metrics import PrometheusMetrics
 from telemetry.qps import QpsBuckets
 

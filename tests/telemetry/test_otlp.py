@@ -10,7 +10,7 @@ from contextlib import ExitStack
 import pytest
 
 from rag.stages import EXTRACTIVE_STAGES
-from telemetry.otlp_receiver import OtlpReceiver
+from stack.otlp_receiver import OtlpReceiver
 from telemetry.tracing import OTLP_ENDPOINT_VARIABLES
 from telemetry_testkit import QUERIES, scrape, serve, total, wait_for
 

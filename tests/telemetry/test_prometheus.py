@@ -22,8 +22,8 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from rag.stages import EXTRACTIVE_STAGES, STAGES
-from rag.api.server import free_port
-from telemetry.prometheus_server import LocalPrometheus
+from stack.children import free_port
+from stack.prometheus import LocalPrometheus
 from telemetry_testkit import QUERIES, serve, trace_id, wait_for
 
 RAGHEAT = Path(sys.executable).parent / "ragheat"

@@ -222,12 +222,12 @@ def test_a_stage_failure_after_a_streams_200_counts_as_a_server_error():
     from prometheus_client import generate_latest
 
     from rag.errors import StageError
-    from telemetry.recorder import RequestInfo
+    from rag.types import RequestRecord
 
     registry = CollectorRegistry()
     telemetry = Telemetry(TelemetrySettings(tracing=False, otlp="off"), registry=registry)
     scope = telemetry.start("/v1/query/stream")
-    telemetry.finish(scope, 200, RequestInfo(error=StageError("generate_decode", RuntimeError("boom"))))
+    telemetry.finish(scope, 200, RequestRecord(error=StageError("generate_decode", RuntimeError("boom"))))
     text = generate_latest(registry).decode()
     assert 'ragheat_requests_total{route="/v1/query/stream",status_class="5xx"} 1.0' in text
     assert 'ragheat_stage_errors_total{stage="generate_decode"} 1.0' in text

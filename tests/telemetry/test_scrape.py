@@ -287,9 +287,9 @@ def test_device_time_of_gpu_capable_stages_is_exported_per_request(svc, pipeline
     """embed and retrieve_dense carry device time (the monotonic fallback on a machine without a GPU);
     no other stage does."""
     from rag.devicetime import CLOCKS
-    from telemetry.metrics import VLLM_METRICS
+    from telemetry.metrics import SERVICE_METRICS
 
-    device_h = VLLM_METRICS["device_seconds"]
+    device_h = SERVICE_METRICS["stage_device"]
     clocks = {"embed": pipeline.embedder.device_timer.clock,  # "monotonic" here; "cuda" with a GPU
               "retrieve_dense": pipeline.retrievers["dense"].device_timer.clock}
     before, n = quiet_scrape(svc.url), 4

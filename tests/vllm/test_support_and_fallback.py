@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from rag.api.server import free_port
+from stack.children import free_port
 from rag.generation.support import SupportChecker, split_cited_sentences
 from rag.pipeline import RagPipeline
 from rag.retrieval.lexical import LexicalAnalyzer
@@ -105,20 +105,15 @@ def test_degraded_flag_reaches_the_http_response_and_the_metrics(settings, subse
     from prometheus_client import CollectorRegistry
     from prometheus_client.parser import text_string_to_metric_families
 
-    from rag.api.app import create_app
-    from rag.api.server import BackgroundServer
-    from telemetry import build_telemetry
-    from telemetry.asgi import instrument_app
+    from ragheat.service import build_service
+    from stack.servers import BackgroundServer
 
     llm = _openai_pipeline(settings, subset_index, f"http://127.0.0.1:{free_port()}/v1")
-    app = create_app(llm.settings, pipeline=llm)
-    telemetry = build_telemetry(llm.settings, llm, registry=CollectorRegistry())
-    instrument_app(app, telemetry)
-    with BackgroundServer(app) as url, httpx.Client(base_url=url, timeout=30) as client:
+    with build_service(llm.settings, llm, registry=CollectorRegistry()) as service, \
+            BackgroundServer(service.app) as url, httpx.Client(base_url=url, timeout=30) as client:
         body = client.post("/v1/query", json={"query": QUESTION}).json()
         stream = client.post("/v1/query/stream", json={"query": QUESTION}).text
         metrics = client.get("/metrics").text
-    telemetry.shutdown()
     assert body["degraded"] is True and body["generator"] == "extractive" and body["degraded_reason"]
     assert '"degraded": true' in stream and "event: answer" in stream
     values = {s.name: s.value for family in text_string_to_metric_families(metrics) for s in family.samples
@@ -179,7 +174,7 @@ def test_a_client_that_leaves_a_stream_stops_the_generation(settings, subset_ind
     import httpx
 
     from rag.api.app import create_app
-    from rag.api.server import BackgroundServer
+    from stack.servers import BackgroundServer
 
     model = SlowStreamingServer()
     with model as llm_url:

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from rag.api.app import create_app
-from rag.api.server import BackgroundServer
+from stack.servers import BackgroundServer
 from rag.pipeline import RagPipeline
 
 pytestmark = pytest.mark.slow

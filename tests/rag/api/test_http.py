@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from rag.api.app import create_app
-from rag.api.server import BackgroundServer
+from stack.servers import BackgroundServer
 from rag.index.store import read_manifest
 from rag.pipeline import STAGES
 

@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rag.clikit import console, fail as _fail, guard, out
+
+from ragheat.clikit import console, fail as _fail, guard, load_settings, out
 
 app = typer.Typer(help="Start or stop the whole stack locally (the compose topology without Docker).",
                   no_args_is_help=True)
@@ -41,7 +42,6 @@ def up(
 ) -> None:
     """Start the API, Prometheus (compose's config, targets on loopback), Alertmanager, the alert receiver,
     the eBPF probes when root and vLLM when installed, as background processes; `stack down` stops them."""
-    from rag.cli import load_settings
     from stack.local import StackOptions, up as start, wait_for_scrapes
 
     if probes not in ("auto", "on", "off"):
@@ -50,7 +50,8 @@ def up(
     ports = {"api": api_port, "prometheus": prometheus_port, "alertmanager": alertmanager_port,
              "alert-receiver": receiver_port, "vllm": vllm_port,
              "probes": settings.probes.port if probes_port is None else probes_port}
-    options = StackOptions(settings.server.index_dir, folder, ports, probes, vllm_model, ready_timeout_s=ready_timeout)
+    options = StackOptions(settings.server.index_dir, folder, ports, probes, vllm_model,
+                           vllm_python=settings.generation.vllm_python, ready_timeout_s=ready_timeout)
     state = start(options, say=lambda line: console.print(line, highlight=False))
     targets = wait_for_scrapes(state.get("prometheus").url)
     _print_state(state, targets)

@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from rag.clikit import console, fail as _fail
+from ragheat.clikit import console, fail as _fail, load_settings
 
 
 def probes(
@@ -29,7 +29,6 @@ def probes(
 ) -> None:
     """eBPF kernel probes: run-queue, off-CPU and system-call latency of a service, by RAG stage."""
     from probes.environment import ProbesUnavailable, check_privileges
-    from rag.cli import load_settings
 
     if (pid is None) == (service_url is None):
         _fail("give exactly one of --pid PID or --service-url URL")

@@ -27,6 +27,8 @@ DEFAULT_SEARCH = {"hnsw": 128, "ivfpq": 16}  # the setting whose concurrency swe
 
 @dataclass
 class AnnPoint:
+    """One index at one search setting on one data set: recall, single-searcher speed and the concurrency sweep."""
+
     dataset: str
     index: str  # e.g. "hnsw M=32"
     search: str  # e.g. "efSearch=128"
@@ -43,12 +45,14 @@ class AnnPoint:
 
 
 def exact_top_k(base: np.ndarray, queries: np.ndarray, k: int = 10) -> np.ndarray:
+    """The true top ``k`` ids of each query by exact inner product (the recall reference)."""
     index = faiss.IndexFlatIP(base.shape[1])
     index.add(base)
     return index.search(queries, k)[1]
 
 
 def recall_at_k(found: np.ndarray, truth: np.ndarray) -> float:
+    """Mean share of each query's true top k found, order ignored."""
     k = truth.shape[1]
     return float(np.mean([len(set(f[:k]) & set(t)) / k for f, t in zip(found, truth)]))
 
@@ -100,6 +104,7 @@ def index_configs(n: int, dim: int) -> list[tuple[str, dict, list[tuple[str, int
 
 def run_ann_bench(dataset: str, base: np.ndarray, queries: np.ndarray, *, threads: Sequence[int],
                   seconds: float, report: Callable[[str], None] = print) -> list[AnnPoint]:
+    """Build every index of ``index_configs`` over ``base`` and measure it with ``queries``; one line per point."""
     base = np.ascontiguousarray(base, dtype=np.float32)
     queries = np.ascontiguousarray(queries, dtype=np.float32)
     truth = exact_top_k(base, queries)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rag.index import annbench
+from loadgen import annbench
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from rag.api.app import create_app
-from rag.api.server import BackgroundServer
+from stack.servers import BackgroundServer
 from rag.errors import IndexLoadError
 from rag.index.store import resolve_generation
 from rag.pipeline import RagPipeline

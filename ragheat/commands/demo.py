@@ -5,18 +5,18 @@ from __future__ import annotations
 import statistics
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import httpx
-from rich.console import Console
-from rich.table import Table
+import typer
 
-from rag.api.app import create_app
-from rag.api.server import BackgroundServer
-from rag.errors import IndexLoadError
-from rag.index.store import read_manifest
-from rag.ingest.pipeline import ingest
-from rag.pipeline import RagPipeline
-from rag.settings import RagheatSettings
+from ragheat.clikit import guard, load_settings, out, progress_bar
+
+if TYPE_CHECKING:
+    import httpx
+    from rich.console import Console
+    from rich.table import Table
+
+    from rag.settings import RagheatSettings
 
 SAMPLE_QUESTIONS = {
     "wiki": [
@@ -37,8 +37,31 @@ SWEEP_RATES = (25, 50, 100, 150, 200, 250)  # req/s; on two cores the demo's kne
 SWEEP_SECONDS = 3.0
 
 
+_guard = guard()
+
+
+@_guard
+def demo(
+    index: Path = typer.Option(Path("data/index/wiki"), "--index", help="where the demo index lives"),
+    source: str = typer.Option("wiki", help="corpus to ingest when the index is absent"),
+    port: int = typer.Option(0, help="port for the demo server (0 = any free port)"),
+) -> None:
+    """Ingest the demo corpus if absent, serve it, ask sample questions over HTTP, print stage timings."""
+    run_demo(load_settings(), index, source, port, console=out, progress=progress_bar)
+
+
 def run_demo(settings: RagheatSettings, index: Path, source: str, port: int, *, console: Console,
              progress, bench_dir: Path = Path("out/demo-bench")) -> None:
+    """Ingest ``source`` into ``index`` unless it is there, serve it with telemetry on ``port``, ask the sample
+    questions over HTTP, print answers, per-stage timings and P99s, then a short load sweep's knee."""
+    import httpx
+
+    from rag.errors import IndexLoadError
+    from rag.index.store import read_manifest
+    from rag.ingest.pipeline import ingest
+    from ragheat.service import build_service
+    from stack.servers import BackgroundServer
+
     try:
         manifest = read_manifest(index)
         console.print(f"using index {index} ({manifest['counts']['chunks']} chunks of {manifest['corpus']['name']})")
@@ -51,15 +74,9 @@ def run_demo(settings: RagheatSettings, index: Path, source: str, port: int, *, 
                       f"chunks in {manifest['timings_s']['total']:.1f} s")
     questions = SAMPLE_QUESTIONS["wiki" if manifest["corpus"]["kind"] == "wiki" else "default"]
 
-    from telemetry import build_telemetry
-    from telemetry.asgi import instrument_app
-
-    pipeline = RagPipeline(settings, index)
-    pipeline.warm_up()
-    app = create_app(settings, pipeline=pipeline)
-    telemetry = build_telemetry(settings, pipeline)
-    instrument_app(app, telemetry)
-    with BackgroundServer(app, port=port) as url, httpx.Client(base_url=url) as client:
+    settings = settings.model_copy(update={"server": settings.server.model_copy(update={"index_dir": index})})
+    with build_service(settings) as service, BackgroundServer(service.app, port=port) as url, \
+            httpx.Client(base_url=url) as client:
         console.print(f"serving on {url}  (OpenAPI: {url}/docs, metrics: {url}/metrics)\n")
         for question in questions:
             data = _ask(client, question)
@@ -72,7 +89,6 @@ def run_demo(settings: RagheatSettings, index: Path, source: str, port: int, *, 
         console.print(_timing_table(client, questions))
         console.print(_p99_from_metrics(client))
         _short_sweep(url, bench_dir, console)
-    telemetry.shutdown()
 
 
 def _short_sweep(url: str, out_dir: Path, console: Console) -> None:
@@ -113,6 +129,8 @@ def _ask(client: httpx.Client, question: str) -> dict:
 
 def _timing_table(client: httpx.Client, questions: list[str]) -> Table:
     """Median and worst of each stage (server-side) and end to end (client-side) over repeated asks."""
+    from rich.table import Table
+
     per_stage: dict[str, list[float]] = {}
     end_to_end: list[float] = []
     for _ in range(REPEATS):

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import httpx
 
-from rag.api.server import free_port, wait_until_ok
 from rag.errors import ConfigurationError
+from stack.children import ChildProcess, free_port
 
 
 def scrape_config(target: str, scrape_interval_s: float = 5.0, job: str = "ragheat",
@@ -36,17 +36,6 @@ def scrape_config(target: str, scrape_interval_s: float = 5.0, job: str = "raghe
             f"    static_configs:\n      - targets: ['{host_port}']\n"
             for name, host_port in jobs.items())
     )
-
-
-def _die_with_parent() -> None:
-    """In the child: ask Linux to SIGTERM it when its parent dies, so no Prometheus outlives the server."""
-    try:
-        import ctypes
-        import signal
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 class LocalPrometheus:
@@ -71,14 +60,19 @@ class LocalPrometheus:
         if not self._supports_scrape_protocols():
             text = "\n".join(line for line in text.splitlines() if "scrape_protocols" not in line) + "\n"
         config.write_text(text + self.extra_config)
-        self.log = open(self.folder / "prometheus.log", "wb")
-        self.process = subprocess.Popen(
-            [self.binary, f"--config.file={config}", f"--storage.tsdb.path={self.folder / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--enable-feature=exemplar-storage",
-             "--enable-feature=native-histograms", "--web.enable-lifecycle"],
-            stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
-        self._wait_ready()
-        self._wait_first_scrape()
+        # Same process group (no session of its own) but stopped by Linux if this process dies first:
+        # no Prometheus outlives the server it scrapes.
+        self.child = ChildProcess(
+            "prometheus", [self.binary, f"--config.file={config}", f"--storage.tsdb.path={self.folder / 'data'}",
+                           f"--web.listen-address=127.0.0.1:{self.port}", "--enable-feature=exemplar-storage",
+                           "--enable-feature=native-histograms", "--web.enable-lifecycle"],
+            log_path=self.folder / "prometheus.log", own_session=False, die_with_parent=True).start()
+        try:
+            self.child.wait_until_ok(self.url + "/-/ready", 30.0)
+            self._wait_first_scrape()
+        except BaseException:
+            self.__exit__()
+            raise
         return self.url
 
     def _supports_scrape_protocols(self) -> bool:
@@ -88,10 +82,6 @@ class LocalPrometheus:
         except (IndexError, ValueError):
             return False
         return (major, minor) >= (2, 49)
-
-    def _wait_ready(self, timeout_s: float = 30.0) -> None:
-        wait_until_ok(self.url + "/-/ready", timeout_s, lambda: self.process.poll() is None,
-                      f"prometheus (log: {self.folder}/prometheus.log)")
 
     def _wait_first_scrape(self, timeout_s: float = 30.0) -> None:
         """Prometheus hands new targets to its scrapers only every 5 s; until the first scrape an ``up``
@@ -104,16 +94,12 @@ class LocalPrometheus:
         raise TimeoutError(f"prometheus at {self.url} did not scrape {self.target} within {timeout_s} s")
 
     def query(self, promql: str) -> list[dict]:
+        """An instant PromQL query; the result vector (a list of series)."""
         body = httpx.get(self.url + "/api/v1/query", params={"query": promql}, timeout=10).json()
         if body.get("status") != "success":
             raise RuntimeError(f"{promql}: {body.get('error')}")
         return body["data"]["result"]
 
     def __exit__(self, *exc) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-        self.log.close()
+        self.child.stop()
         shutil.rmtree(self.folder, ignore_errors=True)

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rag.clikit import fail as _fail, guard, out
+
+from ragheat.clikit import fail as _fail, guard, out
 
 app = typer.Typer(help="Grafana dashboards and Prometheus rules as code.", no_args_is_help=True)
 _guard = guard(interrupted="interrupted")

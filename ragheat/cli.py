@@ -1,0 +1,35 @@
+"""The ``ragheat`` command: the root Typer app, registering one module's commands per group
+(``ragheat.commands``). Flags override settings from the environment (``RAGHEAT_<SECTION>__<FIELD>``), which
+override defaults. Each command imports its heavy dependencies when it runs, so ``ragheat --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from ragheat.commands import bench, dashboards, demo, index, probes, serve, stack
+
+app = typer.Typer(help="ragheat: observability-first RAG on embedded defaults.", no_args_is_help=True,
+                  pretty_exceptions_enable=False)
+
+app.command()(index.ingest)
+app.command()(serve.serve)
+app.command()(serve.query)
+app.command("eval")(index.evaluate)
+app.command()(bench.bench)
+app.command("ann-bench")(bench.ann_bench)
+app.command("tune-vllm")(bench.tune_vllm)
+app.command()(demo.demo)
+app.add_typer(dashboards.app, name="dashboards")
+app.command("probes")(probes.probes)
+app.add_typer(stack.app, name="stack")
+
+
+def main() -> None:  # pragma: no cover
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(app())

@@ -1,0 +1,215 @@
+"""``ragheat bench``, ``ragheat ann-bench`` and ``ragheat tune-vllm``: load sweeps against the service, the ANN
+index comparison, and vLLM's batch/context tuning (the tools live in ``loadgen``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from rag.slo import SLO_MS
+from ragheat.clikit import console, fail as _fail, guard, load_settings, out, progress_bar
+
+_guard = guard()
+
+
+@_guard
+def bench(
+    url: str = typer.Option(..., "--url", help="the service, e.g. http://127.0.0.1:8000"),
+    rates: str = typer.Option("5,10,20,40", help="open loop: offered req/s, '5,10,20' or 'start:stop:step'"),
+    mode: str = typer.Option("open", help="open (Poisson arrivals) | closed (N concurrent clients)"),
+    concurrency: str = typer.Option("1,2,4,8", help="closed loop: client counts, comma list"),
+    duration: float = typer.Option(10.0, min=0.1, help="measured seconds per step"),
+    warmup: float = typer.Option(2.0, min=0.0, help="unmeasured seconds before each step"),
+    queries: Optional[Path] = typer.Option(None, help="plain lines or a BEIR queries.jsonl (default: built-in)"),
+    slo_ms: float = typer.Option(SLO_MS, help="P99 objective used for the knee"),
+    max_error_rate: float = typer.Option(0.001, help="error share allowed at the knee"),
+    timeout: float = typer.Option(10.0, help="per-request timeout, seconds"),
+    seed: int = typer.Option(0, help="seed for arrivals and query order"),
+    out_dir: Path = typer.Option(Path("out/bench"), "--out", help="results.json, report.html and its PNGs go here"),
+    prometheus_url: Optional[str] = typer.Option(None, "--prometheus", help="take per-stage percentiles from this "
+                                                 "Prometheus (scraping the service) instead of the responses"),
+) -> None:
+    """Sweep load against a running service; report percentiles per step and the knee (max rate meeting the SLO)."""
+    from loadgen.arrivals import parse_rates
+    from loadgen.runner import DEFAULT_QUERIES, load_queries, shuffled
+    from loadgen.sweep import results_table, run_sweep, write_results
+
+    if mode not in ("open", "closed"):
+        _fail(f"--mode must be open or closed, not {mode!r}")
+    try:
+        levels = parse_rates(rates) if mode == "open" else [float(int(c)) for c in concurrency.split(",") if c.strip()]
+        texts = load_queries(queries) if queries else DEFAULT_QUERIES
+    except (ValueError, OSError) as exc:
+        _fail(str(exc))
+    if mode == "closed" and (not levels or min(levels) < 1):
+        _fail("--concurrency takes positive whole numbers, e.g. 1,2,4")
+    with progress_bar() as progress:
+        results = run_sweep(url, shuffled(texts, seed), mode=mode, levels=levels, duration_s=duration,
+                            warmup_s=warmup, slo_ms=slo_ms, max_error_rate=max_error_rate, seed=seed,
+                            timeout_s=timeout, progress=progress, prometheus_url=prometheus_url)
+    path = write_results(results, out_dir)
+    from loadgen.report import render_report
+
+    report = render_report(path)
+    out.print(results_table(results))
+    knee = results["knee_qps"]
+    if mode == "open":
+        out.print(f"knee: {knee:g} req/s" if knee is not None else "knee: none of the offered rates met the SLO")
+    out.print(f"wrote {path} and {report}" + ("  (interrupted: partial results)" if results["interrupted"] else ""))
+
+
+@_guard
+def ann_bench(
+    beir: Path = typer.Option(..., "--beir", help="BEIR folder whose index provides the first vector set"),
+    index: Optional[Path] = typer.Option(None, "--index", help="its index (built if absent; flat or hnsw)"),
+    wiki: bool = typer.Option(True, "--wiki/--no-wiki", help="also the Wikipedia corpus in small chunks"),
+    wiki_window: int = typer.Option(20, min=8, help="token window for the Wikipedia chunks (20 gives ~50k)"),
+    holdout: int = typer.Option(1000, min=10, help="Wikipedia chunks held out as queries"),
+    threads: str = typer.Option("1,2,4,8,16", help="concurrent searchers"),
+    seconds: float = typer.Option(1.0, min=0.1, help="seconds per throughput measurement"),
+    out_dir: Path = typer.Option(Path("out/ann-bench"), "--out", help="results.json and plots go here"),
+) -> None:
+    """Compare flat, HNSW (M 16/32/64, efSearch sweep) and IVF-PQ (nprobe sweep) on real embeddings."""
+    import numpy as np
+    from rich.table import Table
+
+    from loadgen import annbench
+    from rag.eval.beir import load_queries
+    from rag.ingest.pipeline import ingest as run_ingest
+    from rag.pipeline import RagPipeline
+
+    try:
+        thread_counts = [int(t) for t in threads.split(",") if t.strip()]
+        if not thread_counts or min(thread_counts) < 1:
+            raise ValueError
+    except ValueError:
+        _fail(f"--threads takes positive whole numbers, e.g. 1,2,4; got {threads!r}")
+    settings = load_settings()
+    index = index or Path("data/index") / beir.resolve().name
+    with progress_bar() as progress:
+        run_ingest(str(beir), index, settings, progress=progress)
+    pipeline = RagPipeline(settings, index)
+    pipeline.warm_up()
+    faiss_index = pipeline.index.faiss_index
+    if pipeline.index.manifest["dense"]["kind"] == "ivfpq":
+        _fail(f"{index} is an ivfpq index, whose vectors are compressed; give a flat or hnsw index")
+    datasets = {beir.resolve().name: (faiss_index.reconstruct_n(0, faiss_index.ntotal),
+                                      np.stack([pipeline.embedder.embed_query(q).vector
+                                                for q in load_queries(beir).values()]))}
+    if wiki:
+        datasets["wiki"] = _wiki_vectors(pipeline.embedder, wiki_window, holdout)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    points = []
+    for name, (base, queries) in datasets.items():
+        out.print(f"[bold]{name}[/]: {len(base):,} vectors, {len(queries):,} queries")
+        points += annbench.run_ann_bench(name, base, queries, threads=thread_counts, seconds=seconds,
+                                         report=lambda line: out.print(line, highlight=False))
+    (out_dir / "results.json").write_text(json.dumps([p.to_json() for p in points], indent=2))
+    images = annbench.plot(points, out_dir)
+    table = Table(title="ANN indexes: recall@10 vs exact, throughput and P99 by concurrent searchers")
+    for column in ("data", "index", "search", "build s", "MB", "recall@10", *(f"QPS/P99 @{t}" for t in thread_counts)):
+        table.add_column(column, justify="right")
+    for p in points:
+        if p.concurrency:
+            table.add_row(p.dataset, p.index, p.search, f"{p.build_s:.1f}", f"{p.memory_mb:.1f}",
+                          f"{p.recall_at_10:.4f}", *(f"{p.concurrency[str(t)]['qps']:.0f}/"
+                                                     f"{p.concurrency[str(t)]['p99_ms']:.2f}" for t in thread_counts))
+    out.print(table)
+    out.print(f"wrote {out_dir / 'results.json'} and {', '.join(str(i) for i in images)}")
+
+
+def _wiki_vectors(embedder, window: int, holdout: int):
+    """Wikipedia summaries in ``window``-token chunks, embedded once and cached under data/annbench/."""
+    import numpy as np
+
+    from rag.ingest.chunking import TokenWindowChunker
+    from rag.ingest.sources import load_wiki
+
+    cache = Path("data/annbench") / f"wiki-w{window}-{embedder.files.precision}.npy"
+    if cache.is_file():
+        vectors = np.load(cache)
+    else:
+        docs = load_wiki().documents
+        chunker = TokenWindowChunker(embedder.tokenizer, window, 0)
+        texts = [d.text[a:b] for d, spans in zip(docs, chunker.split(docs)) for a, b in spans]
+        with progress_bar() as progress:
+            task = progress.add_task(f"embed wiki ({len(texts):,} chunks)", total=len(texts))
+            vectors = embedder.embed_many(texts, progress=lambda n: progress.advance(task, n))
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        np.save(cache, vectors)
+    rng = np.random.default_rng(0)
+    held = rng.choice(len(vectors), size=min(holdout, len(vectors) // 10), replace=False)
+    keep = np.ones(len(vectors), dtype=bool)
+    keep[held] = False
+    return vectors[keep], vectors[held]
+
+
+@_guard
+def tune_vllm(
+    model: Path = typer.Option(..., "--model", help="model folder (config.json + tokenizer) for vLLM"),
+    max_num_seqs: str = typer.Option("4,8,16", "--max-num-seqs", help="comma list"),
+    max_model_len: str = typer.Option("1024,2048", "--max-model-len", help="comma list"),
+    block_size: str = typer.Option("", "--block-size", help="comma list; empty = vLLM's default (CPU: multiples of 32)"),
+    rate: float = typer.Option(2.0, min=0.01, help="offered requests per second, Poisson"),
+    duration: float = typer.Option(30.0, min=0.5, help="seconds of load per cell"),
+    prompt_tokens: int = typer.Option(256, min=1, help="prompt length of every request (random token ids)"),
+    max_tokens: int = typer.Option(128, min=1, help="output tokens of every request (ignore_eos)"),
+    slo_ttft_ms: float = typer.Option(1000.0, help="TTFT P99 objective"),
+    slo_e2e_ms: float = typer.Option(10000.0, help="end-to-end P99 objective"),
+    load_format: str = typer.Option("auto", help="vLLM --load-format; dummy = random weights (smoke runs)"),
+    gpu: bool = typer.Option(False, "--gpu", help="GPU vLLM: no CPU environment settings, graphs allowed"),
+    out_dir: Path = typer.Option(Path("out/tune-vllm"), "--out", help="results.json and heatmaps go here"),
+) -> None:
+    """Sweep vLLM's max_num_seqs x max_model_len (x block size) at a fixed offered rate; tokens/s, TTFT and
+    E2E P99 per cell, as a table and a heatmap, with the cells that meet the SLO marked."""
+    from rich.table import Table
+
+    from loadgen.vllm_tuning import run_tuning, write_results
+    from stack.vllm import vllm_python
+
+    def numbers(flag: str, text: str) -> list[int]:
+        try:
+            values = [int(v) for v in text.split(",") if v.strip()]
+        except ValueError:
+            _fail(f"{flag} takes whole numbers separated by commas, got {text!r}")
+        if any(v < 1 for v in values):
+            _fail(f"{flag} takes positive numbers, got {text!r}")
+        return values
+
+    seqs, lens = numbers("--max-num-seqs", max_num_seqs), numbers("--max-model-len", max_model_len)
+    blocks = numbers("--block-size", block_size) or [None]
+    if not seqs or not lens:
+        _fail("--max-num-seqs and --max-model-len need at least one value each")
+    if not gpu and any(b % 32 for b in blocks if b):
+        _fail(f"--block-size: vLLM on CPU needs a multiple of 32, got {block_size}")
+    if not (model / "config.json").is_file():
+        _fail(f"--model {model}: no config.json there (a Hugging Face model folder is needed)")
+    if prompt_tokens + max_tokens > min(lens):
+        out.print(f"[yellow]note:[/] prompt + output ({prompt_tokens + max_tokens} tokens) exceeds max_model_len "
+                  f"{min(lens)}: those cells will reject every request")
+    python = vllm_python(load_settings().generation.vllm_python)
+    table = Table(title=f"vLLM tuning at {rate:g} req/s: {prompt_tokens} prompt + {max_tokens} output tokens")
+    for column in ("block", "max_model_len", "max_num_seqs", "tok/s", "TTFT P99 ms", "E2E P99 ms", "errors", "SLO"):
+        table.add_column(column, justify="right")
+
+    def report(cell) -> None:
+        row = (str(cell.block_size or "default"), str(cell.max_model_len), str(cell.max_num_seqs))
+        if cell.failure:
+            console.print(f"cell {row}: vLLM did not start: {cell.failure}")
+            table.add_row(*row, "-", "-", "-", "-", "[red]failed[/]")
+            return
+        console.print(f"cell seqs={cell.max_num_seqs} len={cell.max_model_len} block={row[0]}: "
+                      f"{cell.tokens_per_s:.1f} tok/s, TTFT P99 {cell.ttft_p99_ms or 0:.0f} ms")
+        table.add_row(*row, f"{cell.tokens_per_s:.1f}", f"{cell.ttft_p99_ms or 0:.1f}", f"{cell.e2e_p99_ms or 0:.1f}",
+                      f"{cell.errors}/{cell.requests}", "[green]meets[/]" if cell.meets_slo else "misses")
+
+    results = run_tuning(model, max_num_seqs=seqs, max_model_len=lens, block_sizes=blocks, rate=rate,
+                         duration_s=duration, prompt_tokens=prompt_tokens, max_tokens=max_tokens,
+                         slo_ttft_ms=slo_ttft_ms, slo_e2e_ms=slo_e2e_ms, load_format=load_format,
+                         python=python, cpu=not gpu, on_cell=report)
+    paths = write_results(results, out_dir)
+    out.print(table)
+    out.print(f"wrote {', '.join(str(p) for p in paths)}")

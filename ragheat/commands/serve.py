@@ -1,0 +1,112 @@
+"""``ragheat serve`` and ``ragheat query``: serve the HTTP API, and answer one question (in-process or over HTTP)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ragheat.clikit import fail as _fail, guard, load_settings, out
+
+_guard = guard()
+
+
+@_guard
+def serve(
+    index: Optional[Path] = typer.Option(None, "--index", help="index folder (default server.index_dir)"),
+    host: Optional[str] = typer.Option(None, help="bind address"),
+    port: Optional[int] = typer.Option(None, help="port"),
+    log_level: str = typer.Option("info", help="uvicorn log level"),
+    prometheus: bool = typer.Option(False, "--prometheus", help="also start a local Prometheus scraping this server"),
+    telemetry_on: bool = typer.Option(True, "--telemetry/--no-telemetry", help="metrics, traces and OTLP export"),
+    generator: Optional[str] = typer.Option(None, help="extractive | openai | vllm (see docs/vllm.md)"),
+    llm_url: Optional[str] = typer.Option(None, "--llm-url", help="openai: the server's /v1 URL"),
+    llm_model: Optional[str] = typer.Option(None, "--llm-model", help="openai: served model; vllm: model folder"),
+    probes_on: bool = typer.Option(False, "--probes", help="also run the eBPF kernel probes in this process, "
+                                                           "exported at /metrics (needs root or CAP_BPF+CAP_PERFMON)"),
+) -> None:
+    """Serve the HTTP API (OpenAPI docs at /docs, metrics at /metrics)."""
+    import contextlib
+    import signal
+
+    import uvicorn
+
+    from ragheat.service import build_service
+
+    settings = load_settings(server={"host": host, "port": port, "index_dir": index},
+                             generation={"generator": generator, "base_url": llm_url, "model": llm_model})
+    metrics_on = telemetry_on and settings.telemetry.metrics
+    if prometheus and not metrics_on:
+        _fail("--prometheus needs metrics: drop --no-telemetry and keep telemetry.metrics on")
+    if prometheus and settings.server.port == 0:
+        _fail("--prometheus needs a fixed --port to scrape")
+    if probes_on and not metrics_on:
+        _fail("--probes needs metrics: drop --no-telemetry and keep telemetry.metrics on")
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # A missing or corrupt index stops here, with its path, before anything binds. The probes never fail the
+    # service: without privileges they log what is missing and it serves without them.
+    with build_service(settings, telemetry=telemetry_on, probes=probes_on) as service, \
+            contextlib.ExitStack() as stack:
+        if prometheus:
+            from stack.prometheus import LocalPrometheus
+
+            scrape_host = "127.0.0.1" if settings.server.host in ("0.0.0.0", "::") else settings.server.host
+            url = stack.enter_context(LocalPrometheus(f"{scrape_host}:{settings.server.port}"))
+            out.print(f"prometheus: {url}  (scraping http://{scrape_host}:{settings.server.port}/metrics, "
+                      "exemplar storage on)")
+        # uvicorn re-raises SIGTERM after its graceful shutdown; exiting through SystemExit lets the
+        # ExitStack stop the local Prometheus and the service its telemetry exporters instead of dying mid-way.
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+        uvicorn.run(service.app, host=settings.server.host, port=settings.server.port, log_level=log_level)
+
+
+@_guard
+def query(
+    text: str = typer.Argument(..., help="the question"),
+    index: Optional[Path] = typer.Option(None, "--index", help="answer in-process from this index"),
+    url: Optional[str] = typer.Option(None, help="ask a running server instead, e.g. http://127.0.0.1:8000"),
+    top_k: int = typer.Option(5, min=1, max=100, help="sources to return"),
+    retrievers: Optional[str] = typer.Option(None, help="dense, bm25 or dense,bm25 (hybrid)"),
+    as_json: bool = typer.Option(False, "--json", help="print the raw response"),
+) -> None:
+    """Answer one question with citations and per-stage timings."""
+    names = [r.strip() for r in retrievers.split(",")] if retrievers else None
+    body = {"query": text, "top_k": top_k, **({"retrievers": names} if names else {})}
+    if url:
+        import httpx
+
+        response = httpx.post(url.rstrip("/") + "/v1/query", json=body, timeout=60)
+        if response.status_code != 200:
+            _fail(f"{response.status_code}: {response.json().get('reason', response.text)}")
+        data = response.json()
+    else:
+        from pydantic import ValidationError
+
+        from rag.api.schemas import QueryRequest, QueryResponse
+        from rag.pipeline import RagPipeline
+
+        settings = load_settings(server={"index_dir": index})
+        try:
+            request = QueryRequest(**body)
+        except ValidationError as exc:
+            _fail(exc.errors()[0]["msg"].removeprefix("Value error, "))
+        pipeline = RagPipeline(settings, settings.server.index_dir)
+        pipeline.warm_up()
+        data = QueryResponse.from_result(pipeline.query(request.query, top_k, names)).model_dump()
+    if as_json:
+        out.print_json(json.dumps(data))
+    else:
+        print_answer(data)
+
+
+def print_answer(data: dict) -> None:
+    """The answer, its citations and the stage timings, for a terminal."""
+    out.print(f"[bold]{data['answer']}[/]  [dim]({data['generator']})[/]")
+    for c in data["citations"]:
+        out.print(f"  [{c['number']}] {c['title']} [dim]({c['doc_id']} {c['chunk_start']}:{c['chunk_end']}, "
+                  f"score {c['score']:.4f})[/]")
+    out.print("  " + "  ".join(f"{s['name']} {s['ms']:.2f} ms" for s in data["stages"]), style="dim")

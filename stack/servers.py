@@ -1,0 +1,78 @@
+"""Run the service for a while on a loopback port and wait until it answers: in a background thread of this
+process (demo, tests) or as a ``ragheat serve`` child process (benchmarks, probe tests)."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import threading
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import uvicorn
+
+from stack.children import ChildProcess, free_port, wait_until_ok
+
+
+class ServeProcess:
+    """``with ServeProcess(index) as service:`` runs ``ragheat serve --index INDEX`` on a free port as a child
+    process until the block ends; ``service.url`` and ``service.pid`` once it answers ``/readyz``.
+
+    Its output goes where this process's goes, and it shares this process's group, as a command run by hand
+    would (``ChildProcess`` stops it: SIGTERM, then SIGKILL after ``stop_timeout_s``)."""
+
+    def __init__(self, index: Path, extra_args: Sequence[str] = (), env: Mapping[str, str] | None = None,
+                 ready_timeout_s: float = 120.0, stop_timeout_s: float = 30.0) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        ragheat = Path(sys.executable).parent / "ragheat"
+        self.child = ChildProcess("ragheat serve", [ragheat, "serve", "--index", index, "--port", self.port,
+                                                    "--log-level", "warning", *extra_args],
+                                  env=env, own_session=False, stop_timeout_s=stop_timeout_s)
+        self.ready_timeout_s = ready_timeout_s
+
+    @property
+    def pid(self) -> int:
+        return self.child.pid
+
+    def __enter__(self) -> "ServeProcess":
+        self.child.start()
+        try:
+            self.child.wait_until_ok(self.url + "/readyz", self.ready_timeout_s)
+        except BaseException:
+            self.child.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.child.stop()
+
+
+class BackgroundServer:
+    """``with BackgroundServer(app) as url:`` serves ``app`` in a thread of this process until the block ends.
+
+    The socket is bound before uvicorn starts (port 0 = a free port), so there is no race
+    between choosing a port and listening on it.
+    """
+
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 0, ready_timeout: float = 120.0) -> None:
+        self.app, self.host, self.port, self.ready_timeout = app, host, port, ready_timeout
+        self.url = ""
+
+    def __enter__(self) -> str:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self.port))
+        self.port = sock.getsockname()[1]
+        self.url = f"http://{self.host}:{self.port}"
+        config = uvicorn.Config(self.app, log_level="warning", access_log=False)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]},
+                                       name="ragheat-uvicorn", daemon=True)
+        self.thread.start()
+        wait_until_ok(self.url + "/readyz", self.ready_timeout, self.thread.is_alive, "the server")
+        return self.url
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
