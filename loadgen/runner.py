@@ -11,9 +11,11 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import signal
+import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Coroutine, Sequence
 
 import aiohttp
 import numpy as np
@@ -50,9 +52,75 @@ async def _post(session: aiohttp.ClientSession, url: str, body: bytes, want_stag
     return Outcome(intended, sent, done, ok, stages)
 
 
-def run(coro):
+class StopSignals:
+    """Ctrl-C (SIGINT) and SIGTERM for the length of a sweep: each press stops the sweep rather than raising
+    KeyboardInterrupt wherever it lands (in a step's set-up, a progress update, an event loop's teardown).
+
+    First press: stop sending; the step in progress lets its requests in flight finish and returns what it
+    measured, marked interrupted. Second press: drop the requests still in flight too. Third: KeyboardInterrupt,
+    for a sweep stuck outside any step. A signal the process started with ignored stays ignored (a shell starts
+    background jobs with SIGINT ignored so that Ctrl-C meant for the foreground does not reach them); SIGTERM
+    stops those. Outside the main thread, where Python cannot take signals, it does nothing. Re-entrant: the
+    handlers go back to what they were when the outermost ``with`` ends.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.presses = 0
+        self._depth = 0
+        self._previous: dict[int, object] = {}
+        self._step: tuple[asyncio.AbstractEventLoop, asyncio.Task] | None = None  # the step a press cancels
+
+    def __enter__(self) -> "StopSignals":
+        self._depth += 1
+        if self._depth == 1 and threading.current_thread() is threading.main_thread():
+            for signum in self.SIGNALS:
+                if signal.getsignal(signum) not in (signal.SIG_IGN, None):  # None: a handler not set from Python
+                    self._previous[signum] = signal.signal(signum, self._on_signal)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._depth -= 1
+        if self._depth == 0:
+            for signum, previous in self._previous.items():
+                signal.signal(signum, previous)
+            self._previous.clear()
+
+    def _on_signal(self, signum, frame) -> None:
+        # Runs in the main thread between two bytecodes, possibly inside the event loop's own code: it only
+        # counts and schedules; the cancellation itself runs as a loop callback.
+        self.presses += 1
+        if self.presses >= 3:
+            raise KeyboardInterrupt
+        if self._step is not None:
+            loop, task = self._step
+            try:
+                loop.call_soon_threadsafe(task.cancel)
+            except RuntimeError:  # the loop closed in between: the step is over anyway
+                pass
+
+    async def step(self, coro: Coroutine):
+        """Await one step's coroutine as what the next press cancels; None, without starting it, if a press
+        came before it could begin."""
+        self._step = (asyncio.get_running_loop(), asyncio.current_task())
+        try:
+            if self.presses:  # checked after registering, so that no press falls between the two
+                coro.close()
+                return None
+            return await coro
+        finally:
+            self._step = None
+
+
+def run(coro, stop: StopSignals | None = None):
     """Run a load coroutine on uvloop when it is installed (it comes with uvicorn[standard]): its timers and
-    sockets cost less per request than asyncio's, which is what keeps send times close to the schedule."""
+    sockets cost less per request than asyncio's, which is what keeps send times close to the schedule.
+
+    With ``stop`` (whose handlers asyncio.Runner then leaves alone), a press cancels the coroutine, which returns
+    what it measured; None if a press came before it began."""
+    if stop is not None:
+        coro = stop.step(coro)
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop ships with uvicorn[standard]
@@ -81,24 +149,50 @@ def _bodies(queries: Sequence[str], top_k: int) -> list[bytes]:
     return [json.dumps({"query": q, "top_k": top_k}).encode() for q in queries]
 
 
+async def _drain(tasks: list[asyncio.Task], cut: bool) -> bool:
+    """Wait for the requests in flight; True if the step was cut (``cut``: it already was). A press while
+    waiting cuts a step that was not, and drops the requests of one that was (they then count nowhere)."""
+    while tasks:
+        try:
+            await asyncio.wait(tasks)  # not gather: a cancellation here must not cancel the requests by itself
+            break
+        except asyncio.CancelledError:
+            asyncio.current_task().uncancel()
+            if cut:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.wait(tasks)
+                break
+            cut = True
+    return cut
+
+
+async def _close(session: aiohttp.ClientSession) -> None:
+    """Close the session; a press landing here, once the step has measured all it will, must not cost its results."""
+    try:
+        await session.close()
+    except asyncio.CancelledError:
+        asyncio.current_task().uncancel()
+
+
 async def open_loop(url: str, queries: Sequence[str], rate: float, duration_s: float, warmup_s: float, *,
                     seed: int = 0, timeout_s: float = 10.0, top_k: int = 5, want_stages: bool = True,
-                    progress: Callable[[float], None] | None = None, holder: dict | None = None) -> StepResult:
+                    progress: Callable[[float], None] | None = None) -> StepResult:
     """Poisson arrivals at ``rate`` for ``warmup_s + duration_s``; only the last ``duration_s`` counts.
 
-    On Ctrl-C (the task is cancelled) it stops sending, waits for the requests in flight and returns what
-    was measured, marked interrupted; ``holder["result"]`` keeps it for a caller that sees KeyboardInterrupt.
+    Cancelled (Ctrl-C, see StopSignals), it stops sending, waits for the requests in flight and returns what was
+    measured, marked interrupted; cancelled again while it waits, it drops those requests (they count nowhere).
     """
     rng = np.random.default_rng(seed)
     offsets = poisson_offsets(rate, warmup_s + duration_s, rng)
     bodies = _bodies(queries, top_k)
     loop = asyncio.get_running_loop()
-    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
-    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
+                                    timeout=aiohttp.ClientTimeout(total=timeout_s))
     tasks: list[asyncio.Task] = []
     interrupted = False
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        start = _now() + 0.05
+    start = _now() + 0.05
+    try:
         try:
             for i, offset in enumerate(offsets):
                 intended = start + offset
@@ -108,45 +202,65 @@ async def open_loop(url: str, queries: Sequence[str], rate: float, duration_s: f
                 if progress is not None and i % 64 == 0:
                     progress(min(1.0, offset / (warmup_s + duration_s)))
         except asyncio.CancelledError:
+            asyncio.current_task().uncancel()
             interrupted = True
-        outcomes = await asyncio.gather(*tasks)
+        interrupted = await _drain(tasks, interrupted)
+    finally:
+        await _close(session)
+    outcomes = [task.result() for task in tasks if not task.cancelled()]
     measured = [o for o in outcomes if o.intended >= start + warmup_s]
     if interrupted:  # the step ran short: rates are over the time actually measured
         duration_s = max(0.0, (max((o.intended for o in outcomes), default=start) - start) - warmup_s) or duration_s
-    result = _summarise("open", measured, duration_s, rate, None, interrupted)
-    if holder is not None:
-        holder["result"] = result
-    return result
+    return _summarise("open", measured, duration_s, rate, None, interrupted)
 
 
 async def closed_loop(url: str, queries: Sequence[str], concurrency: int, duration_s: float, warmup_s: float, *,
                       timeout_s: float = 10.0, top_k: int = 5, want_stages: bool = True,
                       progress: Callable[[float], None] | None = None) -> StepResult:
-    """``concurrency`` clients, each sending its next request when the previous one returns."""
+    """``concurrency`` clients, each sending its next request when the previous one returns.
+
+    Cancelled, the clients finish the request they are waiting for and stop (cancelled again, they drop it);
+    the step returns what was measured, marked interrupted."""
     bodies = _bodies(queries, top_k)
-    connector = aiohttp.TCPConnector(limit=0)
     outcomes: list[Outcome] = []
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
-        start = _now()
-        stop = start + warmup_s + duration_s
+    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                    timeout=aiohttp.ClientTimeout(total=timeout_s))
+    start = _now()
+    stop = start + warmup_s + duration_s
+    interrupted = False
 
-        async def client(i: int) -> None:
-            j = i
-            while _now() < stop:
-                now = _now()
-                outcome = await _post(session, url, bodies[j % len(bodies)], want_stages, now)
-                if now >= start + warmup_s:
-                    outcomes.append(outcome)
-                j += concurrency
+    async def client(i: int) -> None:
+        j = i
+        while _now() < stop:
+            now = _now()
+            outcome = await _post(session, url, bodies[j % len(bodies)], want_stages, now)
+            if now >= start + warmup_s:
+                outcomes.append(outcome)
+            j += concurrency
 
-        async def ticker() -> None:
-            while _now() < stop:
-                if progress is not None:
-                    progress(min(1.0, (_now() - start) / (stop - start)))
-                await asyncio.sleep(0.2)
+    async def ticker() -> None:
+        while _now() < stop:
+            if progress is not None:
+                progress(min(1.0, (_now() - start) / (stop - start)))
+            await asyncio.sleep(0.2)
 
-        await asyncio.gather(*(client(i) for i in range(concurrency)), ticker())
-    return _summarise("closed", outcomes, duration_s, None, concurrency, False)
+    tasks = [asyncio.create_task(client(i)) for i in range(concurrency)] + [asyncio.create_task(ticker())]
+    try:
+        try:
+            await asyncio.wait(tasks)
+        except asyncio.CancelledError:
+            asyncio.current_task().uncancel()
+            interrupted, stop = True, _now()  # the clients see it after their current request
+            tasks[-1].cancel()  # the ticker
+            await _drain(tasks, cut=True)
+    finally:
+        await _close(session)
+    for task in tasks:
+        if not task.cancelled():
+            task.result()  # a client's own error surfaces here, as gather would have raised it
+    if interrupted:
+        duration_s = max(0.0, stop - start - warmup_s) or duration_s
+    return _summarise("closed", outcomes, duration_s, None, concurrency, interrupted)
 
 
 def _summarise(mode: str, outcomes: list[Outcome], duration_s: float, rate: float | None,

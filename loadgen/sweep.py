@@ -9,7 +9,7 @@ from typing import Sequence
 
 from rich.table import Table
 
-from loadgen.runner import closed_loop, open_loop, run
+from loadgen.runner import StopSignals, closed_loop, open_loop, run
 from loadgen.stats import StepResult, find_knee
 
 
@@ -37,46 +37,60 @@ def prometheus_stage_percentiles(prometheus_url: str, window_s: float, at: float
 
 def run_sweep(url: str, queries: Sequence[str], *, mode: str, levels: Sequence[float], duration_s: float,
               warmup_s: float, slo_ms: float, max_error_rate: float, seed: int = 0, timeout_s: float = 10.0,
-              progress=None, prometheus_url: str | None = None) -> dict:
-    """Run every step; Ctrl-C ends the sweep and keeps what was measured (the cut step marked interrupted).
-    With ``prometheus_url``, per-stage percentiles come from Prometheus instead of the responses."""
+              progress=None, prometheus_url: str | None = None, stop: StopSignals | None = None) -> dict:
+    """Run every step; Ctrl-C (or SIGTERM) ends the sweep and keeps what was measured, the cut step marked
+    interrupted (see StopSignals: a second press drops the requests in flight, a third raises KeyboardInterrupt).
+    The handlers are in place from before the first step to the end (or, given ``stop``, for as long as the
+    caller holds it), so a press stops the sweep the same way whether it lands mid-step, as a step starts or
+    ends, or between steps. With ``prometheus_url``, per-stage percentiles come from Prometheus instead of the
+    responses."""
     target = url.rstrip("/") + "/v1/query"
     steps: list[StepResult] = []
-    interrupted = False
     started = time.time()
-    for level in levels:
-        label = f"{level:g} req/s" if mode == "open" else f"{int(level)} clients"
-        task = progress.add_task(f"step {label}", total=1.0) if progress is not None else None
-        tick = (lambda f, t=task: progress.update(t, completed=f)) if progress is not None else None
-        holder: dict = {}
-        try:
+    with stop or StopSignals() as stop:
+        for level in levels:
+            if stop.presses:
+                break
+            label = f"{level:g} req/s" if mode == "open" else f"{int(level)} clients"
+            task = progress.add_task(f"step {label}", total=1.0) if progress is not None else None
+            tick = (lambda f, t=task: progress.update(t, completed=f)) if progress is not None else None
             if mode == "open":
                 step = run(open_loop(target, queries, level, duration_s, warmup_s, seed=seed + len(steps),
-                                             timeout_s=timeout_s, progress=tick, holder=holder))
+                                     timeout_s=timeout_s, progress=tick), stop)
             else:
-                step = run(closed_loop(target, queries, int(level), duration_s, warmup_s,
-                                               timeout_s=timeout_s, progress=tick))
-        except KeyboardInterrupt:
-            interrupted = True
-            if "result" in holder:
-                steps.append(holder["result"])
-            break
-        if progress is not None:
-            progress.update(task, completed=1.0)
-        if prometheus_url:
-            time.sleep(min(5.0, duration_s / 4))  # let a scrape after the step land
-            step.stages_ms = prometheus_stage_percentiles(prometheus_url, duration_s, time.time())
-            step.stages_source = "prometheus"
-        steps.append(step)
-        if step.interrupted:  # Ctrl-C reached the step as a cancellation and it returned what it had
-            interrupted = True
-            break
-    return {
-        "url": url, "mode": mode, "slo_ms": slo_ms, "max_error_rate": max_error_rate,
-        "duration_s": duration_s, "warmup_s": warmup_s, "started_at": started, "interrupted": interrupted,
-        "knee_qps": find_knee(steps, slo_ms, max_error_rate) if mode == "open" else None,
-        "steps": [s.to_json() for s in steps],
-    }
+                step = run(closed_loop(target, queries, int(level), duration_s, warmup_s, timeout_s=timeout_s,
+                                       progress=tick), stop)
+            if step is None:  # a press came before the step began
+                break
+            if progress is not None:
+                progress.update(task, completed=1.0)
+            if prometheus_url:
+                time.sleep(min(5.0, step.duration_s / 4))  # let a scrape after the step land
+                step.stages_ms = prometheus_stage_percentiles(prometheus_url, step.duration_s, time.time())
+                step.stages_source = "prometheus"
+            steps.append(step)
+            if step.interrupted:
+                break
+        results = {
+            "url": url, "mode": mode, "slo_ms": slo_ms, "max_error_rate": max_error_rate,
+            "duration_s": duration_s, "warmup_s": warmup_s, "started_at": started,
+            "interrupted": len(steps) < len(levels) or any(s.interrupted for s in steps),
+            "knee_qps": find_knee(steps, slo_ms, max_error_rate) if mode == "open" else None,
+            "steps": [s.to_json() for s in steps],
+        }
+    return results
+
+
+def sweep_and_report(out_dir: Path, url: str, queries: Sequence[str], **options) -> tuple[dict, Path, Path]:
+    """run_sweep, then results.json and report.html in ``out_dir``, all under one StopSignals: a press once the
+    sweep has stopped (the second Ctrl-C of an impatient user) waits for both files instead of leaving none, or
+    aborting the interpreter inside matplotlib's import. A third press still raises KeyboardInterrupt."""
+    from loadgen.report import render_report
+
+    with StopSignals() as stop:
+        results = run_sweep(url, queries, stop=stop, **options)
+        path = write_results(results, out_dir)
+        return results, path, render_report(path)
 
 
 def write_results(results: dict, out_dir: Path) -> Path:

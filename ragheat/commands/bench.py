@@ -35,7 +35,7 @@ def bench(
     """Sweep load against a running service; report percentiles per step and the knee (max rate meeting the SLO)."""
     from loadgen.arrivals import parse_rates
     from loadgen.runner import DEFAULT_QUERIES, load_queries, shuffled
-    from loadgen.sweep import results_table, run_sweep, write_results
+    from loadgen.sweep import results_table, sweep_and_report
 
     if mode not in ("open", "closed"):
         _fail(f"--mode must be open or closed, not {mode!r}")
@@ -47,13 +47,11 @@ def bench(
     if mode == "closed" and (not levels or min(levels) < 1):
         _fail("--concurrency takes positive whole numbers, e.g. 1,2,4")
     with progress_bar() as progress:
-        results = run_sweep(url, shuffled(texts, seed), mode=mode, levels=levels, duration_s=duration,
-                            warmup_s=warmup, slo_ms=slo_ms, max_error_rate=max_error_rate, seed=seed,
-                            timeout_s=timeout, progress=progress, prometheus_url=prometheus_url)
-    path = write_results(results, out_dir)
-    from loadgen.report import render_report
-
-    report = render_report(path)
+        # Under one signal guard: Ctrl-C or SIGTERM ends the sweep and still writes results.json and report.html.
+        results, path, report = sweep_and_report(out_dir, url, shuffled(texts, seed), mode=mode, levels=levels,
+                                                 duration_s=duration, warmup_s=warmup, slo_ms=slo_ms,
+                                                 max_error_rate=max_error_rate, seed=seed, timeout_s=timeout,
+                                                 progress=progress, prometheus_url=prometheus_url)
     out.print(results_table(results))
     knee = results["knee_qps"]
     if mode == "open":
