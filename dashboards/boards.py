@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from dashboards import contract
 from dashboards.slo import (BURN_ALERTS, QUANTILE_WINDOW_S, SLI_WINDOWS_S, SLO_PERIOD_S, SLOS, Profile,
-                            sli_error_record, stage_quantile_record)
-from dashboards.spec import RATE_INTERVAL, Board, Panel, Query, Variable
+                            native_stage_over_slo_expr, sli_error_record, stage_over_slo_record,
+                            stage_quantile_record)
+from dashboards.spec import NATIVE, RATE_INTERVAL, SCRAPED, SOURCE_CHOICE, Board, Panel, Query, Variable, gated
 from rag.slo import SLO_SECONDS
 
 
@@ -14,73 +15,119 @@ def _rate(series: str, selector: str = "") -> str:
     return f"rate({series}{{{selector}}}[{RATE_INTERVAL}])" if selector else f"rate({series}[{RATE_INTERVAL}])"
 
 
-def _heatmap(title: str, family: str, selector: str = "", **options) -> Panel:
-    """Buckets per le, ready for Grafana's heatmap (format ``heatmap``, one series per ``le``)."""
-    query = Query(f"sum by (le) ({_rate(contract.bucket(family), selector)})", "{{le}}", (family,))
-    return Panel(title, "heatmap", (query,), log_y=True, **options)
+def _heatmap(title: str, family: str, selector: str = "", native: str | None = None, **options) -> Panel:
+    """Buckets per le, ready for Grafana's heatmap (format ``heatmap``, one series per ``le``). With ``native`` (the
+    collector-fed native histogram of the same latency), two queries gated by ``$source``: the scraped buckets and
+    the native histogram, which Grafana draws with its own exponential buckets."""
+    scraped = f"sum by (le) ({_rate(contract.bucket(family), selector)})"
+    if native is None:
+        return Panel(title, "heatmap", (Query(scraped, "{{le}}", (family,)),), log_y=True, **options)
+    queries = (Query(gated(scraped, SCRAPED), "{{le}}", (family,), SCRAPED),
+               Query(gated(f"sum({_rate(native, selector)})", NATIVE), "", (native,), NATIVE))
+    return Panel(title, "heatmap", queries, log_y=True, **options)
+
+
+def _quantile(q: float, family: str, native: str, selector: str, by: str = "") -> tuple[Query, Query]:
+    """The ``q`` quantile from the scraped buckets and from the native histogram, each gated by ``$source``."""
+    legend = f"P{round(q * 100)}" if not by else "{{" + by + "}}"
+    group = f"le, {by}" if by else "le"
+    scraped = f"histogram_quantile({q:g}, sum by ({group}) ({_rate(contract.bucket(family), selector)}))"
+    native_ = (f"histogram_quantile({q:g}, sum by ({by}) ({_rate(native, selector)}))" if by else
+               f"histogram_quantile({q:g}, sum({_rate(native, selector)}))")
+    return (Query(gated(scraped, SCRAPED), legend, (family,), SCRAPED),
+            Query(gated(native_, NATIVE), legend, (native,), NATIVE))
 
 
 def latency_board(profile: Profile) -> Board:
-    """RAG latency: per-stage heatmaps, end-to-end percentiles, load, errors."""
+    """RAG latency: per-stage heatmaps, end-to-end percentiles, load, errors. The latency panels read the scraped
+    histograms or the collector-fed native ones, as ``$source`` says."""
     stage, request = contract.STAGE_DURATION, contract.REQUEST_DURATION
     load = 'qps_bucket=~"$qps_bucket"'
     answered = f'outcome="ok", {load}'
     selected_stage = 'stage=~"$stage"'
-    quantiles = tuple(
-        Query(f"histogram_quantile({q:g}, sum by (le) ({_rate(contract.bucket(request), answered)}))",
-              f"P{round(q * 100)}", (request,))
-        for q in (0.5, 0.95, 0.99))
+    quantiles = tuple(query for q in (0.5, 0.95, 0.99)
+                      for query in _quantile(q, request, contract.NATIVE_REQUEST_DURATION, answered))
+    recorded = stage_quantile_record(0.99, profile)
+    stage_p99 = (Query(gated(f"{recorded}{{{selected_stage}}}", SCRAPED), "{{stage}}", (stage,), SCRAPED),
+                 Query(gated(f"histogram_quantile(0.99, sum by (stage) (rate({contract.NATIVE_STAGE_DURATION}"
+                             f"{{{selected_stage}}}[{profile.window(QUANTILE_WINDOW_S)}])))", NATIVE),
+                       "{{stage}}", (contract.NATIVE_STAGE_DURATION,), NATIVE))
     panels = (
-        _heatmap("Stage latency: $stage", stage, f"{selected_stage}, {load}", repeat="stage", width=8,
-                 exemplars=True, thresholds=(SLO_SECONDS,),
+        _heatmap("Stage latency: $stage", stage, f"{selected_stage}, {load}", native=contract.NATIVE_STAGE_DURATION,
+                 repeat="stage", width=8, exemplars=True, thresholds=(SLO_SECONDS,),
                  description="Requests per second in each latency bucket of one pipeline stage (rows are the "
-                             "buckets of telemetry.buckets). Exemplars link cells to the traces that landed there."),
+                             "buckets of telemetry.buckets, or the native histogram's 4.4 % buckets). Exemplars "
+                             "link cells to the traces that landed there."),
         Panel("End-to-end latency P50 / P95 / P99", "timeseries", quantiles, thresholds=(SLO_SECONDS,), exemplars=True,
               description=f"Answered requests, as the server saw them; the line is the {SLO_SECONDS * 1000:g} ms objective."),
-        _heatmap("End-to-end latency", request, answered, exemplars=True, thresholds=(SLO_SECONDS,)),
-        Panel(f"P99 by stage (recorded, {profile.window(QUANTILE_WINDOW_S)})", "timeseries",
-              (Query(f"{stage_quantile_record(0.99, profile)}{{{selected_stage}}}", "{{stage}}", (stage,)),),
-              log_y=True),
+        _heatmap("End-to-end latency", request, answered, native=contract.NATIVE_REQUEST_DURATION, exemplars=True,
+                 thresholds=(SLO_SECONDS,)),
+        Panel(f"P99 by stage ({profile.window(QUANTILE_WINDOW_S)})", "timeseries", stage_p99, log_y=True,
+              description=f"scraped: the recording rule {recorded}; native: the same quantile from the native "
+                          "histograms."),
         Panel("Request rate", "timeseries",
               (Query(f"sum by (status_class) ({_rate(contract.REQUESTS)})", "{{status_class}}", (contract.REQUESTS,)),
                Query(f"sum({contract.QPS})", "service qps window", (contract.QPS,))), unit="reqps"),
         Panel("Errors by stage", "timeseries",
               (Query(f"sum by (stage) ({_rate(contract.STAGE_ERRORS, selected_stage)})", "{{stage}}",
                      (contract.STAGE_ERRORS,)),), unit="reqps"),
+        Panel(f"Stage alone over {SLO_SECONDS * 1000:g} ms (recorded, {profile.window(QUANTILE_WINDOW_S)})",
+              "timeseries",
+              (Query(gated(f"{stage_over_slo_record(profile, QUANTILE_WINDOW_S)}{{{selected_stage}}}", SCRAPED),
+                     "{{stage}}", (stage,), SCRAPED),
+               Query(gated(native_stage_over_slo_expr(profile.window(QUANTILE_WINDOW_S),
+                                                      f'outcome="ok", {selected_stage}'), NATIVE),
+                     "{{stage}}", (contract.NATIVE_STAGE_DURATION,), NATIVE)),
+              unit="reqps",
+              description="Answered requests per second in which this stage alone took longer than the whole "
+                          "objective: the stage a latency page names is the highest line here over its short window."),
         Panel("Requests in flight", "timeseries",
               (Query(f"sum by (route) ({contract.IN_FLIGHT})", "{{route}}", (contract.IN_FLIGHT,)),), unit="short"),
     )
-    variables = (Variable("stage", contract.bucket(stage), "stage"),
+    variables = (SOURCE_CHOICE,
+                 Variable("stage", contract.bucket(stage), "stage"),
                  Variable("qps_bucket", contract.bucket(stage), "qps_bucket"))
     return Board("ragheat-latency", "RAG latency", "Per-stage latency heatmaps, end-to-end percentiles, load and errors.",
                  panels, variables)
 
 
 def slo_board(profile: Profile) -> Board:
-    """SLO: each objective's SLI, remaining error budget and burn rates."""
+    """SLO: each objective's SLI, remaining error budget and burn rates. The latency SLO's panels read the recorded
+    ratios of the scraped histograms or compute the same from the native ones, as ``$source`` says."""
     panels: list[Panel] = []
     short = profile.window(min(SLI_WINDOWS_S))
     period = profile.window(SLO_PERIOD_S)
+
+    def sourced(slo, window: str, scraped: str, native: str, legend: str) -> tuple[Query, ...]:
+        """``scraped`` reads the recorded ratio; ``native`` the same from the native histogram (latency only)."""
+        if slo.native_error_ratio(window) is None:
+            return (Query(scraped, legend, (contract.REQUESTS,)),)
+        return (Query(gated(scraped, SCRAPED), legend, (contract.REQUEST_DURATION,), SCRAPED),
+                Query(gated(native, NATIVE), legend, (contract.NATIVE_REQUEST_DURATION,), NATIVE))
+
     for slo in SLOS:
-        sources = (contract.REQUEST_DURATION,) if slo.name == "latency" else (contract.REQUESTS,)
         selector = f'{{slo="{slo.name}"}}'
+
+        def ratio(window: str, template: str, legend: str) -> tuple[Query, ...]:
+            scraped = template.format(ratio=f"{sli_error_record(window)}{selector}")
+            native = slo.native_error_ratio(window)
+            return sourced(slo, window, scraped, template.format(ratio=f"({native})") if native else "", legend)
+
         panels += [
-            Panel(f"{slo.title} SLI ({short})", "timeseries",
-                  (Query(f"1 - {sli_error_record(short)}{selector}", "good share", sources),),
+            Panel(f"{slo.title} SLI ({short})", "timeseries", ratio(short, "1 - {ratio}", "good share"),
                   unit="percentunit", thresholds=(slo.objective,), width=8,
                   description=f"Share of requests that are good; bad = {slo.what}."),
             Panel(f"{slo.title} error budget remaining ({period})", "stat",
-                  (Query(f"1 - {sli_error_record(period)}{selector} / {slo.budget:g}", "remaining", sources),),
-                  unit="percentunit", width=8,
+                  ratio(period, f"1 - {{ratio}} / {slo.budget:g}", "remaining"), unit="percentunit", width=8,
                   description=f"1 - (bad share over {period}) / (1 - {slo.objective:g}); below 0 the SLO is missed."),
             Panel(f"{slo.title} burn rate per window", "timeseries",
-                  tuple(Query(f"{sli_error_record(profile.window(w))}{selector} / {slo.budget:g}", profile.window(w),
-                              sources) for w in SLI_WINDOWS_S),
+                  tuple(q for w in SLI_WINDOWS_S
+                        for q in ratio(profile.window(w), f"{{ratio}} / {slo.budget:g}", profile.window(w))),
                   unit="short", thresholds=tuple(sorted({a.factor for a in BURN_ALERTS})), width=8,
                   description="1 = spending the budget exactly over the period; the lines are the alert factors."),
         ]
     return Board("ragheat-slo", "SLO", f"Latency and availability objectives, budgets and burn rates ({profile.name} windows).",
-                 tuple(panels))
+                 tuple(panels), (SOURCE_CHOICE,))
 
 
 def vllm_board(profile: Profile) -> Board:

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from telemetry.metrics import (GENERATION_METRICS, KERNEL_METRICS, SERVICE_METRICS, VLLM_METRICS,
                                VLLM_NATIVE_METRICS)
+from telemetry.otlp_metrics import REQUEST_DURATION as OTLP_REQUEST_DURATION
+from telemetry.otlp_metrics import STAGE_DURATION as OTLP_STAGE_DURATION
+from telemetry.otlp_metrics import prometheus_name
 
 SERVICE = SERVICE_METRICS
 """Role -> name as Prometheus stores it (counters end in ``_total``) of the service's own families."""
@@ -16,6 +19,11 @@ IN_FLIGHT = SERVICE["in_flight"]
 QPS = SERVICE["qps"]
 STAGE_ERRORS = SERVICE["stage_errors"]
 TELEMETRY_DROPPED = SERVICE["telemetry_dropped"]
+
+# The same two latencies pushed over OTLP as exponential histograms and remote-written by the OTel Collector: native
+# histograms, one series each, named as the collector's prometheusremotewrite exporter names them.
+NATIVE_STAGE_DURATION = prometheus_name(OTLP_STAGE_DURATION)
+NATIVE_REQUEST_DURATION = prometheus_name(OTLP_REQUEST_DURATION)
 
 GENERATION = GENERATION_METRICS
 KERNEL = KERNEL_METRICS

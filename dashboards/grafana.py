@@ -8,7 +8,7 @@ import attr
 from grafanalib import core as g
 from grafanalib._gen import DashboardEncoder
 
-from dashboards.spec import Board, Panel
+from dashboards.spec import NATIVE, Board, Choice, Panel
 
 PROMETHEUS_UID = "ragheat-prometheus"
 TRACES_UID = "ragheat-traces"
@@ -27,8 +27,12 @@ class PromTarget(g.Target):
 
 
 def _targets(panel: Panel) -> list[PromTarget]:
-    fmt = "heatmap" if panel.kind == "heatmap" else "time_series"
-    return [PromTarget(expr=q.expr, legendFormat=q.legend, refId=chr(ord("A") + i), format=fmt,
+    # Classic buckets need format "heatmap" (one series per le, de-accumulated by Grafana); a native histogram
+    # result is drawn by the heatmap panel from its own buckets, as a plain time series query returns it.
+    def fmt(query) -> str:
+        return "heatmap" if panel.kind == "heatmap" and query.histograms != NATIVE else "time_series"
+
+    return [PromTarget(expr=q.expr, legendFormat=q.legend, refId=chr(ord("A") + i), format=fmt(q),
                        exemplar=panel.exemplars, datasource=DATASOURCE, intervalFactor=1)
             for i, q in enumerate(panel.queries)]
 
@@ -72,9 +76,18 @@ def _layout(board: Board) -> list[g.Panel]:
     return panels
 
 
+def _choice(choice: Choice) -> g.Template:
+    """A custom variable: ``text : value`` options, the first selected."""
+    options = [{"selected": i == 0, "text": text, "value": value} for i, (text, value) in enumerate(choice.options)]
+    return g.Template(name=choice.name, label=choice.label, type="custom", options=options,
+                      query=",".join(f"{text} : {value}" for text, value in choice.options),
+                      includeAll=False, multi=False, default=choice.options[0][1])
+
+
 def dashboard(board: Board) -> g.Dashboard:
     """The grafanalib ``Dashboard`` of a board."""
-    templates = [g.Template(name=v.name, label=v.name, query=f"label_values({v.metric}, {v.label})",
+    templates = [_choice(v) if isinstance(v, Choice) else
+                 g.Template(name=v.name, label=v.name, query=f"label_values({v.metric}, {v.label})",
                             dataSource=DATASOURCE, includeAll=True, multi=True, allValue=".*", default="$__all",
                             refresh=g.REFRESH_ON_TIME_RANGE_CHANGE)
                  for v in board.variables]

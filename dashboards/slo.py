@@ -15,6 +15,18 @@ ticket     1x      3 d          6 h           10 % gone in three days: on track 
 Both windows must burn: the long one says the burn is significant, the short one that it is still going on
 (so an alert resolves minutes after the problem does, and a spike shorter than the short window never pages).
 
+Each alert names **the stage to look at first** (annotations ``stage`` and ``stage_evidence``), computed over the
+alert's short window when it fires:
+
+- latency: the stage that, on its own, took longer than the whole objective (420 ms) in the most answered
+  requests per second. Such a request is bad whatever the other stages did, so this stage explains at least that
+  many bad requests; it is an absolute count, so a cheap stage whose time merely doubled is never named over an
+  expensive one that crossed the objective, and a stage that is always slow but rarely runs (an LLM path taken by
+  a few requests) is not named over one that makes every request slow. When no stage alone crossed the objective
+  (the time is spread over several stages), the stage with the highest P99 is named instead, and the evidence
+  says so.
+- availability: the stage in which the most requests per second failed; "none" when no pipeline stage failed.
+
 A :class:`Profile` divides every window: ``PRODUCTION`` keeps them, ``TEST`` turns hours into minutes so a live
 test can watch an alert fire in seconds. Dashboards and rules are rendered from the same profile.
 """
@@ -108,11 +120,25 @@ class Slo:
         bad = f'(sum(rate({contract.REQUESTS}{{status_class="5xx"}}[{window}])) or vector(0))'
         return f"{bad} / sum(rate({contract.REQUESTS}[{window}]))"
 
+    def native_error_ratio(self, window: str) -> str | None:
+        """PromQL: the latency SLO's bad share over ``window`` read off the collector-fed native histogram, for the
+        SLO board's ``native`` source (``histogram_fraction`` interpolates inside the 4.4 % bucket holding 420 ms).
+        None for availability, which reads no histogram. The alerts read the scraped ``le="0.42"`` bucket only."""
+        if self.name != "latency":
+            return None
+        return (f"1 - histogram_fraction(0, {SLO_LE}, "
+                f'sum(rate({contract.NATIVE_REQUEST_DURATION}{{outcome="ok"}}[{window}])))')
+
     def stage_query(self, profile: Profile, short_s: int) -> str:
-        """PromQL naming the stage most likely burning this budget: one series with a ``stage`` label, or none."""
+        """PromQL naming the stage burning this budget (see the module docstring): one series with a ``stage``
+        label, or none."""
         if self.name == "latency":
-            return f"topk(1, {stage_quantile_record(0.99, profile, short_s)} > 0)"
+            return f"topk(1, {stage_over_slo_record(profile, short_s)} > 0)"
         return f"topk(1, sum by (stage) (rate({contract.STAGE_ERRORS}[{profile.window(short_s)}])) > 0)"
+
+    def fallback_query(self, profile: Profile, short_s: int) -> str | None:
+        """When ``stage_query`` finds nothing: the latency SLO names the stage with the highest P99."""
+        return f"topk(1, {stage_quantile_record(0.99, profile, short_s)} > 0)" if self.name == "latency" else None
 
 
 LATENCY = Slo("latency", "Latency", 0.99, f"an answered request slower than {SLO_SECONDS * 1000:g} ms")
@@ -130,17 +156,56 @@ def stage_quantile_record(quantile: float, profile: Profile, window_s: int = QUA
     return f"stage:{contract.STAGE_DURATION}:p{round(quantile * 100):d}_rate{profile.window(window_s)}"
 
 
+def stage_over_slo_record(profile: Profile, window_s: int) -> str:
+    """Name of the recording rule holding, per stage, the answered requests per second in which that stage alone
+    took longer than the objective."""
+    return f"stage:{contract.STAGE_DURATION}:over_slo_rate{profile.window(window_s)}"
+
+
+def stage_over_slo_expr(window: str) -> str:
+    """PromQL of ``stage_over_slo_record``: all answered executions minus those within the SLO bucket, per stage."""
+    ok = 'outcome="ok"'
+    return (f"sum by (stage) (rate({contract.count(contract.STAGE_DURATION)}{{{ok}}}[{window}]))\n"
+            f"- sum by (stage) (rate({contract.bucket(contract.STAGE_DURATION)}{{{ok}, le=\"{SLO_LE}\"}}[{window}]))")
+
+
+def native_stage_over_slo_expr(window: str, selector: str = 'outcome="ok"') -> str:
+    """The same per-stage rate read off the collector-fed native histograms (interpolated at 420 ms)."""
+    rate = f"sum by (stage) (rate({contract.NATIVE_STAGE_DURATION}{{{selector}}}[{window}]))"
+    return f"histogram_count({rate}) * histogram_fraction({SLO_LE}, Inf, {rate})"
+
+
 def alert_name(slo: Slo) -> str:
     """The alert name of an SLO's burn-rate alerts."""
     return f"Ragheat{slo.title}BudgetBurn"
 
 
 def stage_template(slo: Slo, profile: Profile, short_s: int) -> str:
-    """Annotation text naming the stage most likely to blame (a Prometheus template query)."""
-    fallback = "unknown" if slo is LATENCY else "none (no pipeline stage failed)"
+    """Annotation text naming the stage to blame (a Prometheus template query), or the fallback's stage."""
     # Go template, evaluated by Prometheus at each evaluation: a query, not a label, so the alert keeps one
-    # identity even if the slowest stage changes while it fires.
-    return f'{{{{ range query "{slo.stage_query(profile, short_s)}" }}}}{{{{ .Labels.stage }}}}{{{{ else }}}}{fallback}{{{{ end }}}}'
+    # identity even if the named stage changes while it fires.
+    fallback = slo.fallback_query(profile, short_s)
+    otherwise = (f'{{{{ range query "{fallback}" }}}}{{{{ .Labels.stage }}}}{{{{ else }}}}unknown{{{{ end }}}}'
+                 if fallback else "none")
+    return f'{{{{ range query "{slo.stage_query(profile, short_s)}" }}}}{{{{ .Labels.stage }}}}{{{{ else }}}}{otherwise}{{{{ end }}}}'
+
+
+def stage_evidence_template(slo: Slo, profile: Profile, short_s: int) -> str:
+    """Annotation sentence saying why that stage is named, with the numbers the rule compared."""
+    window = profile.window(short_s)
+    rate = "{{ .Value | printf \"%.3g\" }}"
+    if slo is LATENCY:
+        slo_ms = f"{SLO_SECONDS * 1000:g} ms"
+        found = (f"{{{{ .Labels.stage }}}} alone took longer than {slo_ms} in {rate} requests/s over {window}, "
+                 "more than any other stage")
+        fallback = (f"no stage alone took longer than {slo_ms} over {window}; {{{{ .Labels.stage }}}} has the "
+                    "highest P99 ({{ .Value | humanizeDuration }})")
+        otherwise = (f'{{{{ range query "{slo.fallback_query(profile, short_s)}" }}}}{fallback}{{{{ else }}}}'
+                     f"no stage latency recorded over {window}{{{{ end }}}}")
+    else:
+        found = f"{{{{ .Labels.stage }}}} failed in {rate} requests/s over {window}, more than any other stage"
+        otherwise = f"no pipeline stage failed over {window}: the 5xx answers came from outside the pipeline"
+    return f'{{{{ range query "{slo.stage_query(profile, short_s)}" }}}}{found}{{{{ else }}}}{otherwise}{{{{ end }}}}'
 
 
 def _duration(seconds: float) -> str:
@@ -154,6 +219,7 @@ def alert_rule(slo: Slo, alert: BurnAlert, profile: Profile) -> dict:
     expr = (f'{sli_error_record(long)}{{slo="{slo.name}"}} > {threshold}\n'
             f'and\n{sli_error_record(short)}{{slo="{slo.name}"}} > {threshold}')
     stage = stage_template(slo, profile, alert.short_s)
+    evidence = stage_evidence_template(slo, profile, alert.short_s)
     return {
         "alert": alert_name(slo),
         "expr": expr,
@@ -165,6 +231,7 @@ def alert_rule(slo: Slo, alert: BurnAlert, profile: Profile) -> dict:
             "description": f"Objective: {slo.objective * 100:g} % of requests good over {_duration(SLO_PERIOD_S)} (bad: {slo.what}). "
                            f"At this rate the whole budget is gone in {_duration(SLO_PERIOD_S / alert.factor)}.",
             "stage": stage,
+            "stage_evidence": evidence,
         },
     }
 
@@ -178,6 +245,8 @@ def prometheus_rules(profile: Profile) -> dict:
     quantiles += [{"record": stage_quantile_record(0.99, profile, w),
                    "expr": f"histogram_quantile(0.99, sum by (le, stage) (rate({bucket}[{profile.window(w)}])))"}
                   for w in STAGE_P99_WINDOWS_S if w != QUANTILE_WINDOW_S]
+    quantiles += [{"record": stage_over_slo_record(profile, w), "expr": stage_over_slo_expr(profile.window(w))}
+                  for w in STAGE_P99_WINDOWS_S]
     ratios = [{"record": sli_error_record(profile.window(w)), "expr": slo.error_ratio(profile.window(w)),
                "labels": {"slo": slo.name}}
               for slo in SLOS for w in SLI_WINDOWS_S]

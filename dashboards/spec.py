@@ -14,6 +14,15 @@ from typing import Literal
 RATE_INTERVAL = "$__rate_interval"
 """Grafana's rate window (at least four scrape intervals); replaced by a profile window outside Grafana."""
 
+SOURCE = "source"
+"""The template variable choosing where latency histograms are read from (boards that offer both)."""
+SCRAPED, NATIVE = "scraped", "native"
+SOURCE_VALUES = {SCRAPED: "0", NATIVE: "1"}
+"""``$source``'s value per option: each sourced query ends in ``and on() (vector($source) == N)``, so Grafana runs
+both and only the chosen one returns data. ``scraped``: the classic ``le`` buckets Prometheus scrapes from the
+service's ``/metrics``; ``native``: the native histograms the OTel Collector remote-writes from the service's OTLP
+exponential histograms."""
+
 
 @dataclass(frozen=True)
 class Query:
@@ -23,7 +32,10 @@ class Query:
     legend: str = ""
     sources: tuple[str, ...] = ()
     """Metric families the query reads: when none of them exists in a Prometheus, the query has no data by
-    design there (no vLLM, no probes), and checks report it as skipped by name."""
+    design there (no vLLM, no probes), and checks report it as absent by name."""
+    histograms: Literal["scraped", "native"] | None = None
+    """On a board with a ``source`` variable: which histograms this query reads (None: it reads no histogram,
+    and runs whatever the choice)."""
 
 
 @dataclass(frozen=True)
@@ -33,6 +45,20 @@ class Variable:
     name: str
     metric: str
     label: str
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A template variable with fixed options, each ``(text, value)``; the first is the default."""
+
+    name: str
+    label: str
+    options: tuple[tuple[str, str], ...]
+    description: str = ""
+
+
+SOURCE_CHOICE = Choice(SOURCE, "Histograms", tuple(SOURCE_VALUES.items()),
+                       "scraped: classic buckets from /metrics; native: the OTel Collector's native histograms")
 
 
 @dataclass(frozen=True)
@@ -61,7 +87,7 @@ class Board:
     title: str
     description: str
     panels: tuple[Panel, ...]
-    variables: tuple[Variable, ...] = field(default=())
+    variables: tuple[Variable | Choice, ...] = field(default=())
     tags: tuple[str, ...] = ("ragheat",)
 
     @property
@@ -74,7 +100,13 @@ _VARIABLE = re.compile(r"\$(\w+)")
 
 def expand(expr: str, rate_window: str, values: dict[str, str] | None = None) -> str:
     """``expr`` as Prometheus would receive it from Grafana: the rate window filled in, each template
-    variable replaced by its value from ``values`` or by ``.*`` (Grafana's All, in a ``=~`` matcher)."""
-    values = values or {}
+    variable replaced by its value from ``values``, else ``$source`` by the scraped option's value and any other by
+    ``.*`` (Grafana's All, in a ``=~`` matcher)."""
+    values = {SOURCE: SOURCE_VALUES[SCRAPED], **(values or {})}
     expr = expr.replace(RATE_INTERVAL, rate_window)
     return _VARIABLE.sub(lambda m: values.get(m.group(1), ".*"), expr)
+
+
+def gated(expr: str, source: str) -> str:
+    """``expr`` returning data only while ``$source`` is ``source``."""
+    return f"{expr} and on() (vector(${SOURCE}) == {SOURCE_VALUES[source]})"

@@ -22,7 +22,7 @@ import numpy as np
 
 from loadgen.arrivals import poisson_offsets
 from loadgen.stats import percentiles_ms
-from stack.children import free_port
+from rag.childproc import free_port
 from stack.vllm import VllmServer
 
 

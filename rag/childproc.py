@@ -1,6 +1,13 @@
-"""Child processes on loopback: start one with its output in a log file, wait until it answers, stop it with
-SIGTERM and then SIGKILL. The serve process, the local Prometheus, the vLLM server and ``ragheat stack up`` all
-use this one helper, so each of them starts, reports a failed start and stops the same way.
+"""Child processes: start one with its output in a log file, wait until it answers, stop it with SIGTERM and then
+SIGKILL. The serve process, the local Prometheus, the vLLM server, ``ragheat stack up`` and the embedded graph store
+(``rag.graph.falkordb``) all use this one helper, so each of them starts, reports a failed start and stops the same
+way. It lives in ``rag/`` because the RAG domain itself needs a child at run time (the graph store); ``stack/``
+builds its topology on it.
+
+``die_with_parent`` children are asked to die with this process (``PR_SET_PDEATHSIG``). Linux sends that signal when
+the *thread* that forked the child exits, not the process, so such children are forked from a thread that lives as
+long as the process: the main thread when the caller is on it, else one spawner thread started once. (A pipeline
+warmed up in a server's worker thread would otherwise lose its graph store when that worker retires.)
 
     >>> with ChildProcess("prometheus", [binary, ...], log_path=folder / "prometheus.log") as child:
     ...     child.wait_until_ok("http://127.0.0.1:9090/-/ready", timeout_s=30)
@@ -10,9 +17,11 @@ from __future__ import annotations
 
 import ctypes
 import os
+import queue
 import signal
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
@@ -79,12 +88,57 @@ def stat_fields(pid: int | str, proc: Path = Path("/proc")) -> list[str] | None:
         return None
 
 
-def _die_with_parent() -> None:
-    """In the child: ask Linux to SIGTERM it when its parent dies, so nothing outlives a crashed parent."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent_of(parent_pid: int) -> Callable[[], None]:
+    """The ``preexec_fn`` that asks Linux to SIGTERM the child when its parent (the forking thread) dies, so nothing
+    outlives a crashed parent; a parent already gone before the request took effect is caught by ``getppid``."""
+
+    def preexec() -> None:
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        except (OSError, AttributeError):
+            return
+        if os.getppid() != parent_pid:
+            os._exit(1)
+
+    return preexec
+
+
+class _Spawner:
+    """One thread that lives as long as the process and forks ``die_with_parent`` children for callers on other
+    threads (see the module's docstring)."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def call(self, fn: Callable[[], subprocess.Popen]) -> subprocess.Popen:
+        if threading.current_thread() is threading.main_thread():
+            return fn()
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="childproc-spawner", daemon=True)
+                self._thread.start()
+        done: queue.SimpleQueue = queue.SimpleQueue()
+        self._jobs.put((fn, done))
+        ok, value = done.get()
+        if not ok:
+            raise value
+        return value
+
+    def _run(self) -> None:
+        while True:
+            fn, done = self._jobs.get()
+            try:
+                done.put((True, fn()))
+            except BaseException as exc:  # handed back to the caller's thread
+                done.put((False, exc))
+
+
+_spawner = _Spawner()
 
 
 class ChildProcess:
@@ -122,8 +176,13 @@ class ChildProcess:
 
     def _popen(self, log) -> subprocess.Popen:
         output = {} if log is None else {"stdout": log, "stderr": subprocess.STDOUT}
-        return subprocess.Popen(self.argv, env=self.env, stdin=self.stdin, start_new_session=self.own_session,
-                                preexec_fn=_die_with_parent if self.die_with_parent else None, **output)
+
+        def popen() -> subprocess.Popen:
+            return subprocess.Popen(self.argv, env=self.env, stdin=self.stdin, start_new_session=self.own_session,
+                                    preexec_fn=_die_with_parent_of(os.getpid()) if self.die_with_parent else None,
+                                    **output)
+
+        return _spawner.call(popen) if self.die_with_parent else popen()
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None

@@ -1,9 +1,13 @@
-"""The query path: embed -> retrieve (dense, BM25) -> fuse -> generate, each stage timed.
+"""The query path: [link_entities -> route] -> embed -> retrieve (dense, BM25, graph) -> fuse -> generate, each
+stage timed. ``link_entities`` and ``route`` run for requests that use the knowledge graph or the router: a
+``routed`` request lets the router pick its retrievers and their fusion weights; the graph runs only for a query that
+linked an entity, and when its store is down the stage is skipped and the answer says it is degraded.
 
 Stage names form a closed set (``STAGES``) so telemetry can use them as label values. A streamed
 (language-model) answer is timed as ``generate_prefill`` (request sent -> first token: the time to first
 token) and ``generate_decode`` (first -> last token), then ``support_check``; when the model is down or
-slow, ``generate`` runs the extractive fallback and the result says it is degraded.
+slow, or none of its sentences is supported by the passages, ``generate`` runs the extractive fallback and the
+result says it is degraded, and why (``rag.types.DEGRADED_REASONS``).
 """
 
 from __future__ import annotations
@@ -18,17 +22,21 @@ from rag.errors import IndexLoadError, StageError
 from rag.generation.extractive import ExtractiveGenerator
 from rag.generation.llm import GeneratorUnavailable
 from rag.generation.support import SupportChecker
+from rag.graph.store import GraphStoreUnavailable
 from rag.index.store import LoadedIndex, load_index
-from rag.protocols import (AnswerCache, Embedder, Fuser, Generator, GraphStore, Reranker, Retriever, Router,
-                           StreamingGenerator, SupportCheck)
+from rag.protocols import (AnswerCache, Embedder, EntityLinker, Fuser, Generator, GraphRetriever, GraphStore,
+                           Reranker, Retriever, Router, StreamingGenerator, SupportCheck)
 from rag.retrieval.fusion import WeightedRRF
 from rag.retrieval.lexical import LexicalAnalyzer
 from rag.retrieval.retrievers import BM25Retriever, DenseRetriever
+from rag.routing.names import ROUTED, expand, route_label
 from rag.settings import GenerationSettings, RagheatSettings
 from rag.stages import RETRIEVERS, STAGES  # noqa: F401  (re-exported: the pipeline's closed sets)
 from rag.threadnames import original_name, set_name, stage_comm
-from rag.types import (Chunk, FusionResult, GenerationResult, GenerationStats, Hit, PipelineDescription, QueryResult,
-                       Source, StageTiming)
+from rag.types import (UNSUPPORTED_MARK, Chunk, FusionResult, GenerationResult, GenerationStats, Hit, LinkedEntities,
+                       PipelineDescription, QueryResult, RetrievalRun, Source, StageTiming)
+
+NO_ENTITIES = LinkedEntities({}, 0.0)
 
 
 class RagPipeline:
@@ -43,7 +51,7 @@ class RagPipeline:
         self.settings = settings
         self.index_dir = Path(index_dir)
         self.index: LoadedIndex | None = None
-        # The stages, set by warm_up(). The query path runs, in order: router (admission) -> cache -> embedder
+        # The stages, set by warm_up(). The query path runs, in order: cache -> linker -> router -> embedder
         # -> retrievers | graph -> fuser -> reranker -> llm (or generator) -> support; None = not in the path.
         self.embedder: Embedder | None = None
         self.retrievers: dict[str, Retriever] = {}
@@ -51,12 +59,16 @@ class RagPipeline:
         self.generator: Generator | None = None  # extractive: the answer, or the fallback when the llm fails
         self.llm: StreamingGenerator | None = None  # a language model; None = extractive only
         self.support: SupportCheck | None = None
-        # Declared for the stages that come next (knowledge graph, reranker, answer cache, admission); none of
-        # them is built or called yet.
+        # The knowledge graph (an index built with one, graph.enabled) and the router (routed requests).
         self.graph: GraphStore | None = None
+        self.linker: EntityLinker | None = None
+        self.graph_retriever: GraphRetriever | None = None
+        self.router: Router | None = None
+        # Declared for the stages that come next (reranker, answer cache); neither is built or called yet.
         self.reranker: Reranker | None = None
         self.cache: AnswerCache | None = None
-        self.router: Router | None = None
+        self._route_fusers: dict[str, Fuser] = {}
+        self._router_error: str | None = None
         self._stage_options = _StageOptions(settings.server.stage_thread_names, settings.faults.delay_stage,
                                             settings.faults.delay_ms / 1000)
 
@@ -82,15 +94,53 @@ class RagPipeline:
                                                f"but embedding.model_dir has {embedder.files.weights_sha256[:12]}…")
         analyzer = LexicalAnalyzer(index.manifest["lexical"]["stemmer"])
         self.retrievers = {"dense": DenseRetriever(index.faiss_index), "bm25": BM25Retriever(index.bm25, analyzer)}
-        self.fuser = WeightedRRF({"dense": s.retrieval.dense_weight, "bm25": s.retrieval.bm25_weight},
-                                 k=s.retrieval.rrf_k)
+        self.fuser = WeightedRRF({"dense": s.retrieval.dense_weight, "bm25": s.retrieval.bm25_weight,
+                                  "graph": s.graph.weight}, k=s.retrieval.rrf_k)
         self.generator = ExtractiveGenerator(analyzer, index.idf, s.generation.max_sentences)
         self.support = SupportChecker(analyzer, index.idf, s.generation.support_threshold)
         if s.generation.generator != "extractive" and self.llm is None:
             self.llm = _make_llm(s.generation)
             self.llm.warm_up()
+        self._warm_up_graph(index, analyzer)
         self.embedder = embedder
         self.index = index
+
+    def _warm_up_graph(self, index: LoadedIndex, analyzer: LexicalAnalyzer) -> None:
+        """Start the graph store and linker when the index has a graph (and graph.enabled), and load the router."""
+        from rag.routing.arms import arm_weights
+        from rag.routing.router import LogisticRouter
+
+        s = self.settings
+        if s.graph.enabled and index.manifest.get("graph"):
+            from rag.graph.serving import load_graph_stage
+
+            stage = load_graph_stage(s.graph, index.folder, index.manifest)
+            self.graph, self.linker, self.graph_retriever = stage.store, stage.linker, stage.retriever
+        elif "graph" in s.retrieval.retrievers:
+            raise IndexLoadError(index.folder, "retrieval.retrievers names graph, but this index has no knowledge "
+                                               "graph (or graph.enabled is off); rebuild it with graph.enabled")
+        weights = arm_weights(s)
+        self._route_fusers = {arm: WeightedRRF(w, k=s.retrieval.rrf_k) for arm, w in weights.items()}
+        available = set(self.retrievers) | ({"graph"} if self.graph_retriever else set())
+        try:
+            self.router = LogisticRouter.load(s.retrieval.router_model, weights, index.idf, analyzer, available)
+        except IndexLoadError as exc:
+            if ROUTED in s.retrieval.retrievers:
+                raise
+            # Only routed requests need it: they are refused with this sentence (and train-router can run).
+            self._router_error = f"routed needs the router model, which cannot be loaded: {exc}"
+
+    def check_retrievers(self, retrievers: Sequence[str]) -> str | None:
+        """Why this pipeline cannot serve ``retrievers`` (a sentence), or None when it can."""
+        try:
+            names = expand(retrievers)
+        except ValueError as exc:
+            return str(exc)
+        if "graph" in names and self.graph_retriever is None:
+            return "this index has no knowledge graph (it was built with graph.enabled off), so graph cannot run"
+        if names == (ROUTED,) and self.router is None:
+            return self._router_error or "routed needs the router model"
+        return None
 
     def describe(self) -> PipelineDescription:
         """What this (warmed-up) pipeline serves: index, corpus, models, and where an in-process engine's
@@ -102,38 +152,78 @@ class RagPipeline:
             index_folder=self.index.folder, generation=manifest["generation"], corpus=manifest["corpus"]["name"],
             chunks=manifest["counts"]["chunks"], embedding_model=manifest["model"]["name"],
             generator=self.settings.generation.generator,
-            engine_metrics_dir=None if self.llm is None or self.llm.metrics_dir is None else Path(self.llm.metrics_dir))
+            engine_metrics_dir=None if self.llm is None or self.llm.metrics_dir is None else Path(self.llm.metrics_dir),
+            graph_backend=None if self.graph is None else self.graph.name,
+            graph_ready=None if self.graph_retriever is None else self.graph_retriever.ready())
 
     def close(self) -> None:
         """Release what ``warm_up()`` opened outside this process's memory: the model client's connections, or
-        the in-process engine's processes. Idempotent."""
+        the in-process engine's processes, and the graph store (the embedded one's child process). Idempotent."""
         if self.llm is not None:
             self.llm.close()
+        if self.graph is not None:
+            self.graph.close()
 
     def retrieve(self, query: str, k: int, retrievers: Sequence[str] | None = None,
-                 stages: list[StageTiming] | None = None, counts: dict[str, int] | None = None) -> FusionResult:
-        """Fused top-``k`` chunks; appends one ``StageTiming`` per stage run to ``stages`` and each
-        retriever's hit count to ``counts``."""
+                 stages: list[StageTiming] | None = None, counts: dict[str, int] | None = None,
+                 run: RetrievalRun | None = None) -> FusionResult:
+        """Fused top-``k`` chunks; appends one ``StageTiming`` per stage run to ``stages``, each retriever's hit
+        count to ``counts``, and the route taken and any stage skipped to ``run``. ``retrievers``: names as
+        ``rag.routing.names.expand`` reads them (``dense``, ``hybrid+graph``, ``routed``, ...)."""
         stages = [] if stages is None else stages
-        names = list(dict.fromkeys(retrievers or self.settings.retrieval.retrievers))
+        run = RetrievalRun() if run is None else run
+        names = expand(retrievers or self.settings.retrieval.retrievers)
+        options = self._stage_options
+        routed = names == (ROUTED,)
         vector = None
-        if "dense" in names:
-            with _stage("embed", stages, self._stage_options) as stage:
-                result = self.embedder.embed_query(query)
-                stage.device = result.device
-            vector = result.vector
+        linked = NO_ENTITIES
+        if self.linker is not None and (routed or "graph" in names):
+            if self.linker.needs_vector:
+                vector = self._embed(query, stages)
+            with _stage("link_entities", stages, options):
+                linked = self.linker.link(query, vector)
+        fuser = self.fuser
+        if routed:
+            if self.router is None:
+                raise ValueError(self.check_retrievers(names))
+            with _stage("route", stages, options):
+                route = self.router.route(query, linked)
+            names, run.route, fuser = route.retrievers, route.name, self._route_fusers[route.name]
+        else:
+            if "graph" in names and self.graph_retriever is None:
+                raise ValueError(self.check_retrievers(names))
+            if not linked.seeds:
+                names = tuple(n for n in names if n != "graph")  # nothing to expand: no stage, no round trip
+            run.route = route_label(names)
+        if "dense" in names and vector is None:
+            vector = self._embed(query, stages)
         depth = k if len(names) == 1 else max(k, self.settings.retrieval.candidates)
         results = []
         for name in names:
-            with _stage(f"retrieve_{name}", stages, self._stage_options) as stage:
-                results.append(self.retrievers[name].retrieve(query, vector, depth))
-                stage.device = results[-1].device
+            with _stage(f"retrieve_{name}", stages, options) as stage:
+                if name == "graph":
+                    try:
+                        result = self.graph_retriever.retrieve(linked, depth)
+                    except GraphStoreUnavailable as exc:  # answered without the graph, flagged degraded
+                        run.skipped["retrieve_graph"] = str(exc)
+                        continue
+                else:
+                    result = self.retrievers[name].retrieve(query, vector, depth)
+                stage.device = result.device
+            results.append(result)
+            run.retrieved[name] = len(result.hits)
             if counts is not None:
-                counts[name] = len(results[-1].hits)
-        if len(results) == 1:
-            return FusionResult(results[0].hits[:k], 0.0)
-        with _stage("fuse", stages, self._stage_options):
-            return self.fuser.fuse(results, k)
+                counts[name] = len(result.hits)
+        if len(results) <= 1:
+            return FusionResult(results[0].hits[:k] if results else [], 0.0)
+        with _stage("fuse", stages, options):
+            return fuser.fuse(results, k)
+
+    def _embed(self, query: str, stages: list[StageTiming]):
+        with _stage("embed", stages, self._stage_options) as stage:
+            result = self.embedder.embed_query(query)
+            stage.device = result.device
+        return result.vector
 
     def query(self, query: str, top_k: int, retrievers: Sequence[str] | None = None, *,
               on_sources: Callable[[list[Source]], None] | None = None,
@@ -143,9 +233,9 @@ class RagPipeline:
         if not self.ready:
             raise RuntimeError("RagPipeline.warm_up() has not run")
         stages: list[StageTiming] = []
-        counts: dict[str, int] = {}
+        run = RetrievalRun()
         try:
-            fused = self.retrieve(query, top_k, retrievers, stages, counts)
+            fused = self.retrieve(query, top_k, retrievers, stages, run=run)
             sources = [Source(n, self.index.chunks[hit.chunk_id], hit.score) for n, hit in enumerate(fused.hits, 1)]
             if on_sources is not None:
                 on_sources(sources)
@@ -154,21 +244,39 @@ class RagPipeline:
         except StageError as exc:
             exc.stages = stages  # what ran before (and including) the failing stage, for telemetry
             raise
-        return QueryResult(generation.answer, generation.generator, sources, stages, generation.sentences, counts,
-                           generation.stats, generation.support, generation.degraded_reason)
+        return QueryResult(generation.answer, generation.generator, sources, stages, generation.sentences,
+                           run.retrieved, generation.stats, generation.support, generation.degraded_reason,
+                           generation.degraded_detail, generation.unsupported_policy, route=run.route,
+                           skipped=run.skipped)
 
     def _generate(self, query: str, passages: list[Chunk], stages: list[StageTiming],
                   on_token: Callable[[str], None] | None) -> GenerationResult:
+        """The model's answer with its unsupported sentences dropped or marked; the extractive answer, flagged
+        degraded, when the model is down or slow or none of its sentences is supported by the passages."""
+        written = None
         if self.llm is not None:
             try:
-                return self._generate_streamed(query, passages, stages, on_token)
+                written = self._generate_streamed(query, passages, stages, on_token)
             except StageError as exc:
                 if not isinstance(exc.cause, GeneratorUnavailable):
                     raise
-                reason = str(exc.cause)
+                reason, detail = exc.cause.reason, str(exc.cause)
+            else:
+                if any(s.supported for s in written.support):
+                    return _apply_unsupported_policy(written, self.settings.generation.unsupported)
+                # Noise, or text the passages do not carry: never served as the answer.
+                reason = "unsupported"
+                detail = (f"none of the {len(written.support)} written sentences is supported by the passages "
+                          f"it cites" if written.support else "the written answer has no sentence to check")
         with _stage("generate", stages, self._stage_options):
             generation = self.generator.generate(query, passages)
-        return dataclasses.replace(generation, degraded_reason=reason) if self.llm is not None else generation
+        if self.llm is None:
+            return generation
+        # The model's timing and its checked sentences stay: it did answer, and both are measured and counted.
+        return dataclasses.replace(generation, degraded_reason=reason, degraded_detail=detail,
+                                   stats=written.stats if written else None,
+                                   support=written.support if written else (),
+                                   unsupported_policy=written.unsupported_policy if written else None)
 
     def _generate_streamed(self, query: str, passages: list[Chunk], stages: list[StageTiming],
                            on_token: Callable[[str], None] | None) -> GenerationResult:
@@ -198,7 +306,8 @@ class RagPipeline:
         with _stage("support_check", stages, self._stage_options):
             support = self.support.check(text, passages)
         stats = GenerationStats(first_at - start, tuple(gaps), stream.output_tokens or len(texts), stream.model)
-        return GenerationResult(self.llm.name, [], last - start, text=text, stats=stats, support=support)
+        return GenerationResult(self.llm.name, [], last - start, text=text, stats=stats, support=support,
+                                unsupported_policy=self.settings.generation.unsupported)
 
     def chunk_hits_to_docs(self, hits: Sequence[Hit]) -> list[tuple[str, float]]:
         """Collapse chunk hits to documents, keeping each document's best rank (for evaluation)."""
@@ -206,6 +315,18 @@ class RagPipeline:
         for hit in hits:
             seen.setdefault(self.index.chunks[hit.chunk_id].doc_id, hit.score)
         return list(seen.items())
+
+
+def _apply_unsupported_policy(written: GenerationResult, policy: str) -> GenerationResult:
+    """A partly supported written answer with its unsupported sentences left out (``drop``) or followed by
+    ``UNSUPPORTED_MARK`` (``mark``); a fully supported one verbatim."""
+    if all(s.supported for s in written.support):
+        return written
+    if policy == "drop":
+        text = " ".join(s.text for s in written.support if s.supported)
+    else:
+        text = " ".join(s.text if s.supported else f"{s.text} {UNSUPPORTED_MARK}" for s in written.support)
+    return dataclasses.replace(written, text=text)
 
 
 def _make_llm(settings: GenerationSettings) -> StreamingGenerator:

@@ -5,20 +5,22 @@ Constructors are cheap and validate; ``warm_up()`` loads models, indexes and cli
 FastAPI lifespan decides when the expensive work happens; ``close()`` releases what ``warm_up()`` opened.
 
 The stages that run today: ``Embedder``, ``Retriever``, ``Fuser``, ``Generator`` (extractive, and the fallback),
-``StreamingGenerator`` (a language model, token by token) and ``SupportCheck``. Declared for the stages that come
-next, so they plug into a typed seam: ``Reranker``, ``GraphStore`` (knowledge graph), ``AnswerCache`` and ``Router``
-(admission: which path a request takes, or none). docs/architecture.md says how a new stage plugs in.
+``StreamingGenerator`` (a language model, token by token), ``SupportCheck``, and for the knowledge graph
+``EntityLinker`` (stage ``link_entities``), ``Router`` (stage ``route``: which retrievers run, with which weights) and
+``GraphRetriever`` (stage ``retrieve_graph``) over a ``GraphStore`` (the embedded FalkorDB or Neo4j, one Cypher for
+both). Declared for the stages that come next, so they plug into a typed seam: ``Reranker`` and ``AnswerCache``.
+docs/architecture.md says how a new stage plugs in.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterator, Protocol, Sequence, runtime_checkable
+from typing import Any, Iterator, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from rag.types import (CacheKey, Chunk, EmbeddingResult, FusionResult, GenerationResult, GraphFact, GraphResult,
-                       QueryResult, RerankResult, RetrievalResult, Route, SentenceSupport)
+from rag.types import (CacheKey, Chunk, EmbeddingResult, FusionResult, GenerationResult, LinkedEntities, QueryResult,
+                       RerankResult, RetrievalResult, Route, SentenceSupport)
 
 
 @runtime_checkable
@@ -108,18 +110,46 @@ class Reranker(Protocol):
 
 @runtime_checkable
 class GraphStore(Protocol):
-    """A knowledge graph of the corpus: facts extracted from chunks at ingest (``add``), searched at query time
-    around the entities a query names (``neighbours``), each fact pointing back at the chunk that states it."""
+    """A Cypher graph database holding the knowledge graph (``name``: falkordb or neo4j). Every backend runs the same
+    parameterised statements (``rag.graph.cypher``); nothing user-supplied is ever pasted into Cypher text.
+    ``run`` raises ``rag.graph.store.GraphStoreUnavailable`` when the store cannot be reached (down, restarting,
+    timed out), so callers can degrade instead of failing; ``restart()`` brings it back (a new child process for
+    the embedded store, a new connection for a server); ``healthy()`` is a cheap check, no round trip."""
 
     name: str
 
     def warm_up(self) -> None: ...
 
-    def add(self, facts: Sequence[GraphFact]) -> None: ...
+    def run(self, cypher: str, params: Mapping[str, Any] | None = None, *, write: bool = False) -> list[tuple]: ...
 
-    def neighbours(self, entities: Sequence[str], hops: int, limit: int) -> GraphResult: ...
+    def healthy(self) -> bool: ...
+
+    def restart(self) -> None: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class EntityLinker(Protocol):
+    """Finds the knowledge-graph entities a query names (stage ``link_entities``), in process: a gazetteer of title
+    aliases, optionally plus the entity titles nearest the query's embedding (``needs_vector``)."""
+
+    needs_vector: bool
+
+    def link(self, query: str, query_vector: np.ndarray | None) -> LinkedEntities: ...
+
+
+@runtime_checkable
+class GraphRetriever(Protocol):
+    """Stage ``retrieve_graph``: the chunks reached from the linked entities in the graph store, ranked like any
+    retriever's hits (``name`` is ``graph``). Raises ``GraphStoreUnavailable`` when the store is down; the pipeline
+    then skips the stage, says the answer is degraded, and the store is restarted (``ready``: not restarting)."""
+
+    name: str
+
+    def retrieve(self, linked: LinkedEntities, k: int) -> RetrievalResult: ...
+
+    def ready(self) -> bool: ...
 
 
 @runtime_checkable
@@ -133,7 +163,7 @@ class AnswerCache(Protocol):
 
 @runtime_checkable
 class Router(Protocol):
-    """Admission: decides, before any stage runs, which path a request takes (retrievers, whether a language model
-    may answer) or sheds it with a reason, from the request and the service's own load."""
+    """Stage ``route``: per query, which retrievers run and their fusion weights (one of a closed set of routes),
+    from cheap features of the query and its linked entities, before anything expensive runs."""
 
-    def route(self, query: str, top_k: int, retrievers: Sequence[str]) -> Route: ...
+    def route(self, query: str, linked: LinkedEntities) -> Route: ...

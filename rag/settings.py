@@ -15,9 +15,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from rag.stages import STAGES
+from rag.stages import RETRIEVER_CHOICES, STAGES
 
-RetrieverName = Literal["dense", "bm25"]
+RetrieverName = Literal["dense", "bm25", "graph", "routed"]
 IndexKind = Literal["flat", "hnsw", "ivfpq"]
 
 
@@ -81,7 +81,9 @@ class IndexSettings(_Section):
 class RetrievalSettings(_Section):
     """Which retrievers run and how their lists are fused."""
 
-    retrievers: list[RetrieverName] = Field(default_factory=lambda: ["dense", "bm25"])
+    retrievers: list[RetrieverName] = Field(
+        default_factory=lambda: ["dense", "bm25"],
+        description="dense, bm25, graph (fused when several), or routed alone: the router picks per query")
     candidates: int = Field(100, ge=1, le=1000, description="hits each retriever hands to fusion")
     rrf_k: float = Field(5.0, gt=0, description="reciprocal-rank-fusion constant (tuned on SciFact train)")
     dense_weight: float = Field(1.0, ge=0)
@@ -89,17 +91,23 @@ class RetrievalSettings(_Section):
     bm25_k1: float = Field(1.2, gt=0)
     bm25_b: float = Field(0.75, ge=0, le=1)
     stemmer: str = Field("english", description="Snowball language for BM25; empty = no stemming")
+    router_model: Path | None = Field(None, description="the router's .npz (`ragheat train-router`); unset = the "
+                                                        "model shipped in rag/routing/router.npz")
 
     @model_validator(mode="after")
     def _check(self) -> "RetrievalSettings":
         if not self.retrievers:
-            raise ValueError("retrieval.retrievers must name at least one of: dense, bm25")
+            raise ValueError(f"retrieval.retrievers must name at least one of: {', '.join(RETRIEVER_CHOICES)}")
+        if len(set(self.retrievers)) != len(self.retrievers):
+            raise ValueError(f"retrieval.retrievers must not repeat a name, got {self.retrievers}")
+        if "routed" in self.retrievers and len(self.retrievers) > 1:
+            raise ValueError("retrieval.retrievers: routed lets the router choose the retrievers, so it stands alone")
         return self
 
 
 class GenerationSettings(_Section):
     """Answer composition: extractive (default), or written by a language model with the extractive
-    answer as the fallback when the model is down or slow (docs/vllm.md)."""
+    answer as the fallback when the model is down or slow or writes nothing the passages support (docs/vllm.md)."""
 
     generator: Literal["extractive", "openai", "vllm"] = Field(
         "extractive", description="extractive | openai (any OpenAI-compatible server, e.g. vLLM) | vllm (in-process engine)")
@@ -116,6 +124,10 @@ class GenerationSettings(_Section):
     deadline_s: float = Field(30.0, gt=0, le=3600, description="a written answer taking longer falls back to extractive")
     support_threshold: float = Field(0.5, ge=0.0, le=1.0,
                                      description="a sentence is supported when this share of its terms is in its cited passages")
+    unsupported: Literal["drop", "mark"] = Field(
+        "drop", description="unsupported sentences of a partly supported written answer: drop = left out of the answer, "
+                            "mark = kept with [unsupported] after them; with none supported the extractive answer is "
+                            "served (degraded_reason unsupported)")
     vllm_max_model_len: int = Field(4096, ge=64, description="vllm: context length of the in-process engine")
     vllm_max_num_seqs: int = Field(16, ge=1, description="vllm: sequences the in-process engine batches")
     vllm_load_format: str = Field("auto", description="vllm: 'dummy' = random weights (tests, no weight files)")
@@ -183,14 +195,40 @@ class TelemetrySettings(_Section):
 
 
 class GraphSettings(_Section):
-    """The Neo4j server (Bolt) of the knowledge-graph store. Knowledge-graph retrieval has not landed yet:
-    compose.yaml already runs Neo4j and sets these, so they are declared (and validated) now."""
+    """The knowledge graph (rag/graph): built at ingest from document titles and their mentions, stored in the
+    embedded FalkorDB (a child process on a unix socket, its file inside the index generation) or a Neo4j server,
+    searched by the ``graph`` retriever. Build-time fields are part of the ingest fingerprint: changing one
+    rebuilds the graph (only the graph: chunks and embeddings are reused)."""
 
+    enabled: bool = Field(True, description="build the graph at ingest, and serve the graph retriever when the "
+                                            "index has one")
+    backend: Literal["falkordb", "neo4j"] = Field(
+        "falkordb", description="falkordb = embedded store inside the index generation; neo4j = the server at uri")
     uri: str = Field("bolt://127.0.0.1:7687", pattern=r"^(bolt|neo4j)(\+s|\+ssc)?://",
-                     description="Bolt URI of the Neo4j server")
+                     description="neo4j: Bolt URI of the server")
     user: str = Field("neo4j", min_length=1)
     password: SecretStr = Field(SecretStr(""), description="never logged or printed")
     database: str = Field("neo4j", min_length=1)
+    hops: int = Field(2, ge=1, le=2, description="co-occurrence hops expanded from the query's entities")
+    top_n: int = Field(10, ge=1, le=1000, description="neighbours kept per entity per hop, by edge weight")
+    decay: float = Field(0.5, gt=0, le=1, description="score multiplier per hop")
+    weight: float = Field(1.5, ge=0, description="graph list weight in fusion (dense 1.0, bm25 1.2)")
+    execution: Literal["cypher", "adjacency"] = Field(
+        "cypher", description="cypher = one parameterised 2-hop query per request in the store; adjacency = the "
+                              "pruned edges pulled from the store at warm-up and walked in process")
+    timeout_ms: int = Field(1000, ge=10, le=60_000, description="one graph query; longer = the store is unavailable")
+    max_alias_df: float = Field(0.01, gt=0, le=1, description="aliases found in more than this share of chunks are "
+                                                             "words, not names: not used for mentions")
+    min_alias_chars: int = Field(3, ge=1, le=64, description="shorter aliases are not used")
+    comma_aliases: Literal["short", "all", "none"] = Field(
+        "short", description="'Davenport, Florida' -> 'davenport': short = only for short 'Name, Qualifier' titles")
+    link_by_embedding: bool = Field(False, description="also seed the nearest entity titles by embedding (embeds "
+                                                       "every title at ingest; measured to lower fused nDCG)")
+    embedding_seeds: int = Field(3, ge=1, le=100, description="link_by_embedding: nearest titles added as seeds")
+    embedding_min_similarity: float = Field(0.5, ge=-1, le=1, description="link_by_embedding: least cosine")
+    embedding_seed_weight: float = Field(0.3, gt=0, le=1, description="link_by_embedding: seed weight per cosine")
+    store_threads: int = Field(2, ge=1, le=64, description="falkordb: the embedded server's query threads")
+    load_batch: int = Field(5000, ge=1, le=1_000_000, description="rows per UNWIND statement at ingest")
 
 
 class ProbeSettings(_Section):

@@ -7,9 +7,26 @@ Kept in a module of their own, free of heavy imports, so that processes that onl
 from __future__ import annotations
 
 STAGES = ("embed", "retrieve_dense", "retrieve_bm25", "fuse", "generate", "generate_prefill", "generate_decode",
-          "support_check")
+          "support_check", "link_entities", "route", "retrieve_graph")
 """``generate`` is the extractive answer (and the fallback); an LLM answer is ``generate_prefill`` (to the first
-token), ``generate_decode`` (the rest) and ``support_check`` (each sentence against the passages it cites)."""
-RETRIEVERS = ("dense", "bm25")
+token), ``generate_decode`` (the rest) and ``support_check`` (each sentence against the passages it cites).
+``link_entities`` finds the knowledge-graph entities a query names, ``route`` lets the router pick the retrievers,
+``retrieve_graph`` expands the linked entities in the graph store (rag/graph, rag/routing)."""
+RETRIEVERS = ("dense", "bm25", "graph")
+RETRIEVER_CHOICES = RETRIEVERS + ("routed",)
+"""What a request or ``retrieval.retrievers`` may name: retrievers (fused when several), or ``routed`` alone."""
+SKIPPABLE_STAGES = ("retrieve_graph",)
+"""Stages a request is answered without when their backend is down (the answer is then degraded, never failed)."""
+ROUTER_ARMS = ("hybrid", "hybrid+graph", "bm25-heavy", "dense-heavy", "bm25-heavy+graph")
+"""The routes the router chooses between (weights in ``rag.routing.arms``)."""
+RETRIEVAL_ROUTES = ("dense", "bm25", "graph", "hybrid", "dense+graph", "bm25+graph", "hybrid+graph", "bm25-heavy",
+                    "dense-heavy", "bm25-heavy+graph", "none")
+"""The ``retrieval_route`` label of request metrics (and the ``rag.route`` span attribute): the retrievers a request
+ran, named as in ``ragheat eval`` (``hybrid`` = dense+bm25), or the router's arm; ``none`` = it ended before
+retrieving (refused, or failed first)."""
 EXTRACTIVE_STAGES = ("embed", "retrieve_dense", "retrieve_bm25", "fuse", "generate")
 """The stages a hybrid query answered by the extractive generator runs, in order (the default service)."""
+DEGRADED_REASONS = ("unavailable", "slow", "unsupported")
+"""Why an answer fell back to the extractive generator (``rag.types.DegradedReason``): the model was down or failed
+(``unavailable``), sent no token or finished too late (``slow``), or none of its sentences was supported by the
+passages (``unsupported``)."""

@@ -5,14 +5,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Mapping, get_args
 
 import numpy as np
 
 from rag.errors import StageError
+from rag.stages import DEGRADED_REASONS
 
 if TYPE_CHECKING:
     from rag.devicetime import DeviceTiming
+
+
+DegradedReason = Literal["unavailable", "slow", "unsupported"]
+"""Why an answer fell back to the extractive generator (``rag.stages.DEGRADED_REASONS``, the metric label set)."""
+assert get_args(DegradedReason) == DEGRADED_REASONS
+UnsupportedPolicy = Literal["drop", "mark"]
+"""What happens to the unsupported sentences of a partly supported written answer (``generation.unsupported``)."""
+UNSUPPORTED_MARK = "[unsupported]"
+"""Written after each unsupported sentence of an answer when ``generation.unsupported`` is ``mark``."""
 
 
 @dataclass(frozen=True)
@@ -114,8 +124,10 @@ class GenerationResult:
     seconds: float
     text: str | None = None  # a written answer, verbatim (extractive answers are built from ``sentences``)
     stats: GenerationStats | None = None
-    support: tuple[SentenceSupport, ...] = ()
-    degraded_reason: str | None = None  # why the answer fell back to the extractive generator
+    support: tuple[SentenceSupport, ...] = ()  # the written text's sentences, also when they were discarded
+    degraded_reason: DegradedReason | None = None  # why the answer fell back to the extractive generator
+    degraded_detail: str | None = None  # the same in a sentence (the error, the timeout, the sentence count)
+    unsupported_policy: UnsupportedPolicy | None = None  # written answers: how unsupported sentences were handled
 
     @property
     def answer(self) -> str:
@@ -165,7 +177,11 @@ class QueryResult:
     retrieved: dict[str, int] = field(default_factory=dict)  # hits per retriever, before fusion
     generation: GenerationStats | None = None  # streamed generators only
     support: tuple[SentenceSupport, ...] = ()  # written answers only: each sentence vs its cited passages
-    degraded_reason: str | None = None  # set when the generator was down or slow and the answer is extractive
+    degraded_reason: DegradedReason | None = None  # set when the answer is the extractive fallback
+    degraded_detail: str | None = None
+    unsupported_policy: UnsupportedPolicy | None = None  # set when a model wrote (part of) the text
+    route: str = "none"  # the retrievers that ran, as a closed label (rag.stages.RETRIEVAL_ROUTES)
+    skipped: dict[str, str] = field(default_factory=dict)  # stage -> why it was skipped (its backend was down)
 
     @property
     def degraded(self) -> bool:
@@ -174,6 +190,15 @@ class QueryResult:
     @property
     def unsupported_sentences(self) -> int:
         return sum(not s.supported for s in self.support)
+
+    def dropped(self, sentence: SentenceSupport) -> bool:
+        """Whether a written sentence was left out of ``answer``: unsupported, and either the policy is ``drop``
+        or no sentence was supported (the whole written answer was replaced by the extractive one)."""
+        return not sentence.supported and (self.unsupported_policy == "drop" or self.degraded_reason == "unsupported")
+
+    @property
+    def dropped_sentences(self) -> int:
+        return sum(self.dropped(s) for s in self.support)
 
 
 @dataclass(frozen=True)
@@ -185,26 +210,23 @@ class RerankResult:
 
 
 @dataclass(frozen=True)
-class GraphFact:
-    """One edge of the knowledge graph, ``subject -relation-> object``, and the chunk that states it."""
+class LinkedEntities:
+    """The knowledge-graph entities a query names (stage ``link_entities``): entity id -> seed weight (how surely
+    and how specifically the query names it), and how long linking took. Empty: the graph has nothing to add."""
 
-    subject: str
-    relation: str
-    object: str
-    chunk_id: int
-
-
-@dataclass(frozen=True)
-class GraphResult:
-    """Facts around the entities a query names, found in the knowledge graph, and how long the search took."""
-
-    facts: list[GraphFact]
+    seeds: Mapping[int, float]
     seconds: float
 
-    @property
-    def chunk_ids(self) -> list[int]:
-        """The chunks stating the facts, first mention first."""
-        return list(dict.fromkeys(f.chunk_id for f in self.facts))
+
+@dataclass
+class RetrievalRun:
+    """What retrieval did for one query, filled in by ``RagPipeline.retrieve``: the route taken (a closed label,
+    ``rag.stages.RETRIEVAL_ROUTES``), hits per retriever before fusion, and the stages skipped because their
+    backend was unavailable (stage -> a sentence), which makes the answer degraded."""
+
+    route: str = "none"
+    retrieved: dict[str, int] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -220,12 +242,13 @@ class CacheKey:
 
 @dataclass(frozen=True)
 class Route:
-    """A router's decision before any stage runs: the retrievers to use and whether a language model may write
-    the answer, or ``rejected`` (a sentence) when the request is shed."""
+    """A router's choice for one query (stage ``route``): its name (one of ``rag.stages.ROUTER_ARMS``), the
+    retrievers to run and their weights in fusion, and how long deciding took."""
 
+    name: str
     retrievers: tuple[str, ...]
-    use_llm: bool = True
-    rejected: str | None = None
+    weights: Mapping[str, float]
+    seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -240,6 +263,8 @@ class PipelineDescription:
     embedding_model: str
     generator: Literal["extractive", "openai", "vllm"]
     engine_metrics_dir: Path | None = None  # where an in-process vLLM engine's child process writes its metrics
+    graph_backend: str | None = None  # the knowledge-graph store serving the graph retriever, None without a graph
+    graph_ready: bool | None = None  # whether it answers right now (False while it is being restarted)
 
 
 REQUEST_RECORD_KEY = "rag"

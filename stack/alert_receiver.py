@@ -1,5 +1,5 @@
 """The stack's default Alertmanager receiver: ``POST /page`` and ``POST /ticket`` take Alertmanager's webhook
-payload and log one JSON line per notification (route, status, alert names and labels), so a fresh
+payload and log one JSON line per notification (route, status, alert names, labels, the blamed stage), so a fresh
 stack shows where its alerts go; ``GET /alerts`` returns the last ones received, ``GET /healthz`` is 200.
 Replace it with a real pager by rendering the routes with other webhooks (``ragheat dashboards render``).
 """
@@ -17,11 +17,18 @@ MAX_BODY_BYTES = 1 << 20
 KEEP = 200
 
 
+KEPT_ANNOTATIONS = ("stage", "stage_evidence", "summary")
+"""Annotations worth a log line: which pipeline stage is to blame and why, and the one-line summary (not the
+description's prose)."""
+
+
 def summarize(route: str, payload: dict) -> dict:
-    """The parts of a webhook payload worth a log line: no annotations' prose, just what and where."""
+    """The parts of a webhook payload worth a log line: what fired, where it was routed, and which stage."""
     return {"route": route, "status": payload.get("status"), "receiver": payload.get("receiver"),
             "alerts": [{"name": a.get("labels", {}).get("alertname"), "status": a.get("status"),
-                        "labels": a.get("labels", {})} for a in payload.get("alerts", [])]}
+                        "labels": a.get("labels", {}),
+                        "annotations": {k: v for k, v in (a.get("annotations") or {}).items() if k in KEPT_ANNOTATIONS}}
+                       for a in payload.get("alerts", [])]}
 
 
 class AlertReceiver(ThreadingHTTPServer):

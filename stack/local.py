@@ -1,13 +1,20 @@
 """``ragheat stack up``: the compose topology as local processes on loopback, from compose's own configs.
 
 Started here: the API (``ragheat serve``), the alert receiver, Alertmanager and Prometheus (Debian's
-binaries), the eBPF exporter when privileged, and vLLM on the CPU when its environment (.venv-vllm) is
-installed. Not started (no binaries on a machine without Docker): the OTel Collector, Tempo, Grafana and
-Neo4j; their scrape jobs are left out of the local Prometheus config and named in the state's notes.
+binaries), the eBPF exporter when privileged, and vLLM on the CPU when a model is asked for (a model folder, or
+``dummy``: random weights, said loudly). Without a model the API answers with the extractive generator, and says
+so. Not started (no binaries on a machine without Docker): the OTel Collector, Tempo, Grafana and Neo4j; their
+scrape jobs are left out of the local Prometheus config and named in the state's notes.
+
+Every path written into a generated config is absolute: Prometheus reads ``rule_files`` relative to its config
+file's folder (and an empty glob is legal), so a relative one would load no rule, silently. After start, ``up``
+checks that Prometheus reports every rendered rule group and alert and has the local Alertmanager attached.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import glob
 import os
 import shutil
 import socket
@@ -21,9 +28,9 @@ from typing import Callable, Literal
 import httpx
 import yaml
 
+from rag.childproc import free_port, wait_until_ok
 from rag.errors import ConfigurationError
 from stack import topology
-from stack.children import free_port, wait_until_ok
 from stack.processes import Managed, StackState
 
 DEFAULT_PORTS = {"api": 8000, "prometheus": 9090, "alertmanager": 9093, "alert-receiver": 9095, "probes": 9465,
@@ -38,15 +45,45 @@ class StackError(ConfigurationError):
 
 @dataclass
 class StackOptions:
-    """What ``ragheat stack up`` was asked for: the index, the state folder, ports, probes and vLLM."""
+    """What ``ragheat stack up`` was asked for: the index, the state folder, ports, probes, who answers (a model
+    folder for vLLM, ``dummy``, or a server's URL; none = extractive) and the rules' profile."""
 
     index: Path
     folder: Path
     ports: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_PORTS))
     probes: Literal["auto", "on", "off"] = "auto"
-    vllm_model: str = "auto"   # auto (tiny random-weight model when vLLM is installed) | off | a model folder
+    vllm_model: str = "off"   # off | dummy (a tiny random-weight model: noise) | a model folder
     vllm_python: Path | None = None
+    llm_url: str | None = None  # an OpenAI-compatible server already running (instead of a vLLM started here)
+    llm_model: str = ""          # its served model name (empty = its first)
+    rules_profile: str = "production"  # the rules' profile (dashboards.slo.PROFILES); test = windows / 60
+    time_divisor: int = 1  # the profile's divisor: applied to scrape/evaluation intervals and Alertmanager's timers
     ready_timeout_s: float = 180.0
+
+
+@dataclass
+class AnswerPlan:
+    """Who writes the API's answers: the environment it gets, the line said at start (a warning for random
+    weights), and the vLLM server to start, if any."""
+
+    env: dict[str, str]
+    line: str
+    warning: bool = False
+    vllm_python: Path | None = None
+    vllm_model: str = ""
+    dummy: bool = False
+
+
+@dataclass
+class LocalConfigs:
+    """The generated configs of one stack: where they are, the rule groups and alerts Prometheus must report,
+    and the scrape jobs left out."""
+
+    rendered: Path
+    prometheus: Path
+    alertmanager: Path
+    expected_rules: dict[str, list[str]]
+    dropped_jobs: list[str]
 
 
 def ragheat_executable() -> str:
@@ -78,30 +115,53 @@ def _resolve_ports(wanted: dict[str, int], components: list[str]) -> dict[str, i
     return ports
 
 
-def _vllm_plan(options: StackOptions, folder: Path) -> tuple[Path | None, str, str | None]:
-    """(interpreter, model, note): whether and how vLLM runs; the note says why it does not."""
+WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf")
+DUMMY_WARNING = ("WARNING: --vllm-model dummy: vLLM serves a tiny Llama with RANDOM weights. Its text is noise: the "
+                 "support check rejects it and every answer falls back to the extractive one (degraded_reason "
+                 "unsupported), slower than without it. Use it to exercise vLLM and its dashboard, not to read answers.")
+
+
+def answer_plan(options: StackOptions, folder: Path) -> AnswerPlan:
+    """Extractive unless a real model is configured (``--vllm-model DIR`` or ``--llm-url URL``); ``dummy`` runs
+    vLLM with random weights, with a warning. A random-weight model is never presented as the answering model."""
+    gen = "RAGHEAT_GENERATION__"
+    if options.llm_url and options.vllm_model != "off":
+        raise StackError("--llm-url and --vllm-model name two different models: give one of them")
+    if options.llm_url:
+        if not options.llm_url.startswith(("http://", "https://")):
+            raise StackError(f"--llm-url must be an http(s) URL ending in /v1, got {options.llm_url!r}")
+        return AnswerPlan({gen + "GENERATOR": "openai", gen + "BASE_URL": options.llm_url, gen + "MODEL": options.llm_model},
+                          f"answers: written by the OpenAI-compatible server at {options.llm_url} (extractive when "
+                          f"it is down or slow, or writes nothing the passages support)")
     if options.vllm_model == "off":
-        return None, "", "vllm off (--vllm-model off)"
+        return AnswerPlan({gen + "GENERATOR": "extractive"},
+                          "answers: extractive (the passages' own sentences): no model configured. For written answers "
+                          "give --vllm-model DIR (a model folder vLLM serves here) or --llm-url URL")
     from stack.vllm import vllm_python
 
     try:
         python = vllm_python(options.vllm_python)
     except ConfigurationError as exc:
-        if options.vllm_model == "auto":
-            return None, "", f"vllm not started: {exc}"
-        raise StackError(str(exc)) from None
-    if options.vllm_model != "auto":
-        model = Path(options.vllm_model)
-        if not (model / "config.json").is_file():
-            raise StackError(f"--vllm-model {model} is not a model folder (no config.json in it)")
-        return python, str(model), None
-    from stack.tiny_llama import build_tiny_llama
+        raise StackError(f"--vllm-model {options.vllm_model}: {exc}") from None
+    env = {gen + "GENERATOR": "openai", gen + "MODEL": SERVED_MODEL}  # BASE_URL once vLLM's port is known
+    if options.vllm_model == "dummy":
+        from stack.tiny_llama import build_tiny_llama
 
-    # No weights can be downloaded here: a tiny Llama with random weights (vLLM's dummy loader) exercises
-    # the engine, its metrics and the API's fallback; its text is noise. docs/stack.md: real models.
-    texts = [p.read_text(errors="replace") for p in sorted((topology.REPO / "docs").glob("*.md"))]
-    texts.append((topology.REPO / "README.md").read_text(errors="replace"))
-    return python, str(build_tiny_llama(folder / "tiny-llama", texts)), None
+        # No weights can be downloaded here: vLLM's dummy loader fills a tiny Llama with random values, which
+        # exercises the engine, its metrics and the API's fallbacks; its text is noise.
+        texts = [p.read_text(errors="replace") for p in sorted((topology.REPO / "docs").glob("*.md"))]
+        texts.append((topology.REPO / "README.md").read_text(errors="replace"))
+        model = build_tiny_llama(folder / "tiny-llama", texts)
+        return AnswerPlan(env, DUMMY_WARNING, warning=True, vllm_python=python, vllm_model=str(model), dummy=True)
+    model = Path(options.vllm_model).resolve()
+    if not (model / "config.json").is_file():
+        raise StackError(f"--vllm-model {options.vllm_model} is not a model folder (no config.json in it); "
+                         f"--vllm-model dummy runs vLLM with random weights")
+    if not any(next(model.glob(pattern), None) for pattern in WEIGHT_FILES):
+        raise StackError(f"--vllm-model {options.vllm_model} has no weight files ({', '.join(WEIGHT_FILES)}); "
+                         f"--vllm-model dummy runs vLLM with random weights")
+    return AnswerPlan(env, f"answers: written by vLLM serving {model} (extractive when it is down or slow, or "
+                           f"writes nothing the passages support)", vllm_python=python, vllm_model=str(model))
 
 
 def _vllm_argv(python: Path, model: str, port: int, tiny: bool) -> list[str]:
@@ -125,8 +185,10 @@ def _wait(managed: Managed, url: str, timeout_s: float, hint: str = "") -> None:
 
 
 def up(options: StackOptions, say: Callable[[str], None] = print) -> StackState:
-    """Start the stack (cleaning a stale one first); returns its state once every component answers.
-    On any failure everything started so far is stopped again."""
+    """Start the stack (cleaning a stale one first); returns its state once every component answers and
+    Prometheus reports the rendered rules. On any failure everything started so far is stopped again."""
+    # Absolute from here on: these paths are written into generated configs and handed to children.
+    options = dataclasses.replace(options, index=options.index.resolve(), folder=options.folder.resolve())
     if not (options.index / "current").exists():
         raise StackError(f"{options.index} is not an index folder (no 'current' in it); build one with "
                          f"`ragheat ingest SOURCE --index {options.index}`")
@@ -145,51 +207,83 @@ def up(options: StackOptions, say: Callable[[str], None] = print) -> StackState:
     use_probes = options.probes == "on" or (options.probes == "auto" and os.geteuid() == 0)
     if not use_probes:
         state.notes.append("probes off: " + ("--probes off" if options.probes == "off" else "not root (eBPF needs it)"))
-    vllm_python, vllm_model, vllm_note = _vllm_plan(options, options.folder)
-    if vllm_note:
-        state.notes.append(vllm_note)
+    plan = answer_plan(options, options.folder)
+    say(plan.line)
+    state.notes.append(plan.line)
+    if not plan.vllm_python:
+        state.notes.append("vllm not started: " + (f"the answers come from {options.llm_url}" if options.llm_url
+                                                   else "no model asked for (--vllm-model DIR or dummy)"))
+    if options.rules_profile != "production":
+        state.notes.append(f"rules profile {options.rules_profile}: SLO windows, scrape and evaluation intervals and "
+                           f"Alertmanager's timers divided by {options.time_divisor} (a drill, not production)")
     components = ["api", "prometheus", "alertmanager", "alert-receiver"] + (["probes"] if use_probes else []) \
-        + (["vllm"] if vllm_python else [])
+        + (["vllm"] if plan.vllm_python else [])
     ports = _resolve_ports(options.ports, components)
     addresses = topology.LocalAddresses({c: f"127.0.0.1:{p}" for c, p in ports.items()})
     state.notes.append("not run without Docker: otel-collector, tempo, grafana, neo4j (compose only)")
     try:
-        _start(state, options, compose, addresses, prometheus, alertmanager, vllm_python, vllm_model, say)
+        configs = prepare_configs(options, compose, addresses)
+        say(f"rendered dashboards, rules and routes into {configs.rendered}")
+        if configs.dropped_jobs:
+            state.notes.append(f"scrape jobs left out (component not running here): {', '.join(configs.dropped_jobs)}")
+        _start(state, options, compose, addresses, configs, prometheus, alertmanager, plan, say)
     except BaseException:
         state.stop_all()
         raise
     return state
 
 
-def _start(state: StackState, options: StackOptions, compose: dict, addresses: topology.LocalAddresses,
-           prometheus: str, alertmanager: str, vllm_python: Path | None, vllm_model: str, say) -> None:
-    folder, ragheat, timeout = options.folder, ragheat_executable(), options.ready_timeout_s
+def prepare_configs(options: StackOptions, compose: dict, addresses: topology.LocalAddresses) -> LocalConfigs:
+    """Render the rules, routes and dashboards with compose's command and write the local Prometheus config, all
+    under ``options.folder``; ``StackError`` when a generated path would not find its files."""
+    folder, ragheat = options.folder.resolve(), ragheat_executable()  # absolute: written into the configs
     rendered = folder / "rendered"
     shutil.rmtree(rendered, ignore_errors=True)
-    render = topology.render_command(addresses, rendered, compose)
+    render = topology.render_command(addresses, rendered, compose, profile=options.rules_profile)
     result = subprocess.run([ragheat, *render[1:]], capture_output=True, text=True)
     if result.returncode != 0:
         raise StackError(f"`{' '.join(render)}` failed:\n{(result.stderr or result.stdout)[-1500:]}")
-    say(f"rendered dashboards, rules and routes into {rendered}")
+    alertmanager_path = rendered / "alertmanager" / "alertmanager.yml"
+    alertmanager = topology.load_yaml(alertmanager_path)
+    if options.time_divisor > 1:
+        alertmanager_path.write_text(yaml.safe_dump(topology.scaled_routes(alertmanager, options.time_divisor),
+                                                     sort_keys=False))
+    provider = topology.load_yaml(rendered / "grafana" / "provisioning" / "dashboards" / "ragheat.yml")
+    relative = topology.relative_paths(alertmanager, provider)
+    if relative:
+        raise StackError(f"generated configs in {rendered} name relative paths, which their programs would resolve "
+                         f"against another folder: {', '.join(relative)}")
+    config, dropped = topology.local_prometheus_config(addresses, rendered, time_divisor=options.time_divisor)
+    config_path = folder / "prometheus" / "prometheus.yml"
+    config_path.parent.mkdir(parents=True, exist_ok=True)
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    unmatched = topology.unmatched_rule_files(config, config_path)
+    if unmatched:
+        raise StackError(f"{config_path}: rule_files {', '.join(unmatched)} match no file; Prometheus would load "
+                         f"no alert rule")
+    rule_files = sorted(p for pattern in config["rule_files"] for p in map(Path, glob.glob(pattern)))
+    return LocalConfigs(rendered, config_path, alertmanager_path, topology.rule_expectations(rule_files), dropped)
 
+
+def _start(state: StackState, options: StackOptions, compose: dict, addresses: topology.LocalAddresses,
+           configs: LocalConfigs, prometheus: str, alertmanager: str, plan: AnswerPlan, say) -> None:
+    folder, ragheat, timeout = options.folder, ragheat_executable(), options.ready_timeout_s
     port = {c: a.rsplit(":", 1)[1] for c, a in addresses.components.items()}
     started: list[tuple[Managed, str, float]] = []
     receiver = state.spawn("alert-receiver", [ragheat, "stack", "alert-receiver", "--host", "127.0.0.1",
                                               "--port", port["alert-receiver"]], url=addresses.url("alert-receiver"))
     started.append((receiver, receiver.url + "/healthz", 30))
-    am = state.spawn("alertmanager", [alertmanager, f"--config.file={rendered}/alertmanager/alertmanager.yml",
+    am = state.spawn("alertmanager", [alertmanager, f"--config.file={configs.alertmanager}",
                                       f"--storage.path={folder}/alertmanager",
                                       f"--web.listen-address={addresses.components['alertmanager']}",
                                       "--cluster.listen-address="], url=addresses.url("alertmanager"))
     started.append((am, am.url + "/-/ready", 30))
-    env = dict(os.environ)
-    if vllm_python:
-        vllm = state.spawn("vllm", _vllm_argv(vllm_python, vllm_model, int(port["vllm"]),
-                                              tiny=vllm_model.endswith("tiny-llama")),
+    env = {**os.environ, **plan.env}
+    if plan.vllm_python:
+        vllm = state.spawn("vllm", _vllm_argv(plan.vllm_python, plan.vllm_model, int(port["vllm"]), tiny=plan.dummy),
                            env=_vllm_env(folder), url=addresses.url("vllm"))
         started.append((vllm, vllm.url + "/health", max(timeout, 300)))
-        env.update({"RAGHEAT_GENERATION__GENERATOR": "openai", "RAGHEAT_GENERATION__BASE_URL": vllm.url + "/v1",
-                    "RAGHEAT_GENERATION__MODEL": SERVED_MODEL})
+        env["RAGHEAT_GENERATION__BASE_URL"] = vllm.url + "/v1"
     api = state.spawn("api", [ragheat, "serve", "--index", str(options.index), "--host", "127.0.0.1",
                               "--port", port["api"], "--log-level", "warning"], env=env, url=addresses.url("api"))
     _wait(api, api.url + "/readyz", timeout)
@@ -204,19 +298,40 @@ def _start(state: StackState, options: StackOptions, compose: dict, addresses: t
         _wait(managed, url, limit, hint)
         say(f"{managed.name} ready at {managed.url}")
     # Last, so its first scrape finds every target already answering.
-    config, dropped = topology.local_prometheus_config(addresses, rendered)
-    if dropped:
-        state.notes.append(f"scrape jobs left out (component not running here): {', '.join(dropped)}")
-    (folder / "prometheus").mkdir(parents=True, exist_ok=True)
-    config_path = folder / "prometheus" / "prometheus.yml"
-    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
-    prom = state.spawn("prometheus", [prometheus, f"--config.file={config_path}",
+    prom = state.spawn("prometheus", [prometheus, f"--config.file={configs.prometheus}",
                                       f"--storage.tsdb.path={folder}/prometheus/data",
                                       f"--web.listen-address={addresses.components['prometheus']}",
                                       *topology.prometheus_flags(compose)], url=addresses.url("prometheus"))
     _wait(prom, prom.url + "/-/ready", 60)
     state.save()
     say(f"prometheus ready at {prom.url}")
+    groups = check_rules(prom.url, configs.expected_rules, am.url)
+    say(f"prometheus loaded {len(groups)} rule groups ({sum(len(a) for a in configs.expected_rules.values())} "
+        f"alerts) and sends alerts to {am.url}")
+
+
+def check_rules(prometheus_url: str, expected: dict[str, list[str]], alertmanager_url: str | None,
+                timeout_s: float = 30.0) -> list[dict]:
+    """Wait until Prometheus reports every expected rule group and alert (and sends alerts to
+    ``alertmanager_url``); ``StackError`` saying what is missing when it does not within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        _, groups = prometheus_report(prometheus_url)
+        problems = topology.rule_problems(expected, groups)
+        if alertmanager_url and alertmanager_url not in alertmanagers(prometheus_url):
+            problems.append(f"prometheus does not send alerts to {alertmanager_url}")
+        if not problems:
+            return groups
+        if time.monotonic() > deadline:
+            raise StackError(f"prometheus at {prometheus_url} is not alerting as rendered: {'; '.join(problems)} "
+                             f"(GET {prometheus_url}/api/v1/rules)")
+        time.sleep(0.5)
+
+
+def alertmanagers(prometheus_url: str) -> list[str]:
+    """The Alertmanager base URLs Prometheus sends alerts to."""
+    data = httpx.get(prometheus_url + "/api/v1/alertmanagers", timeout=10).json()["data"]
+    return [a["url"].split("/api/")[0] for a in data["activeAlertmanagers"]]
 
 
 def prometheus_report(url: str) -> tuple[list[dict], list[dict]]:
@@ -227,6 +342,7 @@ def prometheus_report(url: str) -> tuple[list[dict], list[dict]]:
     return ([{"job": t["labels"]["job"], "health": t["health"], "error": t.get("lastError", "")}
              for t in targets["activeTargets"]],
             [{"name": g["name"], "file": g["file"], "rules": len(g["rules"]),
+              "alerts": sorted({r["name"] for r in g["rules"] if r.get("type") == "alerting"}),
               "unhealthy": [r["name"] for r in g["rules"] if r.get("health") == "err"]} for g in rules["groups"]])
 
 

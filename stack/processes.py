@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from stack.children import ChildProcess, group_members, stat_fields, terminate
+from rag.childproc import ChildProcess, group_members, stat_fields, terminate
 
 STATE_FILE = "state.json"
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 
 from rag.errors import ConfigurationError
-from stack.children import ChildProcess, free_port
+from rag.childproc import ChildProcess, free_port
 
 
 def scrape_config(target: str, scrape_interval_s: float = 5.0, job: str = "ragheat",

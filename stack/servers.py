@@ -11,7 +11,7 @@ from typing import Mapping, Sequence
 
 import uvicorn
 
-from stack.children import ChildProcess, free_port, wait_until_ok
+from rag.childproc import ChildProcess, free_port, wait_until_ok
 
 
 class ServeProcess:

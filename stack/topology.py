@@ -9,6 +9,8 @@ paths and service URLs swapped for local ones.
 
 from __future__ import annotations
 
+import glob
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,9 +72,17 @@ class LocalAddresses:
         return argument
 
 
-def render_command(addresses: LocalAddresses, rendered_dir: Path, compose: dict | None = None) -> list[str]:
-    """compose's ``dashboards-render`` command, writing into ``rendered_dir`` and pointing at local URLs."""
-    return [addresses.localize(a, rendered_dir) for a in compose_command("dashboards-render", compose)]
+def render_command(addresses: LocalAddresses, rendered_dir: Path, compose: dict | None = None,
+                   profile: str | None = None) -> list[str]:
+    """compose's ``dashboards-render`` command, writing into ``rendered_dir`` and pointing at local URLs;
+    ``profile`` replaces its ``--profile`` (``test``: every SLO window divided by 60, for drills and tests)."""
+    command = [addresses.localize(a, rendered_dir) for a in compose_command("dashboards-render", compose)]
+    if profile is not None:
+        if "--profile" in command:
+            command[command.index("--profile") + 1] = profile
+        else:
+            command += ["--profile", profile]
+    return command
 
 
 def prometheus_flags(compose: dict | None = None) -> list[str]:
@@ -81,14 +91,26 @@ def prometheus_flags(compose: dict | None = None) -> list[str]:
     return [f for f in compose_command("prometheus", compose) if not f.startswith(own)]
 
 
-def local_prometheus_config(addresses: LocalAddresses, rendered_dir: Path,
-                            config: dict | None = None) -> tuple[dict, list[str]]:
+def local_prometheus_config(addresses: LocalAddresses, rendered_dir: Path, config: dict | None = None,
+                            time_divisor: int = 1) -> tuple[dict, list[str]]:
     """compose's Prometheus config with every target on loopback; returns it and the jobs left out
-    because their component is not running here (each named, so nothing disappears silently)."""
+    because their component is not running here (each named, so nothing disappears silently).
+
+    ``rendered_dir`` must be absolute: Prometheus resolves a relative ``rule_files`` pattern against the config
+    file's folder, and a pattern that matches nothing is legal, so a relative one loads no rule, silently.
+    ``time_divisor`` > 1 (the test profile) divides the scrape and evaluation intervals too, down to 1 s, so the
+    profile's seconds-long windows hold enough samples."""
+    if not rendered_dir.is_absolute():
+        raise ConfigurationError(f"the rendered folder {rendered_dir} must be an absolute path: Prometheus reads "
+                                 f"relative rule_files from its config file's folder")
     config = config if config is not None else load_yaml(PROMETHEUS_CONFIG)
     local = dict(config)
     local["rule_files"] = [str(rendered_dir) + p[len(RENDERED_MOUNT):] if p.startswith(RENDERED_MOUNT) else p
                            for p in config.get("rule_files", [])]
+    if time_divisor > 1:
+        interval = {key: format_duration(max(1.0, parse_duration(value) / time_divisor))
+                    for key, value in config.get("global", {}).items() if key in ("scrape_interval", "evaluation_interval")}
+        local["global"] = {**config.get("global", {}), **interval}
     if "alertmanager" in addresses.components:
         local["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [addresses.components["alertmanager"]]}]}]}
     else:
@@ -109,3 +131,82 @@ def local_prometheus_config(addresses: LocalAddresses, rendered_dir: Path,
         jobs.append({**job, "static_configs": [{"targets": [addresses.components[component]]}]})
     local["scrape_configs"] = jobs
     return local, dropped
+
+
+_DURATION = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in a Prometheus/Alertmanager duration (``1h30m``, ``500ms``); ``ConfigurationError`` otherwise."""
+    parts = _DURATION.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise ConfigurationError(f"{text!r} is not a Prometheus duration (e.g. 30s, 5m, 1h30m)")
+    return sum(int(n) * _UNIT_SECONDS[u] for n, u in parts)
+
+
+def format_duration(seconds: float) -> str:
+    """A duration in whole milliseconds as Prometheus and Alertmanager read it: ``500ms``, ``5s``, ``12m``."""
+    ms = max(1, round(seconds * 1000))
+    for unit, size in (("h", 3_600_000), ("m", 60_000), ("s", 1000), ("ms", 1)):
+        if ms % size == 0:
+            return f"{ms // size}{unit}"
+    raise AssertionError("unreachable: every whole number of milliseconds divides by 1")
+
+
+ROUTE_TIMERS = ("group_wait", "group_interval", "repeat_interval")
+
+
+def scaled_routes(config: dict, time_divisor: int) -> dict:
+    """An Alertmanager config whose route timers (group_wait, group_interval, repeat_interval, in every route)
+    are divided by ``time_divisor``, as the test profile divides the SLO windows: a 30 s group wait becomes
+    0.5 s, so a drill's page arrives in seconds."""
+    def scale(route: dict) -> dict:
+        route = {**route, **{k: format_duration(parse_duration(route[k]) / time_divisor)
+                             for k in ROUTE_TIMERS if k in route}}
+        if "routes" in route:
+            route["routes"] = [scale(r) for r in route["routes"]]
+        return route
+
+    return {**config, "route": scale(config["route"])} if "route" in config else dict(config)
+
+
+def unmatched_rule_files(config: dict, config_path: Path) -> list[str]:
+    """The ``rule_files`` patterns of a Prometheus config that match no file, resolved as Prometheus resolves
+    them: a relative pattern against the config file's folder (an empty glob is legal, so Prometheus is silent)."""
+    return [pattern for pattern in config.get("rule_files", [])
+            if not glob.glob(str(config_path.parent / pattern) if not Path(pattern).is_absolute() else pattern)]
+
+
+def relative_paths(alertmanager_config: dict, grafana_provider: dict) -> list[str]:
+    """File paths in generated configs that their program would resolve against a folder other than the one
+    meant: Alertmanager's ``templates`` (read relative to its config file) and Grafana's dashboard folders."""
+    paths = list(alertmanager_config.get("templates") or [])
+    paths += [p.get("options", {}).get("path", "") for p in grafana_provider.get("providers", [])]
+    return [p for p in paths if p and not Path(p).is_absolute()]
+
+
+def rule_expectations(rule_files: list[Path]) -> dict[str, list[str]]:
+    """Rule group -> its alert names (sorted, each once), as the rendered rule files define them."""
+    groups: dict[str, list[str]] = {}
+    for path in rule_files:
+        for group in (load_yaml(path) or {}).get("groups", []):
+            groups[group["name"]] = sorted({r["alert"] for r in group.get("rules", []) if "alert" in r})
+    return groups
+
+
+def rule_problems(expected: dict[str, list[str]], reported: list[dict]) -> list[str]:
+    """What is wrong with the rule groups Prometheus reports (``name``, ``alerts``, ``unhealthy`` each) against
+    the rendered ones: each missing group, missing alert and failing rule, in a sentence."""
+    if not expected:
+        return ["no rule group was rendered (the rendered prometheus/*.yml files are missing or empty)"]
+    loaded = {g["name"]: g for g in reported}
+    problems = [f"rule group {name} is not loaded" for name in expected if name not in loaded]
+    for name, alerts in expected.items():
+        if name in loaded:
+            missing = sorted(set(alerts) - set(loaded[name]["alerts"]))
+            if missing:
+                problems.append(f"rule group {name} lacks the alerts {', '.join(missing)}")
+            if loaded[name]["unhealthy"]:
+                problems.append(f"rule group {name} has failing rules: {', '.join(loaded[name]['unhealthy'])}")
+    return problems

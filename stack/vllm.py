@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Sequence
 
 from rag.errors import ConfigurationError
-from stack.children import ChildProcess
+from rag.childproc import ChildProcess
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"

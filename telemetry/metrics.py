@@ -15,7 +15,7 @@ from typing import Literal, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from rag.stages import RETRIEVERS, STAGES
+from rag.stages import DEGRADED_REASONS, RETRIEVAL_ROUTES, RETRIEVERS, SKIPPABLE_STAGES, STAGES
 from telemetry.buckets import (KERNEL_LOG2_SECONDS, LATENCY_SECONDS, RETRIEVED_DOCUMENTS, VLLM_STEP_BLOCKS,
                                VLLM_STEP_TOKENS)
 
@@ -75,6 +75,12 @@ METRICS: tuple[MetricSpec, ...] = (
                "API request rate (requests per second) over the sliding qps window."),
     MetricSpec("service", "retrieved", "ragheat_retrieved_documents", "histogram",
                "Chunks a retriever returned for one request, before fusion.", ("retriever",), RETRIEVED_DOCUMENTS),
+    MetricSpec("service", "retrieval_routes", "ragheat_retrieval_routes_total", "counter",
+               "Answered queries by the retrievers that ran (hybrid, hybrid+graph, ...) or the router's choice.",
+               ("retrieval_route",)),
+    MetricSpec("service", "stage_skipped", "ragheat_stage_skipped_total", "counter",
+               "Queries answered without a stage because its backend was unavailable (the graph store down or "
+               "restarting); each such answer is degraded.", ("stage",)),
     MetricSpec("service", "stage_errors", "ragheat_stage_errors_total", "counter",
                "Requests that failed in a pipeline stage, by stage.", ("stage",)),
     MetricSpec("service", "stage_device", "ragheat_stage_device_seconds", "histogram",
@@ -91,7 +97,8 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("generation", "unsupported_sentences", "ragheat_unsupported_sentences_total", "counter",
                "Answer sentences the support check found unsupported by the passages they cite."),
     MetricSpec("generation", "degraded", "ragheat_generation_degraded_total", "counter",
-               "Answers that fell back to the extractive generator because the LLM was down or slow."),
+               "Answers that fell back to the extractive generator, by reason: the LLM was down (unavailable) or "
+               "slow, or none of its sentences was supported by the passages (unsupported).", ("reason",)),
     # -- vLLM's engine: ragheat's plugin (telemetry.vllm_plugin), served by vLLM's own /metrics ---------------
     MetricSpec("vllm", "step_duration", "ragheat_vllm_step_duration_seconds", "histogram",
                "Time of one vLLM engine step (schedule, forward, update) by phase.", ("phase",), LATENCY_SECONDS),
@@ -174,6 +181,8 @@ class PrometheusMetrics:
         self.qps = create_metric(service["qps"], registry)
         self.retrieved = create_metric(service["retrieved"], registry)
         self.stage_errors = create_metric(service["stage_errors"], registry)
+        self.retrieval_routes = create_metric(service["retrieval_routes"], registry)
+        self.stage_skipped = create_metric(service["stage_skipped"], registry)
         self.stage_device = create_metric(service["stage_device"], registry)
         self.telemetry_dropped = create_metric(service["telemetry_dropped"], registry)
         self.generation_ttft = create_metric(generation["ttft"], registry)
@@ -190,6 +199,12 @@ class PrometheusMetrics:
             self.stage_errors.labels(stage)
         for retriever in RETRIEVERS:
             self.retrieved.labels(retriever)
+        for retrieval_route in RETRIEVAL_ROUTES:
+            self.retrieval_routes.labels(retrieval_route)
+        for stage in SKIPPABLE_STAGES:
+            self.stage_skipped.labels(stage)
+        for reason in DEGRADED_REASONS:
+            self.generation_degraded.labels(reason)
         for signal in SIGNALS:
             for reason in DROP_REASONS:
                 self.telemetry_dropped.labels(signal, reason)

@@ -5,6 +5,10 @@ Why not the OpenTelemetry SDK's MeterProvider: its histogram ``record()`` costs 
 as a visible share of a saturated two-core service (docs/benchmarks.md). Here each (metric,
 attributes) pair is a plain counter map at a fixed scale; a background thread encodes the cumulative
 state with ``opentelemetry-proto`` and POSTs it to the OTLP/HTTP endpoint every interval.
+
+Observations of traced requests carry an exemplar (trace id, span id, value, time): each point sends the latest
+traced observation of every bucket seen since the previous export, so the OTel Collector's remote write hands
+Prometheus exemplars that open those traces, as the scraped ``/metrics`` does with its own.
 """
 
 from __future__ import annotations
@@ -28,6 +32,24 @@ log = logging.getLogger("ragheat.telemetry")
 SCALE = 4  # buckets grow by 2**(1/16) ≈ 4.4 %: relative error of a quantile read off them ≤ 2.2 %
 _FACTOR = 2.0 ** SCALE
 
+STAGE_DURATION = "ragheat.stage.duration"
+REQUEST_DURATION = "ragheat.request.duration"
+UNIT = "s"
+DESCRIPTIONS = {STAGE_DURATION: "Time one RAG pipeline stage took for one request.",
+                REQUEST_DURATION: "End-to-end time of one API request."}
+
+_UNIT_SUFFIXES = {"s": "seconds"}
+
+
+def prometheus_name(otlp_name: str, unit: str = UNIT) -> str:
+    """The name Prometheus stores an OTLP metric under when the OTel Collector's ``prometheusremotewrite`` exporter
+    forwards it (``add_metric_suffixes`` on, its default): characters outside ``[a-zA-Z0-9_:]`` become ``_`` and the
+    unit becomes a suffix (``s`` -> ``_seconds``). An exponential histogram arrives as one native histogram series
+    of exactly this name (no ``_bucket``/``_sum``/``_count``)."""
+    name = "".join(c if c.isascii() and (c.isalnum() or c in "_:") else "_" for c in otlp_name)
+    suffix = _UNIT_SUFFIXES.get(unit, unit)
+    return name if not suffix or name.endswith("_" + suffix) else f"{name}_{suffix}"
+
 
 @dataclass
 class Base2Histogram:
@@ -39,17 +61,23 @@ class Base2Histogram:
     total: float = 0.0
     low: float = math.inf
     high: float = -math.inf
+    exemplars: dict[int | None, tuple[float, int, int, int]] = field(default_factory=dict)
+    """Bucket index (None: the zero bucket) -> (value, unix ns, trace id, span id) of the latest traced observation
+    there since the last export."""
 
-    def record(self, value: float) -> None:
+    def record(self, value: float, trace: tuple[int, int] | None = None) -> None:
         self.count += 1
         self.total += value
         self.low = min(self.low, value)
         self.high = max(self.high, value)
         if value <= 0.0:
             self.zero_count += 1
-            return
-        index = math.ceil(math.log2(value) * _FACTOR) - 1
-        self.counts[index] = self.counts.get(index, 0) + 1
+            index = None
+        else:
+            index = math.ceil(math.log2(value) * _FACTOR) - 1
+            self.counts[index] = self.counts.get(index, 0) + 1
+        if trace is not None:
+            self.exemplars[index] = (value, time.time_ns(), *trace)
 
 
 def endpoint_from_env(environ: Mapping[str, str] = os.environ) -> str | None:
@@ -93,13 +121,15 @@ class OtlpHistogramPusher:
         self._thread = threading.Thread(target=self._run, name="ragheat-otlp-metrics", daemon=True)
         self._thread.start()
 
-    def record(self, name: str, value: float, attributes: tuple[tuple[str, str], ...]) -> None:
+    def record(self, name: str, value: float, attributes: tuple[tuple[str, str], ...],
+               trace: tuple[int, int] | None = None) -> None:
+        """One observation; ``trace`` (trace id, span id) for a traced request, which becomes an exemplar."""
         key = (name, attributes)
         with self._lock:
             histogram = self._histograms.get(key)
             if histogram is None:
                 histogram = self._histograms[key] = Base2Histogram()
-            histogram.record(value)
+            histogram.record(value, trace)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -115,12 +145,18 @@ class OtlpHistogramPusher:
                 buckets = [0] * width
                 for index, count in h.counts.items():
                     buckets[index - offset] = count
+                # Each exemplar goes out once: the next export carries only newer traced observations.
+                exemplars = [metrics_pb2.Exemplar(as_double=value, time_unix_nano=at,
+                                                  trace_id=trace_id.to_bytes(16, "big"),
+                                                  span_id=span_id.to_bytes(8, "big"))
+                             for value, at, trace_id, span_id in h.exemplars.values()]
+                h.exemplars = {}
                 by_metric.setdefault(name, []).append(metrics_pb2.ExponentialHistogramDataPoint(
                     attributes=[_kv(k, v) for k, v in attributes], start_time_unix_nano=self.start_ns,
                     time_unix_nano=now, count=h.count, sum=h.total, scale=SCALE, zero_count=h.zero_count,
                     positive=metrics_pb2.ExponentialHistogramDataPoint.Buckets(offset=offset, bucket_counts=buckets),
-                    min=h.low, max=h.high))
-        metrics = [metrics_pb2.Metric(name=name, unit="s", description=self.descriptions.get(name, ""),
+                    min=h.low, max=h.high, exemplars=exemplars))
+        metrics = [metrics_pb2.Metric(name=name, unit=UNIT, description=self.descriptions.get(name, ""),
                                       exponential_histogram=metrics_pb2.ExponentialHistogram(
                                           data_points=points,
                                           aggregation_temporality=metrics_pb2.AGGREGATION_TEMPORALITY_CUMULATIVE))

@@ -92,7 +92,7 @@ class Telemetry:
             self._setup_otlp_metrics()
 
     def _setup_otlp_metrics(self) -> None:
-        from telemetry.otlp_metrics import OtlpHistogramPusher, endpoint_from_env, headers_from_env
+        from telemetry.otlp_metrics import DESCRIPTIONS, OtlpHistogramPusher, endpoint_from_env, headers_from_env
 
         endpoint = endpoint_from_env(self.environ)
         if endpoint is None:
@@ -101,8 +101,7 @@ class Telemetry:
             endpoint, service_name=self.service_name, service_version=__version__,
             interval_s=self.settings.otlp_metrics_interval_s, timeout_s=self.settings.export_timeout_s,
             on_drop=lambda n: self._dropped("metrics", "export_failed", n), headers=headers_from_env(self.environ),
-            descriptions={"ragheat.stage.duration": "Time one RAG pipeline stage took for one request.",
-                          "ragheat.request.duration": "End-to-end time of one API request."})
+            descriptions=DESCRIPTIONS)
 
     def _dropped(self, signal: str, reason: str, count: int) -> None:
         if self.metrics:
@@ -172,6 +171,9 @@ class Telemetry:
             if result:
                 for retriever, count in result.retrieved.items():
                     m.child(m.retrieved, retriever).observe(count)
+                m.child(m.retrieval_routes, result.route).inc()
+                for skipped in result.skipped:
+                    m.child(m.stage_skipped, skipped).inc()
                 if result.generation is not None:
                     m.generation_ttft.observe(result.generation.ttft_s, exemplar)
                     for gap in result.generation.inter_token_s:
@@ -179,14 +181,17 @@ class Telemetry:
                 if result.support and result.unsupported_sentences:
                     m.unsupported_sentences.inc(result.unsupported_sentences)
                 if result.degraded:
-                    m.generation_degraded.inc()
+                    m.child(m.generation_degraded, result.degraded_reason).inc()
         if self.otlp_metrics is not None:
             push = self.otlp_metrics.record
+            # A traced request's (trace id, request span id) becomes the exemplar, as trace_id does on /metrics.
+            traced = scope.trace[:2] if scope.trace_id else None
             push("ragheat.request.duration", seconds,
-                 (("route", scope.route), ("qps_bucket", scope.qps_bucket), ("outcome", outcome)))
+                 (("route", scope.route), ("qps_bucket", scope.qps_bucket), ("outcome", outcome)), traced)
             for stage in stages:
                 push("ragheat.stage.duration", stage.seconds, (("stage", stage.name), ("qps_bucket", scope.qps_bucket),
-                                                               ("outcome", "error" if stage.name == failed else "ok")))
+                                                               ("outcome", "error" if stage.name == failed else "ok")),
+                     traced)
         if scope.trace is not None and self.span_processor is not None:
             self._end_spans(scope, status, record, stages, failed, end_perf)
 
@@ -221,6 +226,8 @@ class Telemetry:
             attributes["gen_ai.retrieval.query.text"] = record.query
         if self.settings.capture_content and record.result is not None:
             attributes["rag.answer"] = record.result.answer
+        if record.result is not None:
+            attributes["rag.route"] = record.result.route
         spans.append(ReadableSpan(
             name=f"POST {scope.route}", context=request_context, parent=remote_parent, resource=self.resource,
             attributes=attributes, kind=SpanKind.SERVER,
@@ -238,6 +245,8 @@ class Telemetry:
                 attributes["gen_ai.retrieval.top_k"] = record.top_k
             if record.result is not None:
                 attributes["rag.retrieved_documents"] = record.result.retrieved.get(retriever, 0)
+                if stage.name in record.result.skipped:  # answered without it: its backend was unavailable
+                    attributes.update({"rag.skipped": True, "rag.skipped_reason": record.result.skipped[stage.name]})
             if self.settings.capture_content and record.query is not None:
                 attributes["gen_ai.retrieval.query.text"] = record.query
             return f"retrieval {retriever}", attributes
@@ -254,7 +263,8 @@ class Telemetry:
         if stage.name == "generate" and record.result is not None:
             attributes["rag.generator"] = record.result.generator
             if record.result.degraded:
-                attributes.update({"rag.degraded": True, "rag.degraded_reason": record.result.degraded_reason})
+                attributes.update({"rag.degraded": True, "rag.degraded_reason": record.result.degraded_reason,
+                                   "rag.degraded_detail": record.result.degraded_detail or ""})
             if self.settings.capture_content:
                 attributes["gen_ai.retrieval.documents"] = json.dumps(
                     [{"id": s.chunk.doc_id, "score": s.score, "text": s.chunk.text} for s in record.result.sources])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,81 @@ SUBSET_DOCS = 300
 
 def pytest_report_header(config):
     return f"scifact: {SCIFACT} ({'present' if (SCIFACT / 'corpus.jsonl').is_file() else 'MISSING'})"
+
+
+# -- markers: nothing skips silently ---------------------------------------------------------------------
+# A test that needs what this machine lacks either fails with a reason, or is deselected by a marker
+# expression (`-m`), and then the summary says how many were deselected, by which marker and why.
+# GPU tests are deselected by pyproject's default `-m 'not gpu'`; a root test run without privileges fails.
+MARKERS = ("slow", "root", "gpu")
+_DESELECTED = pytest.StashKey[list]()
+
+
+def pytest_configure(config):
+    config.stash[_DESELECTED] = []
+
+
+def pytest_deselected(items):
+    if items:
+        items[0].config.stash[_DESELECTED].extend(items)
+
+
+def pytest_runtest_setup(item):
+    """A root- or gpu-marked test that cannot run here fails before it starts, naming what is missing."""
+    if item.get_closest_marker("root") is not None:
+        from probes.environment import missing_privileges
+
+        missing = missing_privileges()
+        if missing:
+            pytest.fail(f"marked root: eBPF needs root or CAP_BPF+CAP_PERFMON and this process lacks "
+                        f"{' and '.join(missing)}; run as root, or deselect these tests with -m 'not root'",
+                        pytrace=False)
+    if item.get_closest_marker("gpu") is not None:
+        from rag.devicetime import _CudaDriver
+
+        if not _CudaDriver.available():
+            pytest.fail("marked gpu: no CUDA device here (libcuda.so.1 and a GPU are needed); the default "
+                        "-m 'not gpu' deselects these tests: add 'and not gpu' to a -m of your own", pytrace=False)
+
+
+def _marker_help(config) -> dict[str, str]:
+    lines = (line.split(":", 1) for line in config.getini("markers"))
+    return {name.strip(): text.strip() for name, text in lines}
+
+
+def _deselected_by_mark(config):
+    """A predicate: was this item deselected by ``-m`` (rather than ``-k``)? pytest has no public API for it."""
+    try:
+        from _pytest.mark import MarkMatcher
+        from _pytest.mark.expression import Expression
+
+        expression = Expression.compile(config.option.markexpr)
+        return lambda item: not expression.evaluate(MarkMatcher.from_markers(item.iter_markers()))
+    except Exception:  # another pytest: say less rather than something wrong
+        return None
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    deselected = config.stash.get(_DESELECTED, [])
+    if not deselected:
+        return
+    markexpr, keyword = config.option.markexpr, config.option.keyword
+    by_mark = _deselected_by_mark(config) if markexpr else (lambda item: False)
+    help_text = _marker_help(config)
+    default = "the default in pyproject.toml" if markexpr == "not gpu" else "given on the command line"
+    groups: dict[tuple[str, tuple], int] = {}
+    for item in deselected:
+        if by_mark is None:
+            how = f"-m '{markexpr}' or -k '{keyword}'"
+        else:
+            how = f"-m '{markexpr}' ({default})" if by_mark(item) else f"-k '{keyword}'"
+        names = tuple(m for m in MARKERS if item.get_closest_marker(m) is not None)
+        groups[how, names] = groups.get((how, names), 0) + 1
+    terminalreporter.section("deselected tests")
+    for (how, names), count in sorted(groups.items(), key=lambda kv: (kv[0][0], -kv[1])):
+        what = f"marked {'+'.join(names)}" if names else "not marked slow, root or gpu"
+        why = "".join(f"; {name}: {help_text.get(name, '')}" for name in names if how.startswith("-m"))
+        terminalreporter.write_line(f"{count} deselected by {how}: {what}{why}")
 
 
 @pytest.fixture(scope="session")
@@ -73,6 +149,30 @@ def subset_index(scifact_subset, settings, embedder, tmp_path_factory) -> Path:
     return index
 
 
+@dataclass
+class FullIndex:
+    path: Path
+    manifest: dict
+    cpu_s: float  # user + system CPU seconds of this process during the ingest (every thread)
+
+
+@pytest.fixture(scope="session")
+def scifact_index(scifact_dir, settings, embedder, tmp_path_factory) -> FullIndex:
+    """The whole SciFact corpus (5,183 abstracts) ingested once per session, shared by the slow tests that need it
+    (minutes on two cores: a test that asks for it first needs a @pytest.mark.timeout above the default 900 s).
+    Also the ingest's CPU seconds, which a CPU hog beside the suite barely moves, unlike its wall time."""
+    import resource
+
+    from rag.ingest.pipeline import ingest
+
+    index = tmp_path_factory.mktemp("scifact-full") / "index"
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    report = ingest(str(scifact_dir), index, settings, embedder=embedder)
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return FullIndex(index, report.manifest, cpu_s)
+
+
 @pytest.fixture(scope="session")
 def pipeline(settings, subset_index):
     from rag.pipeline import RagPipeline
@@ -110,7 +210,7 @@ def tiny_model(scifact_dir, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def vllm_server(vllm_python, tiny_model, tmp_path_factory):
-    from stack.children import free_port
+    from rag.childproc import free_port
     from stack.vllm import VllmServer
 
     server = VllmServer(tiny_model, port=free_port(), python=vllm_python, served_name="tiny", load_format="dummy",

@@ -118,6 +118,14 @@ def test_no_import_cycle_between_packages():
     assert _cycle(packages) is None, " -> ".join(_cycle(packages))
 
 
+def test_the_child_process_helper_lives_in_rag_and_stack_builds_on_it():
+    """The RAG domain needs a child process at run time (the embedded graph store), and rag/ may import nothing of
+    ours: so the one start / wait / TERM-then-KILL helper is ``rag.childproc``, and stack/ imports it from there."""
+    assert "rag.childproc" in MODULES and "stack.children" not in MODULES
+    assert "rag.childproc" in GRAPH["rag.graph.falkordb"]
+    assert all("rag.childproc" in GRAPH[name] for name in ("stack.servers", "stack.processes", "stack.prometheus"))
+
+
 def test_the_cycle_check_finds_a_cycle():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
@@ -127,8 +135,8 @@ def test_the_import_reader_sees_lazy_and_type_checking_imports(tmp_path):
     source = tmp_path / "probe.py"
     source.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
                       "    from telemetry.recorder import Telemetry\n"
-                      "def f():\n    import stack.children\n    from rag import settings\n")
-    assert imports_of("probe", source) == {"telemetry.recorder", "stack.children", "rag.settings"}
+                      "def f():\n    import stack.processes\n    from rag import settings\n")
+    assert imports_of("probe", source) == {"telemetry.recorder", "stack.processes", "rag.settings"}
 
 
 def test_the_vllm_plugin_loads_without_the_services_dependencies():

@@ -37,6 +37,8 @@ def _start_record(request: QueryRequest, http: Request) -> RequestRecord:
                                           f"{server.max_query_chars} (server.max_query_chars)")
     if not _pipeline(http).ready:
         raise ApiError("not_ready", "the index is still loading")
+    if request.retrievers is not None and (problem := _pipeline(http).check_retrievers(request.retrievers)):
+        raise ApiError("invalid_request", f"retrievers: {problem}")
     return record
 
 
@@ -74,10 +76,15 @@ def healthz() -> dict:
 
 @router.get("/readyz", responses={503: {"model": ErrorBody}})
 def readyz(http: Request):
-    """Readiness: the index and model are loaded and queries can be served."""
+    """Readiness: the index and model are loaded and queries can be served. With a knowledge graph, ``graph`` says
+    whether its store answers; while it is being restarted the service stays ready and answers without the graph
+    (degraded), so a store outage never takes the service out of rotation."""
     pipeline = _pipeline(http)
     if not pipeline.ready:
         raise ApiError("not_ready", "the index is still loading")
     described = pipeline.describe()
-    return JSONResponse({"status": "ready", "generation": described.generation, "chunks": described.chunks,
-                         "corpus": described.corpus})
+    body = {"status": "ready", "generation": described.generation, "chunks": described.chunks,
+            "corpus": described.corpus}
+    if described.graph_backend is not None:
+        body["graph"] = {"backend": described.graph_backend, "ready": described.graph_ready}
+    return JSONResponse(body)

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from rag.routing.names import expand
 from rag.types import QueryResult
 
 
@@ -17,8 +18,11 @@ class QueryRequest(BaseModel):
 
     query: str = Field(description="the question; 1 to server.max_query_chars characters after trimming")
     top_k: int | None = Field(None, ge=1, le=100, description="sources to return (default: server.default_top_k)")
-    retrievers: list[Literal["dense", "bm25"]] | None = Field(
-        None, min_length=1, max_length=2, description="subset of dense, bm25; both = hybrid (default)")
+    retrievers: list[str] | None = Field(
+        None, min_length=1, max_length=4,
+        description="dense, bm25, graph (several are fused by weighted RRF), +-joined combinations (hybrid = "
+                    "dense+bm25, hybrid+graph), or routed alone (the router picks per query); default: "
+                    "retrieval.retrievers")
 
     @field_validator("query")
     @classmethod
@@ -34,10 +38,12 @@ class QueryRequest(BaseModel):
 
     @field_validator("retrievers")
     @classmethod
-    def _unique(cls, value):
-        if value is not None and len(set(value)) != len(value):
+    def _known(cls, value):
+        if value is None:
+            return value
+        if len(set(value)) != len(value):
             raise ValueError("retrievers must not repeat a name")
-        return value
+        return list(expand(value))  # a ValueError names what is wrong: a 422 with that reason
 
 
 class Citation(BaseModel):
@@ -66,15 +72,25 @@ class SentenceSupportOut(BaseModel):
     citations: list[int] = Field(description="the [n] it cites")
     score: float = Field(description="share of its content terms found in the cited passages, 0..1")
     supported: bool = Field(description="false = flagged: the cited passages do not carry what it says")
+    dropped: bool = Field(False, description="true = left out of the answer (unsupported, and generation.unsupported "
+                                             "is drop or no sentence was supported)")
 
 
 class GenerationStatsOut(BaseModel):
-    """Client-side timing of a streamed (language-model) answer."""
+    """Client-side timing of a streamed (language-model) answer; present also when the written text was
+    discarded for the extractive answer (the model did answer, and was timed)."""
 
     model: str
     ttft_ms: float = Field(description="request sent -> first token, as ragheat saw it")
     time_per_output_token_ms: float | None = Field(description="mean gap between streamed tokens")
     output_tokens: int
+
+
+class SkippedStageOut(BaseModel):
+    """A stage the answer was served without, because its backend was unavailable (the graph store, say)."""
+
+    stage: str
+    reason: str
 
 
 class QueryResponse(BaseModel):
@@ -84,13 +100,26 @@ class QueryResponse(BaseModel):
     citations: list[Citation]
     stages: list[StageTimingOut]
     generator: str
-    degraded: bool = Field(False, description="true when the language model was down or slow and the answer "
-                                              "is the extractive fallback")
-    degraded_reason: str | None = None
+    degraded: bool = Field(False, description="true when the answer is the extractive fallback: the language model "
+                                              "was down or slow, or none of its sentences was supported")
+    degraded_reason: Literal["unavailable", "slow", "unsupported"] | None = Field(
+        None, description="why it is degraded: unavailable (down, refusing, erroring), slow (no token within "
+                          "generation.first_token_timeout_s or not done by deadline_s), unsupported (no written "
+                          "sentence supported by the passages; the written text is not served)")
+    degraded_detail: str | None = Field(None, description="the same in a sentence: the error, the timeout, the count")
     unsupported_sentences: int = Field(0, description="written-answer sentences flagged by the support check")
+    dropped_sentences: int = Field(0, description="written sentences left out of the answer")
+    unsupported_policy: Literal["drop", "mark"] | None = Field(
+        None, description="written answers: what was done with unsupported sentences (generation.unsupported): drop = "
+                          "left out, mark = kept with [unsupported] after them")
     support: list[SentenceSupportOut] = Field(default_factory=list, description="written answers: each sentence "
                                                                                  "scored against its cited passages")
     generation: GenerationStatsOut | None = None
+    route: str = Field("none", description="the retrievers that ran, or the router's choice (hybrid, hybrid+graph, "
+                                           "bm25-heavy, ...)")
+    skipped_stages: list[SkippedStageOut] = Field(
+        default_factory=list, description="stages skipped because their backend was unavailable (the answer is then "
+                                          "degraded: retrieved without them)")
 
     @classmethod
     def from_result(cls, result: QueryResult) -> "QueryResponse":
@@ -100,17 +129,23 @@ class QueryResponse(BaseModel):
             generator=result.generator,
             citations=[citation(s) for s in result.sources],
             stages=[StageTimingOut(name=t.name, ms=round(t.ms, 3)) for t in result.stages],
-            degraded=result.degraded,
+            degraded=result.degraded or bool(result.skipped),
             degraded_reason=result.degraded_reason,
+            degraded_detail=result.degraded_detail,
             unsupported_sentences=result.unsupported_sentences,
+            dropped_sentences=result.dropped_sentences,
+            unsupported_policy=result.unsupported_policy,
             support=support_out(result),
             generation=generation_out(result),
+            route=result.route,
+            skipped_stages=[SkippedStageOut(stage=stage, reason=reason) for stage, reason in result.skipped.items()],
         )
 
 
 def support_out(result: QueryResult) -> list[SentenceSupportOut]:
     """The support check's per-sentence results, for the response."""
-    return [SentenceSupportOut(text=s.text, citations=list(s.citations), score=s.score, supported=s.supported)
+    return [SentenceSupportOut(text=s.text, citations=list(s.citations), score=s.score, supported=s.supported,
+                               dropped=result.dropped(s))
             for s in result.support]
 
 

@@ -84,13 +84,22 @@ class QueryStream:
 
 
 def final_events(result: QueryResult, tokens_sent: int):
-    """``degraded`` (if streamed tokens must be discarded), one ``answer`` per sentence, then ``done``."""
+    """After the streamed tokens: ``degraded`` (the tokens must be discarded: the extractive answer follows), or
+    ``dropped`` (the unsupported sentences left out of the answer); one ``answer`` per sentence of the answer as
+    served; then ``done``."""
     if result.degraded and tokens_sent:
-        yield sse("degraded", {"reason": result.degraded_reason, "discard_tokens": tokens_sent})
-    if result.support:
+        yield sse("degraded", {"reason": result.degraded_reason, "detail": result.degraded_detail,
+                               "discard_tokens": tokens_sent})
+    if result.support and not result.degraded:
+        dropped = [(i, s) for i, s in enumerate(result.support) if result.dropped(s)]
+        if dropped:
+            yield sse("dropped", {"count": len(dropped), "sentences": [
+                {"position": i, "text": s.text, "citations": list(s.citations), "score": s.score} for i, s in dropped]})
         for s in result.support:
-            yield sse("answer", {"text": s.text, "citation": s.citations[0] if s.citations else None,
-                                 "citations": list(s.citations), "supported": s.supported, "score": s.score})
+            if not result.dropped(s):
+                yield sse("answer", {"text": s.text, "citation": s.citations[0] if s.citations else None,
+                                     "citations": list(s.citations), "supported": s.supported, "score": s.score,
+                                     "marked": not s.supported})
     else:
         for sentence in result.sentences:
             yield sse("answer", {"text": f"{sentence.text} [{sentence.citation}]", "citation": sentence.citation})
@@ -98,7 +107,9 @@ def final_events(result: QueryResult, tokens_sent: int):
     yield sse("done", {"generator": result.generator,
                        "stages": [{"name": t.name, "ms": round(t.ms, 3)} for t in result.stages],
                        "degraded": result.degraded, "degraded_reason": result.degraded_reason,
+                       "degraded_detail": result.degraded_detail,
                        "unsupported_sentences": result.unsupported_sentences,
+                       "dropped_sentences": result.dropped_sentences, "unsupported_policy": result.unsupported_policy,
                        "generation": generation.model_dump() if generation else None})
 
 

@@ -1,58 +1,73 @@
-"""``ragheat eval``: run the query path's retrieval on BEIR queries and score it against the qrels."""
+"""``ragheat eval``: run the query path's retrieval on BEIR queries and score it against the qrels.
+
+Names (``--retrievers``): ``dense``, ``bm25``, ``graph``, ``hybrid`` (= dense+bm25), any ``+``-joined combination
+(fused by weighted RRF, e.g. ``hybrid+graph``), and ``routed`` (the router picks per query). Each is run through
+``RagPipeline.retrieve``, exactly as a request would be, so what is scored is what is served.
+"""
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from typing import Mapping, Sequence
 
 import numpy as np
 
 from rag.eval.beir import Qrels, score_run
 from rag.pipeline import RagPipeline
+from rag.routing.names import parse_eval_names
+from rag.types import RetrievalRun
 
-RETRIEVER_SETS = {"dense": ("dense",), "bm25": ("bm25",), "hybrid": ("dense", "bm25")}
 DEPTH = 100  # documents per query, enough for recall@100
 
 
-def parse_retriever_sets(spec: str) -> list[str]:
-    """``dense,bm25,hybrid`` -> named retriever lists; a sentence naming ``--retrievers`` when invalid."""
-    names = [n.strip() for n in spec.split(",") if n.strip()]
-    unknown = [n for n in names if n not in RETRIEVER_SETS]
-    if unknown or not names:
-        raise ValueError(f"--retrievers takes a comma list of {', '.join(RETRIEVER_SETS)}; got {spec!r}")
-    return names
+def parse_retriever_sets(spec: str) -> dict[str, tuple[str, ...]]:
+    """``dense,bm25,hybrid+graph,routed`` -> {name: retrievers}; a sentence naming ``--retrievers`` when invalid."""
+    return parse_eval_names(spec)
 
 
 def run_retrieval(pipeline: RagPipeline, queries: Mapping[str, str], retrievers: Sequence[str],
-                  depth: int = DEPTH, advance=None) -> tuple[dict[str, list[str]], list[float]]:
-    """Ranked document ids per query and the per-query retrieval latency (seconds)."""
+                  depth: int = DEPTH, advance=None) -> tuple[dict[str, list[str]], list[float], list[RetrievalRun]]:
+    """Ranked document ids per query, the per-query retrieval latency (seconds) and what each query ran."""
     run: dict[str, list[str]] = {}
     latencies: list[float] = []
+    runs: list[RetrievalRun] = []
     # Documents have several chunks: ask for more chunks than documents, then keep each doc's best.
     chunk_depth = depth * 3
     for qid, text in queries.items():
+        retrieval = RetrievalRun()
         start = time.perf_counter()
-        fused = pipeline.retrieve(text, chunk_depth, retrievers)
+        fused = pipeline.retrieve(text, chunk_depth, retrievers, run=retrieval)
         latencies.append(time.perf_counter() - start)
+        runs.append(retrieval)
         run[qid] = [doc for doc, _ in pipeline.chunk_hits_to_docs(fused.hits)][:depth]
         if advance:
             advance()
-    return run, latencies
+    return run, latencies, runs
 
 
-def evaluate(pipeline: RagPipeline, queries: Mapping[str, str], qrels: Qrels, sets: Sequence[str],
-             progress=None) -> dict:
-    """``{"retrievers": {name: {metrics..., "latency_ms": {"p50", "p99"}}}}`` for each named set."""
+def evaluate(pipeline: RagPipeline, queries: Mapping[str, str], qrels: Qrels,
+             sets: Mapping[str, Sequence[str]] | Sequence[str], progress=None) -> dict:
+    """``{"retrievers": {name: {metrics..., "latency_ms", "retrievers_per_query", "routes", "skipped"}}}`` for each
+    named set (a name -> retrievers mapping, or names that ``parse_retriever_sets`` reads)."""
+    if not isinstance(sets, Mapping):
+        sets = parse_retriever_sets(",".join(sets))
     judged = {qid: text for qid, text in queries.items() if qid in qrels}
     report: dict = {"queries": len(judged), "retrievers": {}}
-    for name in sets:
+    for name, retrievers in sets.items():
         advance = None
         if progress is not None:
             task = progress.add_task(f"eval {name}", total=len(judged))
             advance = lambda: progress.advance(task)  # noqa: E731
-        run, latencies = run_retrieval(pipeline, judged, RETRIEVER_SETS[name], advance=advance)
+        run, latencies, runs = run_retrieval(pipeline, judged, retrievers, advance=advance)
         metrics = score_run(run, qrels)
         ms = np.asarray(latencies) * 1000.0
         metrics["latency_ms"] = {"p50": float(np.percentile(ms, 50)), "p99": float(np.percentile(ms, 99))}
+        # Retrievers that ran (a graph with no linked entity does not run; one whose store was down is counted).
+        ran = [len(r.retrieved) + len(r.skipped) for r in runs]
+        metrics["retrievers_per_query"] = float(np.mean(ran)) if ran else 0.0
+        routes = Counter(r.route for r in runs)
+        metrics["routes"] = {route: count / len(runs) for route, count in sorted(routes.items())} if runs else {}
+        metrics["skipped"] = sum(1 for r in runs if r.skipped)
         report["retrievers"][name] = metrics
     return report

@@ -29,7 +29,17 @@ SYSTEM_PROMPT = ("Answer the question using only the numbered passages. After ea
 
 
 class GeneratorUnavailable(RagheatError):
-    """The language model could not answer in time (down, refusing, erroring or too slow)."""
+    """The language model could not answer (down, refusing, erroring); ``reason`` is the answer's
+    ``degraded_reason`` (``rag.types.DEGRADED_REASONS``)."""
+
+    reason = "unavailable"
+
+
+class GeneratorTooSlow(GeneratorUnavailable):
+    """The language model answered too slowly: no (next) token within ``first_token_timeout_s``, or not done
+    within ``deadline_s``."""
+
+    reason = "slow"
 
 
 def build_messages(query: str, passages: Sequence[Chunk]) -> list[dict]:
@@ -137,7 +147,7 @@ class _HttpTokenStream(TokenStream):
                     # Checked on every line, keep-alive comments included: a server that only sends those
                     # must not hold the request past the deadline.
                     if time.monotonic() > deadline:
-                        raise GeneratorUnavailable(f"the answer took longer than generation.deadline_s "
+                        raise GeneratorTooSlow(f"the answer took longer than generation.deadline_s "
                                                    f"({g.settings.deadline_s:g} s)")
                     if not line.startswith("data:"):
                         continue
@@ -148,7 +158,9 @@ class _HttpTokenStream(TokenStream):
                     if piece:
                         yield piece
         except httpx.HTTPError as exc:
-            raise GeneratorUnavailable(f"{g.base_url}{path}: {_why(exc)}") from exc
+            # A read that timed out is a slow model; a connection that could not be made is a down one.
+            slow = isinstance(exc, httpx.TimeoutException) and not isinstance(exc, httpx.ConnectTimeout)
+            raise (GeneratorTooSlow if slow else GeneratorUnavailable)(f"{g.base_url}{path}: {_why(exc)}") from exc
         except ValueError as exc:  # a line that is not JSON
             raise GeneratorUnavailable(f"{g.base_url}{path} sent a malformed stream: {exc}") from exc
 

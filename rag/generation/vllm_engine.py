@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from rag.errors import ConfigurationError
-from rag.generation.llm import GeneratorUnavailable, TokenStream, build_messages, completion_prompt
+from rag.generation.llm import GeneratorTooSlow, GeneratorUnavailable, TokenStream, build_messages, completion_prompt
 from rag.types import Chunk
 
 _END = object()
@@ -117,7 +117,7 @@ class _EngineTokenStream(TokenStream):
             try:
                 item = self.pieces.get(timeout=s.first_token_timeout_s)
             except queue.Empty:
-                raise GeneratorUnavailable(f"the in-process vLLM engine sent no token within "
+                raise GeneratorTooSlow(f"the in-process vLLM engine sent no token within "
                                            f"generation.first_token_timeout_s ({s.first_token_timeout_s:g} s)") from None
             if item is _END:
                 return
@@ -125,7 +125,7 @@ class _EngineTokenStream(TokenStream):
                 raise GeneratorUnavailable(f"the in-process vLLM engine failed: {type(item).__name__}: {item}")
             yield item
             if time.monotonic() > deadline:
-                raise GeneratorUnavailable(f"the answer took longer than generation.deadline_s ({s.deadline_s:g} s)")
+                raise GeneratorTooSlow(f"the answer took longer than generation.deadline_s ({s.deadline_s:g} s)")
 
     def close(self) -> None:
         if self._future is not None and not self._future.done():

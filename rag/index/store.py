@@ -6,6 +6,8 @@ Layout of an index folder::
     DIR/generations/<id>/manifest.json   # corpus, model, chunking, index parameters, counts
     DIR/generations/<id>/chunks.jsonl    # one passage a line; the line number is the chunk id
     DIR/generations/<id>/dense.faiss, bm25/, idf.json
+    DIR/generations/<id>/graph.rdb, graph_aliases.json   # the knowledge graph (rag/graph): the embedded store's
+                                                         # file and the linker's aliases (Neo4j: aliases only)
     DIR/.lock                            # one writer at a time
 
 A build writes ``generations/.tmp-<id>`` and renames it into place only when complete, then
@@ -94,6 +96,9 @@ def load_index(index_dir: Path, settings: IndexSettings) -> LoadedIndex:
         raise
     except Exception as exc:  # FAISS and bm25s raise assorted types on damaged files
         raise IndexLoadError(folder, f"{type(exc).__name__}: {exc}") from exc
+    missing = [name for name in (manifest.get("graph") or {}).get("files", ()) if not (folder / name).is_file()]
+    if missing:
+        raise IndexLoadError(folder, f"the manifest lists graph files that are missing: {', '.join(missing)}")
     counts = {"chunks.jsonl": len(chunks), "dense.faiss": int(faiss_index.ntotal), "bm25": sparse.bm25_size(bm25)}
     wrong = {name: count for name, count in counts.items() if count != expected}
     if wrong:

@@ -1,9 +1,12 @@
-"""``ragheat ingest``: source -> chunks -> embeddings + BM25 -> a new index generation, swapped in atomically."""
+"""``ragheat ingest``: source -> chunks -> embeddings + BM25 + knowledge graph -> a new index generation, swapped in
+atomically."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,7 +14,9 @@ from pathlib import Path
 from rag import __version__
 from rag.embedding.embedder import OnnxEmbedder
 from rag.index import dense, sparse
-from rag.index.store import CHUNKS, IndexWriter, read_manifest, write_chunks
+from rag.graph.ingest import build_generation_graph, graph_config, prune_store_generations
+from rag.index.store import (CHUNKS, GENERATIONS, MANIFEST, IndexWriter, read_chunks, read_manifest,
+                             resolve_generation, write_chunks)
 from rag.errors import IndexLoadError
 from rag.ingest.chunking import SemanticDensityChunker, TokenWindowChunker
 from rag.ingest.sources import Corpus, load_source
@@ -60,7 +65,9 @@ class _Steps:
 
 def ingest(source: str, index_dir: Path, settings: RagheatSettings, *, embedder: OnnxEmbedder | None = None,
            force: bool = False, progress=None) -> IngestReport:
-    """Build (or confirm up to date) the index for ``source`` in ``index_dir``."""
+    """Build (or confirm up to date) the index for ``source`` in ``index_dir``. When only the knowledge graph's
+    parameters changed, the new generation reuses the current one's chunks, embeddings and BM25 index (hard
+    links) and rebuilds only the graph."""
     started = time.perf_counter()
     steps = _Steps(progress)
     timings: dict[str, float] = {}
@@ -80,54 +87,42 @@ def ingest(source: str, index_dir: Path, settings: RagheatSettings, *, embedder:
         "dense_settings": settings.index.model_dump(include={"kind", "hnsw_m", "hnsw_ef_construction",
                                                              "ivf_nlist", "pq_m", "pq_nbits"}),
     }
-    fingerprint = _fingerprint(corpus, config)
+    indexes_fingerprint = _fingerprint(corpus, config)  # chunks, embeddings, FAISS, BM25
+    graph_settings = graph_config(settings.graph)
+    fingerprint = _fingerprint(corpus, {**config, "graph": graph_settings})
+    reusable: Path | None = None
     if not force:
         try:
             current = read_manifest(index_dir)
             if current.get("fingerprint") == fingerprint:
                 return IngestReport(Path(index_dir), None, current, skipped=True)
+            if current.get("fingerprint_indexes") == indexes_fingerprint:
+                reusable = resolve_generation(index_dir)
         except IndexLoadError:
             pass  # nothing usable there yet: build
 
     with IndexWriter.open(Path(index_dir)) as writer:
-        t = time.perf_counter()
-        advance = steps.start(f"chunk ({chunker.name})", len(corpus.documents))
-        chunks: list[Chunk] = []
-        batch = 512
-        for offset in range(0, len(corpus.documents), batch):
-            docs = corpus.documents[offset:offset + batch]
-            for doc, spans in zip(docs, chunker.split(docs)):
-                chunks.extend(Chunk(len(chunks) + i, doc.doc_id, doc.title, doc.text[a:b], a, b)
-                              for i, (a, b) in enumerate(spans))
-            advance(len(docs))
-        timings["chunk"] = time.perf_counter() - t
-
-        texts = [passage_text(c) for c in chunks]
-        # Validate the index parameters for this many vectors before spending minutes on embeddings.
-        params = dense.build_params(settings.index, len(chunks), embedder.dimension)
-        t = time.perf_counter()
-        vectors = embedder.embed_many(texts, progress=steps.start("embed", len(texts)))
-        timings["embed"] = time.perf_counter() - t
-
-        t = time.perf_counter()
-        advance = steps.start(f"dense index ({settings.index.kind})", 1)
-        dense.save_index(dense.build_index(vectors, params), writer.folder)
-        advance()
-        timings["dense"] = time.perf_counter() - t
-
-        t = time.perf_counter()
-        advance = steps.start("bm25 index", 1)
-        bm25, idf = sparse.build_bm25(analyzer.tokens_many(texts), r.bm25_k1, r.bm25_b)
-        sparse.save_bm25(bm25, idf, writer.folder)
-        write_chunks(writer.folder / CHUNKS, chunks)
-        advance()
-        timings["bm25"] = time.perf_counter() - t
+        if reusable is not None and reusable.is_dir():
+            t = time.perf_counter()
+            chunks, params, vocabulary = _reuse_indexes(reusable, writer.folder)
+            timings["reused"] = time.perf_counter() - t
+        else:
+            chunks, params, vocabulary = _build_indexes(corpus, chunker, embedder, analyzer, settings, writer.folder,
+                                                        steps, timings)
+        graph = None
+        if settings.graph.enabled:
+            t = time.perf_counter()
+            graph = build_generation_graph(
+                writer.folder, writer.generation, chunks, settings.graph, start_step=steps.start,
+                embed_titles=lambda texts, advance: embedder.embed_many(texts, progress=advance))
+            timings["graph"] = time.perf_counter() - t
         timings["total"] = time.perf_counter() - started
 
         manifest = {
             "ragheat_version": __version__,
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "fingerprint": fingerprint,
+            "fingerprint_indexes": indexes_fingerprint,
             "corpus": {"name": corpus.name, "kind": corpus.kind, "location": corpus.location,
                        "content_sha256": corpus.content_sha256, "documents": len(corpus.documents),
                        "skipped_empty": corpus.skipped_empty, "skipped_duplicate": corpus.skipped_duplicate},
@@ -135,11 +130,76 @@ def ingest(source: str, index_dir: Path, settings: RagheatSettings, *, embedder:
             "chunking": config["chunking"],
             "lexical": config["lexical"],
             "dense": params,
-            "counts": {"documents": len(corpus.documents), "chunks": len(chunks), "vocabulary": len(idf)},
+            "graph": graph,
+            "counts": {"documents": len(corpus.documents), "chunks": len(chunks), "vocabulary": vocabulary},
             "timings_s": {k: round(v, 3) for k, v in timings.items()},
         }
         generation = writer.publish(manifest)
+    if settings.graph.enabled:
+        kept = {p.name for p in (Path(index_dir) / GENERATIONS).iterdir() if not p.name.startswith(".")}
+        prune_store_generations(settings.graph, generation, kept)
     return IngestReport(Path(index_dir), generation, read_manifest(generation), skipped=False)
+
+
+def _build_indexes(corpus: Corpus, chunker, embedder: OnnxEmbedder, analyzer: LexicalAnalyzer,
+                   settings: RagheatSettings, folder: Path, steps: _Steps,
+                   timings: dict[str, float]) -> tuple[list[Chunk], dict, int]:
+    """Chunk, embed, and write the dense and BM25 indexes into ``folder``: (chunks, dense params, vocabulary)."""
+    t = time.perf_counter()
+    advance = steps.start(f"chunk ({chunker.name})", len(corpus.documents))
+    chunks: list[Chunk] = []
+    batch = 512
+    for offset in range(0, len(corpus.documents), batch):
+        docs = corpus.documents[offset:offset + batch]
+        for doc, spans in zip(docs, chunker.split(docs)):
+            first = len(chunks)  # a chunk's id is its line in chunks.jsonl (read before extend() grows the list)
+            chunks.extend(Chunk(first + i, doc.doc_id, doc.title, doc.text[a:b], a, b)
+                          for i, (a, b) in enumerate(spans))
+        advance(len(docs))
+    timings["chunk"] = time.perf_counter() - t
+
+    texts = [passage_text(c) for c in chunks]
+    # Validate the index parameters for this many vectors before spending minutes on embeddings.
+    params = dense.build_params(settings.index, len(chunks), embedder.dimension)
+    t = time.perf_counter()
+    vectors = embedder.embed_many(texts, progress=steps.start("embed", len(texts)))
+    timings["embed"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    advance = steps.start(f"dense index ({settings.index.kind})", 1)
+    dense.save_index(dense.build_index(vectors, params), folder)
+    advance()
+    timings["dense"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    advance = steps.start("bm25 index", 1)
+    r = settings.retrieval
+    bm25, idf = sparse.build_bm25(analyzer.tokens_many(texts), r.bm25_k1, r.bm25_b)
+    sparse.save_bm25(bm25, idf, folder)
+    write_chunks(folder / CHUNKS, chunks)
+    advance()
+    timings["bm25"] = time.perf_counter() - t
+    return chunks, params, len(idf)
+
+
+def _reuse_indexes(current: Path, folder: Path) -> tuple[list[Chunk], dict, int]:
+    """Hard-link (or copy) the current generation's files, except its manifest and graph, into ``folder``."""
+    manifest = json.loads((current / MANIFEST).read_text())
+    skip = {MANIFEST, *((manifest.get("graph") or {}).get("files", ()))}
+    for path in current.rglob("*"):
+        relative = path.relative_to(current)
+        if relative.parts[0] in skip or path.is_socket():
+            continue
+        target = folder / relative
+        if path.is_dir():
+            target.mkdir(parents=True, exist_ok=True)
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(path, target)
+        except OSError:
+            shutil.copy2(path, target)
+    return read_chunks(folder / CHUNKS), manifest["dense"], manifest["counts"]["vocabulary"]
 
 
 def _fingerprint(corpus: Corpus, config: dict) -> str:

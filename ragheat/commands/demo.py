@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
@@ -42,18 +42,48 @@ _guard = guard()
 
 @_guard
 def demo(
-    index: Path = typer.Option(Path("data/index/wiki"), "--index", help="where the demo index lives"),
+    index: Optional[Path] = typer.Option(None, "--index", help="where the demo index lives (default data/index/wiki, "
+                                                               "or data/index/wiki-first-N with --max-docs N)"),
     source: str = typer.Option("wiki", help="corpus to ingest when the index is absent"),
     port: int = typer.Option(0, help="port for the demo server (0 = any free port)"),
+    max_docs: int = typer.Option(0, "--max-docs", min=0, help="ingest only the first N documents of the source "
+                                                              "(0 = all): a first look in seconds"),
+    sweep_seconds: float = typer.Option(SWEEP_SECONDS, "--sweep-seconds", min=0.2,
+                                        help="measured seconds per step of the closing load sweep"),
 ) -> None:
     """Ingest the demo corpus if absent, serve it, ask sample questions over HTTP, print stage timings."""
-    run_demo(load_settings(), index, source, port, console=out, progress=progress_bar)
+    if index is None:
+        index = Path("data/index") / (f"{_source_name(source)}-first-{max_docs}" if max_docs else _source_name(source))
+    run_demo(load_settings(), index, source, port, console=out, progress=progress_bar, max_docs=max_docs,
+             sweep_seconds=sweep_seconds)
+
+
+def _source_name(source: str) -> str:
+    return source if source == "wiki" else Path(source).resolve().name
+
+
+def first_documents(source: str, count: int, folder: Path) -> Path:
+    """The first ``count`` documents of ``source`` as a BEIR folder ``folder/<corpus>-first-<count>`` (kept inside
+    the index folder, so the manifest names a corpus that exists and a rerun finds the index up to date)."""
+    import json
+
+    from rag.ingest.sources import load_source
+
+    corpus = load_source(source)
+    out_dir = folder / f"{corpus.name}-first-{count}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = ({"_id": d.doc_id, "title": d.title, "text": d.text} for d in corpus.documents[:count])
+    (out_dir / "corpus.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows),
+                                          encoding="utf-8")
+    return out_dir
 
 
 def run_demo(settings: RagheatSettings, index: Path, source: str, port: int, *, console: Console,
-             progress, bench_dir: Path = Path("out/demo-bench")) -> None:
-    """Ingest ``source`` into ``index`` unless it is there, serve it with telemetry on ``port``, ask the sample
-    questions over HTTP, print answers, per-stage timings and P99s, then a short load sweep's knee."""
+             progress, bench_dir: Path = Path("out/demo-bench"), max_docs: int = 0,
+             sweep_seconds: float = SWEEP_SECONDS) -> None:
+    """Ingest ``source`` (its first ``max_docs`` documents, if set) into ``index`` unless it is there, serve it with
+    telemetry on ``port``, ask the sample questions over HTTP, print answers, per-stage timings and P99s, then a
+    short load sweep's knee."""
     import httpx
 
     from rag.errors import IndexLoadError
@@ -66,13 +96,16 @@ def run_demo(settings: RagheatSettings, index: Path, source: str, port: int, *, 
         manifest = read_manifest(index)
         console.print(f"using index {index} ({manifest['counts']['chunks']} chunks of {manifest['corpus']['name']})")
     except IndexLoadError:
-        console.print(f"no index at {index}: ingesting {source!r} (one time)")
+        what = f"the first {max_docs} documents of {source!r}" if max_docs else repr(source)
+        console.print(f"no index at {index}: ingesting {what} (one time)")
+        path = str(first_documents(source, max_docs, index / "source")) if max_docs else source
         with progress() as bar:
-            report = ingest(source, index, settings, progress=bar)
+            report = ingest(path, index, settings, progress=bar)
         manifest = report.manifest
         console.print(f"indexed {manifest['counts']['documents']} documents as {manifest['counts']['chunks']} "
                       f"chunks in {manifest['timings_s']['total']:.1f} s")
-    questions = SAMPLE_QUESTIONS["wiki" if manifest["corpus"]["kind"] == "wiki" else "default"]
+    corpus = manifest["corpus"]
+    questions = SAMPLE_QUESTIONS["wiki" if corpus["kind"] == "wiki" or corpus["name"].startswith("wiki-") else "default"]
 
     settings = settings.model_copy(update={"server": settings.server.model_copy(update={"index_dir": index})})
     with build_service(settings) as service, BackgroundServer(service.app, port=port) as url, \
@@ -88,10 +121,10 @@ def run_demo(settings: RagheatSettings, index: Path, source: str, port: int, *, 
             console.print()
         console.print(_timing_table(client, questions))
         console.print(_p99_from_metrics(client))
-        _short_sweep(url, bench_dir, console)
+        _short_sweep(url, bench_dir, console, sweep_seconds)
 
 
-def _short_sweep(url: str, out_dir: Path, console: Console) -> None:
+def _short_sweep(url: str, out_dir: Path, console: Console, seconds: float = SWEEP_SECONDS) -> None:
     """A short open-loop sweep from a separate process (so the load generator does not share the server's
     interpreter), then the report's path and a one-screen summary."""
     import json
@@ -99,10 +132,10 @@ def _short_sweep(url: str, out_dir: Path, console: Console) -> None:
     import sys
 
     console.print(f"\nshort load sweep ({', '.join(f'{r:g}' for r in SWEEP_RATES)} req/s, "
-                  f"{SWEEP_SECONDS:g} s each) ...")
+                  f"{seconds:g} s each) ...")
     ragheat = Path(sys.executable).parent / "ragheat"
     done = subprocess.run([str(ragheat), "bench", "--url", url, "--rates", ",".join(f"{r:g}" for r in SWEEP_RATES),
-                           "--duration", str(SWEEP_SECONDS), "--warmup", "1", "--out", str(out_dir)],
+                           "--duration", str(seconds), "--warmup", "1", "--out", str(out_dir)],
                           capture_output=True, text=True)
     if done.returncode != 0:
         console.print(f"[red]the sweep failed:[/] {done.stderr.strip()[-500:]}")

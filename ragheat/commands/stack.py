@@ -29,8 +29,16 @@ def up(
     index: Optional[Path] = typer.Option(None, "--index", help="index folder to serve (default server.index_dir)"),
     folder: Path = typer.Option(DEFAULT_FOLDER, "--folder", help=FOLDER_HELP),
     probes: str = typer.Option("auto", help="auto (when root) | on | off: the eBPF exporter"),
-    vllm_model: str = typer.Option("auto", "--vllm-model",
-                                   help="auto (a tiny random-weight model when .venv-vllm exists) | off | a model folder"),
+    vllm_model: str = typer.Option("off", "--vllm-model",
+                                   help="off (extractive answers) | DIR (a model folder vLLM serves here) | dummy "
+                                        "(vLLM with random weights: noise, for exercising vLLM only)"),
+    llm_url: Optional[str] = typer.Option(None, "--llm-url", help="an OpenAI-compatible server's /v1 URL to answer "
+                                                                   "with (default: generation.base_url when "
+                                                                   "generation.generator is openai)"),
+    llm_model: Optional[str] = typer.Option(None, "--llm-model", help="its served model name (default: its first)"),
+    rules_profile: str = typer.Option("production", "--rules-profile",
+                                      help="production | test (a drill: SLO windows, scrape and evaluation intervals "
+                                           "and Alertmanager's timers divided by 60, so alerts fire in seconds)"),
     api_port: int = _port_option("api", 8000),
     prometheus_port: int = _port_option("prometheus", 9090),
     alertmanager_port: int = _port_option("alertmanager", 9093),
@@ -41,47 +49,73 @@ def up(
     ready_timeout: float = typer.Option(180.0, min=1.0, help="seconds each component may take to answer"),
 ) -> None:
     """Start the API, Prometheus (compose's config, targets on loopback), Alertmanager, the alert receiver,
-    the eBPF probes when root and vLLM when installed, as background processes; `stack down` stops them."""
+    the eBPF probes when root and vLLM when a model is given, as background processes; `stack down` stops them."""
+    from dashboards.slo import PROFILES
     from stack.local import StackOptions, up as start, wait_for_scrapes
 
     if probes not in ("auto", "on", "off"):
         _fail(f"--probes must be auto, on or off, not {probes!r}")
+    if rules_profile not in PROFILES:
+        _fail(f"--rules-profile must be one of {', '.join(PROFILES)}, not {rules_profile!r}")
     settings = load_settings(server={"index_dir": index})
+    generation = settings.generation
+    if llm_url is None and generation.generator == "openai" and vllm_model == "off":
+        llm_url, llm_model = generation.base_url, llm_model or generation.model  # a model configured by settings
+    elif generation.generator == "vllm" and llm_url is None and vllm_model == "off":
+        _fail("generation.generator is vllm (the in-process engine), which `stack up` does not run: give "
+              "--vllm-model DIR to serve the model folder with vLLM's server instead")
     ports = {"api": api_port, "prometheus": prometheus_port, "alertmanager": alertmanager_port,
              "alert-receiver": receiver_port, "vllm": vllm_port,
              "probes": settings.probes.port if probes_port is None else probes_port}
     options = StackOptions(settings.server.index_dir, folder, ports, probes, vllm_model,
-                           vllm_python=settings.generation.vllm_python, ready_timeout_s=ready_timeout)
-    state = start(options, say=lambda line: console.print(line, highlight=False))
+                           vllm_python=generation.vllm_python, llm_url=llm_url, llm_model=llm_model or "",
+                           rules_profile=rules_profile, time_divisor=PROFILES[rules_profile].divisor,
+                           ready_timeout_s=ready_timeout)
+    state = start(options, say=_say)
     targets = wait_for_scrapes(state.get("prometheus").url)
     _print_state(state, targets)
     out.print(f"stop it with: ragheat stack down --folder {folder}")
 
 
+def _say(line: str) -> None:
+    console.print(line, style="bold red" if line.startswith("WARNING") else None, highlight=False, markup=False)
+
+
 @app.command()
 @_guard
 def status(folder: Path = typer.Option(DEFAULT_FOLDER, "--folder", help=FOLDER_HELP)) -> None:
-    """Which stack processes run, and what Prometheus says of its targets and rules."""
+    """Which stack processes run, and what Prometheus says of its targets and rules: every rendered rule group
+    and alert must be loaded and Alertmanager attached (exit 1 otherwise)."""
     import httpx
 
-    from stack.local import prometheus_report
+    from stack import topology
+    from stack.local import alertmanagers, prometheus_report
     from stack.processes import StackState
 
     state = StackState.load(folder)
     if state is None:
         _fail(f"no stack state in {folder}: nothing started there (ragheat stack up --folder {folder})", code=1)
-    prometheus = state.get("prometheus")
-    targets, groups = [], []
+    prometheus, alertmanager = state.get("prometheus"), state.get("alertmanager")
+    targets, groups, problems = [], [], []
     if prometheus is not None and prometheus.alive():
         try:
             targets, groups = prometheus_report(prometheus.url)
+            expected = topology.rule_expectations(sorted((folder / "rendered" / "prometheus").glob("*.yml")))
+            problems = topology.rule_problems(expected, groups)
+            if alertmanager is not None and alertmanager.url not in alertmanagers(prometheus.url):
+                problems.append(f"prometheus does not send alerts to {alertmanager.url}")
         except httpx.HTTPError as exc:
-            console.print(f"[yellow]prometheus at {prometheus.url} did not answer ({exc})[/]")
+            problems = [f"prometheus at {prometheus.url} did not answer ({exc})"]
+    else:
+        problems = ["prometheus is not running: no alert rule is evaluated"]
     _print_state(state, targets)
     for g in groups:
         bad = f"  [red]failing: {', '.join(g['unhealthy'])}[/]" if g["unhealthy"] else ""
-        out.print(f"rules  {g['name']}: {g['rules']} rules{bad}", highlight=False)
-    if not all(p.alive() for p in state.processes) or any(t["health"] == "down" for t in targets):
+        alerts = f" ({len(g['alerts'])} alerts: {', '.join(g['alerts'])})" if g["alerts"] else ""
+        out.print(f"rules  {g['name']}: {g['rules']} rules{alerts}{bad}", highlight=False)
+    for problem in problems:
+        out.print(f"[red]rules problem: {problem}[/]", highlight=False)
+    if problems or not all(p.alive() for p in state.processes) or any(t["health"] == "down" for t in targets):
         raise typer.Exit(1)
 
 

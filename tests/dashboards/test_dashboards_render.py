@@ -15,7 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from dashboards import contract, grafana, render, slo
 from dashboards.boards import all_boards
 from dashboards.snapshot import heatmap_from_result
-from dashboards.spec import expand
+from dashboards.spec import NATIVE, SCRAPED, SOURCE, Choice, Variable, expand
+from dashboards.verify import selected
 from telemetry.metrics import EXPECTED_METRICS, PrometheusMetrics
 
 DASHBOARDS = Path(__file__).resolve().parents[2] / "dashboards"
@@ -25,7 +26,7 @@ SUFFIXES = ("", "_bucket", "_count", "_sum")
 
 def all_exprs(profile: slo.Profile) -> list[str]:
     exprs = [q.expr for b in all_boards(profile) for p in b.panels for q in p.queries]
-    exprs += [v.metric for b in all_boards(profile) for v in b.variables]
+    exprs += [v.metric for b in all_boards(profile) for v in b.variables if isinstance(v, Variable)]
     rules = slo.prometheus_rules(profile)
     exprs += [r["expr"] for g in rules["groups"] for r in g["rules"]]
     exprs += [a for g in rules["groups"] for r in g["rules"] for a in r.get("annotations", {}).values()]
@@ -89,14 +90,23 @@ def test_dashboard_json_is_sorted_and_complete(board):
         assert all(t["exemplar"] == spec.exemplars for t in panel["targets"])
         if spec.kind == "heatmap":
             assert panel["type"] == "heatmap" and panel["options"]["calculate"] is False
-            assert all(t["format"] == "heatmap" and t["legendFormat"] == "{{le}}" for t in panel["targets"])
+            for query, target in zip(spec.queries, panel["targets"]):
+                if query.histograms == NATIVE:  # a native histogram: Grafana draws its own buckets
+                    assert target["format"] == "time_series" and target["legendFormat"] == ""
+                else:  # classic buckets: one series per le
+                    assert target["format"] == "heatmap" and target["legendFormat"] == "{{le}}"
         if spec.repeat:
             assert panel["repeat"] == spec.repeat
             assert spec.repeat in {t["name"] for t in data["templating"]["list"]}
         right = panel["gridPos"]["x"] + panel["gridPos"]["w"]
         assert right <= 24, (spec.title, panel["gridPos"])
     for variable in data["templating"]["list"]:
-        assert variable["query"].startswith("label_values(") and variable["allValue"] == ".*"
+        if variable["type"] == "custom":  # the histogram source: fixed options, scraped first
+            assert variable["name"] == SOURCE and variable["query"] == "scraped : 0,native : 1"
+            assert [o["text"] for o in variable["options"]] == ["scraped", "native"]
+            assert variable["current"]["text"] == "scraped" and not variable["includeAll"]
+        else:
+            assert variable["query"].startswith("label_values(") and variable["allValue"] == ".*"
 
 
 def test_latency_board_has_what_the_issue_asks_for():
@@ -106,7 +116,7 @@ def test_latency_board_has_what_the_issue_asks_for():
     assert {"$stage", "$qps_bucket"} <= set(re.findall(r"\$\w+", stage_heatmap.queries[0].expr))
     percentiles = next(p for p in board.panels if "P99" in p.title and p.kind == "timeseries")
     assert slo.SLO_SECONDS in percentiles.thresholds and percentiles.exemplars
-    assert {v.name for v in board.variables} == {"stage", "qps_bucket"}
+    assert {v.name for v in board.variables} == {SOURCE, "stage", "qps_bucket"}
 
 
 def test_provisioning_links_exemplars_to_traces():
@@ -151,3 +161,61 @@ def test_heatmap_from_cumulative_buckets():
     assert heatmap.rates.tolist() == [[1, 0], [2, 2], [0, 3]]  # per bucket, +Inf left out
     assert heatmap.edges.tolist()[1:] == [0.1, 0.42, 1.0]
     assert heatmap_from_result("t", [series("0.1", [0, 0]), series("1", [0, 0])]) is None
+
+
+# --- the histogram source: scraped classic buckets or the collector's native histograms --------------------------
+
+
+@pytest.mark.parametrize("slug", ["latency", "slo"])
+def test_latency_panels_read_either_source(slug):
+    """Every panel of the latency and SLO boards that reads a latency histogram has a scraped query and a native one,
+    each gated by $source; panels reading counters or gauges run whatever the choice."""
+    board = next(b for b in all_boards(slo.PRODUCTION) if b.slug == slug)
+    assert any(isinstance(v, Choice) and v.name == SOURCE for v in board.variables)
+    histogram_families = {contract.STAGE_DURATION, contract.REQUEST_DURATION}
+    sourced = 0
+    for panel in board.panels:
+        kinds = [q.histograms for q in panel.queries]
+        if any(set(q.sources) & histogram_families for q in panel.queries):
+            assert kinds.count(SCRAPED) == kinds.count(NATIVE) > 0, (panel.title, kinds)
+            sourced += 1
+        for q in panel.queries:
+            names = set(METRIC_TOKEN.findall(q.expr))
+            if q.histograms == SCRAPED:  # classic buckets, or a recording rule over them
+                assert q.expr.endswith("and on() (vector($source) == 0)")
+                assert all(n.endswith("_bucket") or ":" in n for n in names), names
+            elif q.histograms == NATIVE:  # the native series themselves, never a bucket series
+                assert q.expr.endswith("and on() (vector($source) == 1)")
+                assert names and names <= {contract.NATIVE_STAGE_DURATION, contract.NATIVE_REQUEST_DURATION}, names
+    assert sourced >= (3 if slug == "slo" else 4)
+
+
+def test_native_histograms_are_named_as_the_collector_writes_them():
+    assert contract.NATIVE_STAGE_DURATION == "ragheat_stage_duration_seconds"
+    assert contract.NATIVE_REQUEST_DURATION == "ragheat_request_duration_seconds"
+
+
+@pytest.mark.parametrize("profile", list(slo.PROFILES))
+def test_promtool_parses_every_query_of_both_sources(profile, tmp_path):
+    """The queries as Grafana sends them for each choice of $source (and the other variables at All) are valid PromQL:
+    promtool checks them as recording rules. The native ones run against real native histograms in
+    tests/dashboards/test_native_histograms.py; the scraped ones against the live service in test_dashboards_live.py."""
+    import shutil
+    import subprocess
+
+    exprs = [expand(q.expr, "5m", {SOURCE: {SCRAPED: "0", NATIVE: "1"}[source]})
+             for source in (SCRAPED, NATIVE) for board in all_boards(slo.PROFILES[profile])
+             for panel in board.panels for q in panel.queries if selected(q, source)]
+    rules = [{"record": f"check:query_{i}", "expr": expr} for i, expr in enumerate(exprs)]
+    path = tmp_path / "queries.yml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "panels", "rules": rules}]}))
+    result = subprocess.run([shutil.which("promtool") or "promtool", "check", "rules", str(path)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"SUCCESS: {len(rules)} rules found" in result.stdout
+
+
+def test_expand_gates_by_source():
+    expr = 'sum(rate(x{stage=~"$stage"}[$__rate_interval])) and on() (vector($source) == 1)'
+    assert expand(expr, "5s") == 'sum(rate(x{stage=~".*"}[5s])) and on() (vector(0) == 1)'  # default: scraped
+    assert expand(expr, "5s", {SOURCE: "1"}).endswith("(vector(1) == 1)")

@@ -9,16 +9,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 from dashboards import contract, render, slo, yamlout
-from rag.pipeline import STAGES
+from rag.stages import EXTRACTIVE_STAGES, STAGES
 from telemetry.metrics import ROUTES
 
 DASHBOARDS = Path(__file__).resolve().parents[2] / "dashboards"
 RULES = DASHBOARDS / render.RULES_FILE
 ALERTMANAGER = DASHBOARDS / render.ALERTMANAGER_FILE
-PER_MINUTE = 600  # requests per minute of synthetic traffic (10/s)
-HEALTHY_HISTORY = 370  # minutes: more than the 6 h window, so the 6 h ratios start from a healthy past
 
 
 def tool(name: str) -> str:
@@ -64,127 +63,222 @@ def test_amtool_accepts_the_config_and_routes_pages_and_tickets():
 
 
 # --- promtool unit tests -------------------------------------------------------------------------------------
+# Synthetic traffic is built here from phases; what the alerts must say is written out literally below (labels,
+# summary, description, the stage and the evidence with its numbers), never derived from dashboards.slo.
+
+PER_MINUTE = 600  # requests per minute of synthetic traffic (10/s)
+HEALTHY_HISTORY = 370  # minutes: more than the 6 h window, so the 6 h ratios start from a healthy past
+FAST_S = 0.005  # what a healthy stage takes
+EDGES = ("0.0075", "0.2", "0.35", "0.42", "0.5", "2.5", "5", "+Inf")  # edges of telemetry.buckets, 0.42 among them
 
 
-@dataclass
-class Traffic:
-    """Per-minute counts of one synthetic service: all requests, answered-but-slow ones, 5xx ones, and
-    the stage to blame for both (slow in that stage, failing in that stage)."""
+@dataclass(frozen=True)
+class Phase:
+    """``minutes`` of traffic at PER_MINUTE: the share of requests slower than 420 ms end to end (``slow``) and
+    failing with a 5xx in ``failing`` (``failed``); ``stages`` lists, per stage, (share of requests, seconds) of
+    executions that are not the healthy FAST_S. Extractive stages run in every answered request; the LLM stages
+    (generate_prefill, generate_decode, support_check) only in the shares listed."""
 
-    total: list[int]
-    slow: list[int]
-    failed: list[int]
-    stage: str
-
-    @classmethod
-    def phases(cls, stage: str, *phases: tuple[int, float, float]) -> "Traffic":
-        """``(minutes, slow share, failed share)`` phases, one after another."""
-        total, slow, failed = [], [], []
-        for minutes, slow_share, failed_share in phases:
-            total += [PER_MINUTE] * minutes
-            slow += [round(PER_MINUTE * slow_share)] * minutes
-            failed += [round(PER_MINUTE * failed_share)] * minutes
-        return cls(total, slow, failed, stage)
-
-    def series(self) -> list[dict]:
-        answered = [t - f for t, f in zip(self.total, self.failed)]
-        fast = [a - s for a, s in zip(answered, self.slow)]
-        route, load = f'route="{ROUTES[0]}"', 'qps_bucket="10-50"'
-        out = [
-            _series(contract.count(contract.REQUEST_DURATION), f'{route}, {load}, outcome="ok"', answered),
-            _series(contract.bucket(contract.REQUEST_DURATION), f'{route}, {load}, outcome="ok", le="{slo.SLO_LE}"', fast),
-            _series(contract.bucket(contract.REQUEST_DURATION), f'{route}, {load}, outcome="ok", le="+Inf"', answered),
-            _series(contract.REQUESTS, f'{route}, status_class="2xx"', answered),
-            _series(contract.REQUESTS, f'{route}, status_class="5xx"', self.failed),
-        ]
-        for stage in STAGES:
-            blamed = stage == self.stage
-            under = fast if blamed else answered  # the blamed stage alone is slower than the objective
-            for le, counts in (("0.01", under), (slo.SLO_LE, under), ("+Inf", answered)):
-                out.append(_series(contract.bucket(contract.STAGE_DURATION),
-                                   f'stage="{stage}", {load}, outcome="ok", le="{le}"', counts))
-            out.append(_series(contract.STAGE_ERRORS, f'stage="{stage}"', self.failed if blamed else [0] * len(answered)))
-        return out
+    minutes: int
+    slow: float = 0.0
+    failed: float = 0.0
+    failing: str = ""
+    stages: tuple[tuple[str, float, float], ...] = ()
 
 
-def _series(name: str, labels: str, per_minute: list[int]) -> dict:
-    values, running = ["0"], 0
-    for n in per_minute:
-        running += n
-        values.append(str(running))
-    return {"series": f"{name}{{{labels}}}", "values": " ".join(values)}
+def _edge(seconds: float) -> str:
+    return next(e for e in EDGES if e == "+Inf" or seconds <= float(e))
 
 
-def expected(slo_: slo.Slo, speed: str, stage: str) -> dict:
-    """The alert as promtool reports it: the rule's labels and its annotations with the stage filled in."""
-    alert = next(a for a in slo.BURN_ALERTS if a.speed == speed)
-    rule = slo.alert_rule(slo_, alert, slo.PRODUCTION)
-    template = slo.stage_template(slo_, slo.PRODUCTION, alert.short_s)
-    return {"exp_labels": rule["labels"],
-            "exp_annotations": {k: v.replace(template, stage) for k, v in rule["annotations"].items()}}
+def _stage_buckets(stage: str, phase: Phase, answered: int) -> dict[str, int]:
+    """Cumulative per-minute bucket counts of one stage in one phase."""
+    counts = {e: 0 for e in EDGES}
+    listed = [(share, seconds) for name, share, seconds in phase.stages if name == stage]
+    slow_runs = 0
+    for share, seconds in listed:
+        n = round(PER_MINUTE * share)
+        counts[_edge(seconds)] += n
+        slow_runs += n
+    if stage in EXTRACTIVE_STAGES:
+        counts[_edge(FAST_S)] += answered - slow_runs
+    running, out = 0, {}
+    for e in EDGES:
+        running += counts[e]
+        out[e] = running
+    return out
 
 
-def checks(slo_: slo.Slo, stage: str, at: dict[int, tuple[str, ...]]) -> list[dict]:
-    """``{minute: firing speeds}`` -> promtool alert tests; an empty tuple means the SLO's alert stays quiet."""
-    return [{"eval_time": f"{minute}m", "alertname": slo.alert_name(slo_),
-             "exp_alerts": [expected(slo_, speed, stage) for speed in speeds]}
-            for minute, speeds in at.items()]
+def traffic(*phases: Phase) -> list[dict]:
+    """promtool input series for ``phases``, one after another, at one sample a minute."""
+    per_minute: dict[str, list[int]] = {}
+
+    def add(series: str, n: int) -> None:
+        per_minute.setdefault(series, []).append(n)
+
+    route, load = f'route="{ROUTES[0]}"', 'qps_bucket="10-50"'
+    for phase in phases:
+        for _ in range(phase.minutes):
+            failed = round(PER_MINUTE * phase.failed)
+            answered, slow = PER_MINUTE - failed, round(PER_MINUTE * phase.slow)
+            add(f'{contract.count(contract.REQUEST_DURATION)}{{{route}, {load}, outcome="ok"}}', answered)
+            add(f'{contract.bucket(contract.REQUEST_DURATION)}{{{route}, {load}, outcome="ok", le="0.42"}}', answered - slow)
+            add(f'{contract.bucket(contract.REQUEST_DURATION)}{{{route}, {load}, outcome="ok", le="+Inf"}}', answered)
+            add(f'{contract.REQUESTS}{{{route}, status_class="2xx"}}', answered)
+            add(f'{contract.REQUESTS}{{{route}, status_class="5xx"}}', failed)
+            for stage in STAGES:
+                buckets = _stage_buckets(stage, phase, answered)
+                for le, n in buckets.items():
+                    add(f'{contract.bucket(contract.STAGE_DURATION)}{{stage="{stage}", {load}, outcome="ok", le="{le}"}}', n)
+                add(f'{contract.count(contract.STAGE_DURATION)}{{stage="{stage}", {load}, outcome="ok"}}', buckets["+Inf"])
+                add(f'{contract.STAGE_ERRORS}{{stage="{stage}"}}', failed if stage == phase.failing else 0)
+    out = []
+    for series, counts in per_minute.items():
+        values, running = ["0"], 0
+        for n in counts:
+            running += n
+            values.append(str(running))
+        out.append({"series": series, "values": " ".join(values)})
+    return out
+
+
+LABELS = {
+    "fast": {"severity": "page", "burn": "fast", "long_window": "1h", "short_window": "5m"},
+    "medium": {"severity": "page", "burn": "medium", "long_window": "6h", "short_window": "30m"},
+    "slow": {"severity": "ticket", "burn": "slow", "long_window": "3d", "short_window": "6h"},
+}
+SUMMARY = {
+    ("latency", "fast"): "Latency SLO error budget burning 14.4x too fast over 1h and 5m; stage: {stage}",
+    ("latency", "medium"): "Latency SLO error budget burning 6x too fast over 6h and 30m; stage: {stage}",
+    ("latency", "slow"): "Latency SLO error budget burning 1x too fast over 3d and 6h; stage: {stage}",
+    ("availability", "fast"): "Availability SLO error budget burning 14.4x too fast over 1h and 5m; stage: {stage}",
+    ("availability", "slow"): "Availability SLO error budget burning 1x too fast over 3d and 6h; stage: {stage}",
+}
+OBJECTIVE = {
+    "latency": "Objective: 99 % of requests good over 30 days (bad: an answered request slower than 420 ms).",
+    "availability": "Objective: 99.9 % of requests good over 30 days (bad: a request answered with a 5xx status).",
+}
+GONE = {"fast": " At this rate the whole budget is gone in 50 hours.",
+        "medium": " At this rate the whole budget is gone in 5 days.",
+        "slow": " At this rate the whole budget is gone in 30 days."}
+OVER = "{stage} alone took longer than 420 ms in {rate} requests/s over {window}, more than any other stage"
+SPREAD = "no stage alone took longer than 420 ms over {window}; {stage} has the highest P99 ({p99})"
+FAILED = "{stage} failed in {rate} requests/s over {window}, more than any other stage"
+ALERT = {"latency": "RagheatLatencyBudgetBurn", "availability": "RagheatAvailabilityBudgetBurn"}
+
+
+def fires(slo_name: str, minute: int, stage: str, **evidence: str) -> dict:
+    """promtool's expectation at ``minute``: the SLO's alerts of the burns given (``fast="evidence"``), each with
+    the rule's labels and annotations naming ``stage``; no keyword means the SLO's alerts stay quiet."""
+    alerts = [{"exp_labels": {**LABELS[burn], "slo": slo_name},
+               "exp_annotations": {"summary": SUMMARY[slo_name, burn].format(stage=stage),
+                                   "description": OBJECTIVE[slo_name] + GONE[burn],
+                                   "stage": stage, "stage_evidence": text}}
+              for burn, text in evidence.items()]
+    return {"eval_time": f"{minute}m", "alertname": ALERT[slo_name], "exp_alerts": alerts}
+
+
+def quiet(slo_name: str, *minutes: int) -> list[dict]:
+    return [fires(slo_name, minute, "") for minute in minutes]
 
 
 H = HEALTHY_HISTORY
+SLOW_FUSE = ("fuse", 1.0, 0.5)  # every answer spends 500 ms in fusion
 SCENARIOS = {
-    # All answers slow (fuse): the 1 h ratio passes 14.4 % after 8.6 minutes, so it pages between minute 7
+    # All answers slow in fuse: the 1 h ratio passes 14.4 % after 8.6 minutes, so it pages between minute 7
     # and 10; the 3 d ticket (its window holds only the short synthetic history) fires too, and is inhibited
-    # by the page in Alertmanager. The 6 h page needs 21.6 minutes.
+    # by the page in Alertmanager. The 6 h page needs 21.6 minutes. Evidence: fuse's over-420-ms executions
+    # per second over each short window (7 x 600 / 6 h = 0.194/s, 10 x 600 / 6 h = 0.278/s, 24 x 600 / 30 m = 8/s).
     "fast latency burn pages within 10 minutes, naming the stage": (
-        Traffic.phases("fuse", (H, 0, 0), (25, 1.0, 0)),
-        checks(slo.LATENCY, "fuse", {H - 1: (), H + 7: ("slow",), H + 10: ("fast", "slow"),
-                                     H + 24: ("fast", "medium", "slow")})),
-    # 2 % slow = 2x burn: the ticket opens once the 6 h and 3 d ratios pass 1 %; no page ever.
+        traffic(Phase(H), Phase(25, slow=1.0, stages=(SLOW_FUSE,))),
+        [*quiet("latency", H - 1),
+         fires("latency", H + 7, "fuse",
+               slow=OVER.format(stage="fuse", rate="0.194", window="6h")),
+         fires("latency", H + 10, "fuse",
+               fast=OVER.format(stage="fuse", rate="10", window="5m"),
+               slow=OVER.format(stage="fuse", rate="0.278", window="6h")),
+         fires("latency", H + 24, "fuse",
+               fast=OVER.format(stage="fuse", rate="10", window="5m"),
+               medium=OVER.format(stage="fuse", rate="8", window="30m"),
+               slow=OVER.format(stage="fuse", rate="0.667", window="6h"))]),
+    # The failure this rule exists for: an LLM path taken by 5 % of requests spends 4 s decoding (the highest P99
+    # by far) while every request spends 500 ms in fuse. Fuse made 10 requests/s bad, decode 0.5/s: fuse is named.
+    "a slow stage in every request is named over a slower one in a few": (
+        traffic(Phase(H), Phase(12, slow=1.0, stages=(SLOW_FUSE, ("generate_decode", 0.05, 4.0)))),
+        [*quiet("latency", H - 1),
+         fires("latency", H + 10, "fuse",
+               fast=OVER.format(stage="fuse", rate="10", window="5m"),
+               slow=OVER.format(stage="fuse", rate="0.278", window="6h"))]),
+    # Time spread over stages: embed 300 ms + retrieve_bm25 150 ms makes every answer 450 ms, yet no stage alone
+    # crosses 420 ms; the highest P99 (embed) is named, and the evidence says which rule named it.
+    "time spread over stages names the highest P99": (
+        traffic(Phase(H), Phase(12, slow=1.0, stages=(("embed", 1.0, 0.3), ("retrieve_bm25", 1.0, 0.15)))),
+        [fires("latency", H + 10, "embed",
+               fast=SPREAD.format(stage="embed", p99="348.5ms", window="5m"),
+               slow=SPREAD.format(stage="embed", p99="296ms", window="6h"))]),
+    # 2 % slow in retrieve_dense = 2x burn: the ticket opens once the 6 h and 3 d ratios pass 1 %; no page ever.
+    # 12 slow executions a minute since minute 60: 90 x 12 / 6 h = 0.05/s at minute 150, 0.1 at 240, 0.133 at 300.
     "slow latency burn opens a ticket and never pages": (
-        Traffic.phases("retrieve_dense", (60, 0, 0), (240, 0.02, 0)),
-        checks(slo.LATENCY, "retrieve_dense", {90: (), 150: ("slow",), 240: ("slow",), 300: ("slow",)})),
+        traffic(Phase(60), Phase(240, slow=0.02, stages=(("retrieve_dense", 0.02, 0.5),))),
+        [*quiet("latency", 90),
+         fires("latency", 150, "retrieve_dense",
+               slow=OVER.format(stage="retrieve_dense", rate="0.05", window="6h")),
+         fires("latency", 240, "retrieve_dense",
+               slow=OVER.format(stage="retrieve_dense", rate="0.1", window="6h")),
+         fires("latency", 300, "retrieve_dense",
+               slow=OVER.format(stage="retrieve_dense", rate="0.133", window="6h"))]),
     # Half the budget's rate (0.5 % slow, 0.05 % failed): quiet on both SLOs all along.
     "healthy service stays quiet": (
-        Traffic.phases("embed", (400, 0.005, 0.0005)),
-        checks(slo.LATENCY, "embed", {60: (), 200: (), 399: ()})
-        + checks(slo.AVAILABILITY, "embed", {60: (), 200: (), 399: ()})),
+        traffic(Phase(400, slow=0.005, failed=0.0005, failing="embed", stages=(("embed", 0.005, 0.5),))),
+        [*quiet("latency", 60, 200, 399), *quiet("availability", 60, 200, 399)]),
     # Every answer slow for 3 minutes, shorter than the 5 m short window: the 1 h ratio peaks at 5 %.
     "spike shorter than the short window does not page": (
-        Traffic.phases("embed", (H, 0, 0), (3, 1.0, 0), (30, 0, 0)),
-        checks(slo.LATENCY, "embed", {H + 2: (), H + 3: (), H + 5: (), H + 10: (), H + 30: ()})),
+        traffic(Phase(H), Phase(3, slow=1.0, stages=(("embed", 1.0, 0.5),)), Phase(30)),
+        quiet("latency", H + 2, H + 3, H + 5, H + 10, H + 30)),
     # 10 % of requests fail in retrieve_bm25 (budget 0.1 %): the fast page fires after ~9 minutes and names
-    # the stage; answered requests stay fast, so the latency SLO is quiet.
+    # the stage (60 failures a minute: 1/s over 5 m, 12 x 60 / 6 h = 0.0333/s); answers stay fast, latency is quiet.
     "availability fast burn pages, naming the failing stage": (
-        Traffic.phases("retrieve_bm25", (H, 0, 0), (15, 0, 0.1)),
-        checks(slo.AVAILABILITY, "retrieve_bm25", {H + 2: (), H + 12: ("fast", "slow")})
-        + checks(slo.LATENCY, "retrieve_bm25", {H + 12: ()})),
+        traffic(Phase(H), Phase(15, failed=0.1, failing="retrieve_bm25")),
+        [*quiet("availability", H + 2),
+         fires("availability", H + 12, "retrieve_bm25",
+               fast=FAILED.format(stage="retrieve_bm25", rate="1", window="5m"),
+               slow=FAILED.format(stage="retrieve_bm25", rate="0.0333", window="6h")),
+         *quiet("latency", H + 12)]),
 }
+
+
+def promtool_test(tmp_path: Path, name: str, series: list[dict], alert_tests: list[dict]) -> subprocess.CompletedProcess:
+    shutil.copy(RULES, tmp_path / "rules.yml")
+    test_file = tmp_path / "slo_test.yml"
+    # Records before the alerts that read them, as the rule file lists them (promtool's default is by name, which
+    # would show the alerts each record one evaluation late).
+    order = [g["name"] for g in yaml.safe_load(RULES.read_text())["groups"]]
+    test_file.write_text(yamlout.dump({
+        "rule_files": ["rules.yml"], "evaluation_interval": "1m", "group_eval_order": order,
+        "tests": [{"name": name, "interval": "1m", "input_series": series, "alert_rule_test": alert_tests}]}))
+    return run(tool("promtool"), "test", "rules", str(test_file))
 
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 def test_promtool_unit_tests(scenario, tmp_path):
-    traffic, alert_tests = SCENARIOS[scenario]
-    shutil.copy(RULES, tmp_path / "rules.yml")
-    test_file = tmp_path / "slo_test.yml"
-    test_file.write_text(yamlout.dump({
-        "rule_files": ["rules.yml"], "evaluation_interval": "1m",
-        "tests": [{"name": scenario, "interval": "1m", "input_series": traffic.series(),
-                   "alert_rule_test": alert_tests}]}))
-    result = run(tool("promtool"), "test", "rules", str(test_file))
+    series, alert_tests = SCENARIOS[scenario]
+    result = promtool_test(tmp_path, scenario, series, alert_tests)
     assert result.returncode == 0, f"{scenario}:\n{result.stdout}{result.stderr}"
     assert "SUCCESS" in result.stdout
 
 
-def test_promtool_unit_tests_can_fail(tmp_path):
-    """Expecting silence during the fast burn must fail: the unit tests above are not vacuous."""
-    traffic, _ = SCENARIOS["fast latency burn pages within 10 minutes, naming the stage"]
-    shutil.copy(RULES, tmp_path / "rules.yml")
-    test_file = tmp_path / "slo_test.yml"
-    test_file.write_text(yamlout.dump({
-        "rule_files": ["rules.yml"], "evaluation_interval": "1m",
-        "tests": [{"interval": "1m", "input_series": traffic.series(),
-                   "alert_rule_test": checks(slo.LATENCY, "fuse", {H + 15: ()})}]}))
-    result = run(tool("promtool"), "test", "rules", str(test_file))
+@pytest.mark.parametrize("wrong", ["silence during the fast burn", "the slowest stage by P99"])
+def test_promtool_unit_tests_can_fail(tmp_path, wrong):
+    """Wrong expectations must fail: the unit tests above are not vacuous, and the LLM scenario really has a
+    stage (generate_decode) with a higher P99 than the one named."""
+    if wrong == "silence during the fast burn":
+        series, _ = SCENARIOS["fast latency burn pages within 10 minutes, naming the stage"]
+        tests, needle = quiet("latency", H + 15), "burn=fast"
+    else:
+        series, _ = SCENARIOS["a slow stage in every request is named over a slower one in a few"]
+        tests = [fires("latency", H + 10, "generate_decode",
+                       fast=OVER.format(stage="generate_decode", rate="0.5", window="5m"),
+                       slow=OVER.format(stage="generate_decode", rate="0.0139", window="6h"))]
+        needle = "stage=fuse"
+    result = promtool_test(tmp_path, wrong, series, tests)
     assert result.returncode != 0
-    assert 'burn="fast"' in result.stdout + result.stderr
+    assert needle in (result.stdout + result.stderr).replace('"', ""), result.stdout + result.stderr

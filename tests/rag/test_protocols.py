@@ -17,7 +17,8 @@ from rag.types import QueryResult, RequestRecord, StageTiming
 
 STAGE_ATTRIBUTES = {"embedder": "Embedder", "retrievers": "Retriever", "fuser": "Fuser", "generator": "Generator",
                     "llm": "StreamingGenerator", "support": "SupportCheck", "graph": "GraphStore",
-                    "reranker": "Reranker", "cache": "AnswerCache", "router": "Router"}
+                    "linker": "EntityLinker", "graph_retriever": "GraphRetriever", "reranker": "Reranker",
+                    "cache": "AnswerCache", "router": "Router"}
 
 
 def test_every_stage_attribute_is_declared_by_its_protocol(settings, tmp_path):
@@ -36,7 +37,12 @@ def test_the_warmed_up_stages_satisfy_their_protocols(pipeline):
     assert isinstance(pipeline.fuser, protocols.Fuser)
     assert isinstance(pipeline.generator, protocols.Generator)
     assert isinstance(pipeline.support, protocols.SupportCheck)
-    assert pipeline.llm is None and pipeline.graph is pipeline.reranker is pipeline.cache is pipeline.router is None
+    assert isinstance(pipeline.router, protocols.Router)
+    if pipeline.graph is not None:  # the SciFact subset's index is built with its knowledge graph (graph.enabled)
+        assert isinstance(pipeline.graph, protocols.GraphStore)
+        assert isinstance(pipeline.linker, protocols.EntityLinker)
+        assert isinstance(pipeline.graph_retriever, protocols.GraphRetriever)
+    assert pipeline.llm is None and pipeline.reranker is pipeline.cache is None
 
 
 @pytest.mark.parametrize("make", [OpenAIStreamGenerator, InProcessVllmGenerator])
@@ -85,5 +91,7 @@ def test_a_request_record_names_the_stage_that_ended_the_request():
 def test_protocol_signatures_use_the_shared_types():
     hints = typing.get_type_hints(protocols.Reranker.rerank)
     assert hints["return"].__name__ == "RerankResult"
-    assert typing.get_type_hints(protocols.GraphStore.neighbours)["return"].__name__ == "GraphResult"
+    assert typing.get_type_hints(protocols.GraphRetriever.retrieve)["return"].__name__ == "RetrievalResult"
+    assert typing.get_type_hints(protocols.EntityLinker.link)["return"].__name__ == "LinkedEntities"
     assert typing.get_type_hints(protocols.Router.route)["return"].__name__ == "Route"
+    assert typing.get_type_hints(protocols.Router.route)["linked"].__name__ == "LinkedEntities"

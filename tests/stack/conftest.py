@@ -15,6 +15,10 @@ import pytest
 from stack import topology
 
 REPO = topology.REPO
+RAGHEAT = str(Path(sys.executable).parent / "ragheat")
+FREE_PORTS = ["--api-port", "0", "--prometheus-port", "0", "--alertmanager-port", "0", "--alert-receiver-port", "0",
+              "--probes-port", "0", "--vllm-port", "0"]
+"""``ragheat stack up`` flags for free ports, so a test stack never collides with a running one."""
 PROFILES = ["cpu", "gpu", "probes"]
 # Values for the variables compose requires; nothing here is a real secret.
 REQUIRED_ENV = {"NEO4J_PASSWORD": "test-password", "GRAFANA_ADMIN_PASSWORD": "test-password"}

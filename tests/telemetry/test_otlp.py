@@ -11,6 +11,7 @@ import pytest
 
 from rag.stages import EXTRACTIVE_STAGES
 from stack.otlp_receiver import OtlpReceiver
+from telemetry.otlp_metrics import REQUEST_DURATION, STAGE_DURATION
 from telemetry.tracing import OTLP_ENDPOINT_VARIABLES
 from telemetry_testkit import QUERIES, scrape, serve, total, wait_for
 
@@ -64,8 +65,8 @@ def test_spans_and_exponential_histograms_reach_the_collector(settings, pipeline
                     counts[attrs(dp.attributes)[key]] = counts.get(attrs(dp.attributes)[key], 0) + dp.count
                 return counts if sum(counts.values()) >= (4 * len(EXTRACTIVE_STAGES) if key == "stage" else 4) else None
 
-            wait_for(lambda: stage_counts("ragheat.stage.duration", "stage"), 15, what="stage duration metrics")
-            wait_for(lambda: stage_counts("ragheat.request.duration", "route"), 15, what="request duration metrics")
+            wait_for(lambda: stage_counts(STAGE_DURATION, "stage"), 15, what="stage duration metrics")
+            wait_for(lambda: stage_counts(REQUEST_DURATION, "route"), 15, what="request duration metrics")
 
     # Traces: one SERVER span per request, one child per stage, linked by trace and parent ids.
     assert sorted(sp.name for sp in roots) == ["POST /v1/query"] * 3 + ["POST /v1/query/stream"]
@@ -89,8 +90,8 @@ def test_spans_and_exponential_histograms_reach_the_collector(settings, pipeline
     assert all(r["service.name"] == "ragheat" for r in resources)
 
     # Metrics: base-2 exponential histograms (not explicit buckets) with the closed label set.
-    labels = {"ragheat.stage.duration": {"stage", "qps_bucket", "outcome"},
-              "ragheat.request.duration": {"route", "qps_bucket", "outcome"}}
+    labels = {STAGE_DURATION: {"stage", "qps_bucket", "outcome"},
+              REQUEST_DURATION: {"route", "qps_bucket", "outcome"}}
     for name, keys in labels.items():
         metrics = receiver.metric_points(name)
         assert metrics, name
@@ -106,13 +107,29 @@ def test_spans_and_exponential_histograms_reach_the_collector(settings, pipeline
             assert sum(dp.positive.bucket_counts) + sum(dp.negative.bucket_counts) + dp.zero_count == dp.count
             assert 0 < dp.min <= dp.max and dp.sum > 0
     stages = {}
-    for dp in receiver.metric_points("ragheat.stage.duration")[-1].exponential_histogram.data_points:
+    for dp in receiver.metric_points(STAGE_DURATION)[-1].exponential_histogram.data_points:
         stages[attrs(dp.attributes)["stage"]] = stages.get(attrs(dp.attributes)["stage"], 0) + dp.count
     assert stages == {stage: 4 for stage in EXTRACTIVE_STAGES}
     routes = {}
-    for dp in receiver.metric_points("ragheat.request.duration")[-1].exponential_histogram.data_points:
+    for dp in receiver.metric_points(REQUEST_DURATION)[-1].exponential_histogram.data_points:
         routes[attrs(dp.attributes)["route"]] = routes.get(attrs(dp.attributes)["route"], 0) + dp.count
     assert routes == {"/v1/query": 3, "/v1/query/stream": 1}
+
+    # Exemplars: every request was traced, so the points carry exemplars (each sent once, the latest per bucket),
+    # each naming a request's trace and its SERVER span; a request exemplar's value is that span's duration.
+    by_trace = {root.trace_id: root for root in roots}
+    for name in (STAGE_DURATION, REQUEST_DURATION):
+        exemplars = [e for metric in receiver.metric_points(name)
+                     for dp in metric.exponential_histogram.data_points for e in dp.exemplars]
+        assert exemplars, f"{name}: no exemplar reached the receiver"
+        for e in exemplars:
+            root = by_trace.get(e.trace_id)
+            assert root is not None, f"{name}: exemplar trace {e.trace_id.hex()} is no exported trace"
+            assert e.span_id == root.span_id
+            assert root.start_time_unix_nano <= e.time_unix_nano
+            if name == REQUEST_DURATION:
+                assert e.as_double == pytest.approx((root.end_time_unix_nano - root.start_time_unix_nano) / 1e9,
+                                                    abs=2e-6)
 
 
 def silent_port(stack: ExitStack) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -155,9 +156,23 @@ def test_concurrent_records_are_all_counted():
     assert rate.rate() * 10.0 == pytest.approx(4000)
 
 
-def test_default_clock_is_monotonic_wall_time():
-    rate = SlidingWindowRate(10.0)
-    assert rate.record() == pytest.approx(0.1)
+def test_default_clock_is_the_monotonic_clock():
+    """A wall clock (time.time) jumps with NTP and DST: the rate must follow time.monotonic."""
+    assert SlidingWindowRate(10.0).clock is time.monotonic
+    assert Telemetry(TelemetrySettings(tracing=False, otlp="off"), registry=CollectorRegistry()).rate.clock \
+        is time.monotonic
+
+
+def test_default_clock_expires_a_request_after_one_real_window():
+    window_s, resolution_s = 0.5, 0.125
+    rate = SlidingWindowRate(window_s, resolution_s)
+    recorded = time.monotonic()
+    assert rate.record() == pytest.approx(1 / window_s)
+    while rate.rate() > 0:  # bounded: the request leaves within one window (plus a loaded machine's lag)
+        assert time.monotonic() - recorded < window_s + 10, "the request never left the window"
+        time.sleep(0.01)
+    # It stayed counted for at least the window less one slot (it may have landed at the end of its slot).
+    assert time.monotonic() - recorded >= window_s - resolution_s
 
 
 # -- QpsBuckets ----------------------------------------------------------------------------------

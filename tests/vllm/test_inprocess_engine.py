@@ -1,5 +1,6 @@
 """The in-process ``vllm`` generator (AsyncLLM) answering through a real RagPipeline: tokens stream, the stage
-timings are produced, and the vLLM plugin's per-step metrics move. Random weights write noise: mechanics only.
+timings are produced, and the vLLM plugin's per-step metrics move. Random weights write noise: mechanics only
+(and the noise is replaced by the extractive answer, as every unsupported answer is).
 
 Why a driver script under .venv-vllm rather than pytest installed there: vLLM lives in its own environment
 (scripts/install_vllm.sh) and this suite's fixtures (the SciFact index, the tiny model) are built here, once per
@@ -39,12 +40,14 @@ def report(vllm_python, tiny_model, subset_index, tmp_path_factory) -> dict:
 
 
 def test_the_in_process_engine_streams_a_written_answer_token_by_token(report):
-    assert report["generator"] == "vllm" and report["degraded_reason"] is None, report["degraded_reason"]
+    # Random weights write noise: the support check catches it and the extractive answer is served instead.
+    assert report["generator"] == "extractive" and report["degraded_reason"] == "unsupported", report["degraded_reason"]
     tokens = report["tokens"]
     assert len(tokens) >= 2, tokens
     times = [t for _, t in tokens]
     assert times == sorted(times) and times[0] < times[-1] <= report["finished"], "pieces must arrive one by one"
-    assert report["answer"] == "".join(piece for piece, _ in tokens).strip()
+    written = "".join(piece for piece, _ in tokens).strip()
+    assert written and report["answer"] and written[:20] not in report["answer"]
     generation = report["generation"]
     assert len(tokens) <= generation["output_tokens"] <= report["max_tokens"], generation
     assert generation["ttft_s"] > 0 and len(generation["inter_token_s"]) == len(tokens) - 1
@@ -53,8 +56,8 @@ def test_the_in_process_engine_streams_a_written_answer_token_by_token(report):
 def test_generation_is_timed_as_prefill_decode_and_support_check(report):
     stages = {s["name"]: s for s in report["stages"]}
     names = [s["name"] for s in report["stages"]]
-    assert names[-3:] == ["generate_prefill", "generate_decode", "support_check"], names
-    assert "generate" not in names, "no fallback: the extractive generator must not have run"
+    # then the extractive fallback, since noise is never served
+    assert names[-4:] == ["generate_prefill", "generate_decode", "support_check", "generate"], names
     prefill, decode = stages["generate_prefill"], stages["generate_decode"]
     assert prefill["seconds"] > 0 and decode["seconds"] > 0
     assert prefill["start"] + prefill["seconds"] <= decode["start"] + 1e-6  # decode follows the first token

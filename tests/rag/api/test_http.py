@@ -241,13 +241,13 @@ def test_deeply_nested_json_is_a_4xx(client):
     assert_error(response, response.status_code)
 
 
-def test_lone_surrogate_in_query_is_not_a_500(client):
-    # Valid JSON ("\ud800" is a legal escape) but not encodable text: the caller's fault, not the server's.
-    response = client.post("/v1/query", content=b'{"query": "tides \\ud800"}',
-                           headers={"content-type": "application/json"})
-    assert response.status_code < 500, response.text
-    if response.status_code != 200:  # rejecting it (422) is right; so would be serving it with the text repaired
-        assert_error(response, 422, "query")
+@pytest.mark.parametrize("path", ["/v1/query", "/v1/query/stream"])
+def test_lone_surrogate_in_query_is_422(client, path):
+    """Valid JSON ("\\ud800" is a legal escape) that parses into text no encoder accepts: a request that parses
+    but is invalid, so 422 naming the query (README: "422 for a request that parses but is invalid"). Serving
+    it would mean repairing the caller's text behind their back, and an unpaired surrogate cannot be echoed."""
+    response = client.post(path, content=b'{"query": "tides \\ud800"}', headers={"content-type": "application/json"})
+    assert_error(response, 422, "query", "surrogate", error="invalid_request")
 
 
 def oversized_body(limit: int) -> bytes:

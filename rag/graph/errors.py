@@ -1,0 +1,9 @@
+"""The graph's own error, apart so every store module can raise it without importing the others."""
+
+from __future__ import annotations
+
+from rag.errors import RagheatError
+
+
+class GraphStoreUnavailable(RagheatError):
+    """The graph store cannot answer right now (stopped, killed, restarting, unreachable or too slow)."""

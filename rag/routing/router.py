@@ -1,0 +1,44 @@
+"""``LogisticRouter``: the ``Router`` the pipeline runs as stage ``route`` for ``routed`` requests."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+
+from rag.retrieval.lexical import LexicalAnalyzer
+from rag.routing.arms import ARM_MULTIPLIERS, without_graph
+from rag.routing.features import FEATURE_NAMES, lexical_features
+from rag.routing.model import RouterModel
+from rag.types import LinkedEntities, Route
+
+SHIPPED_MODEL = Path(__file__).with_name("router.npz")
+"""Trained on hotpotqa-dev and SciFact train (its ``metadata`` records the command, data, seed and figures)."""
+
+
+class LogisticRouter:
+    """Picks the arm the model scores highest among those that can run here (no graph arm without a graph), then
+    drops the graph from it when the query linked no entity."""
+
+    def __init__(self, model: RouterModel, weights: Mapping[str, Mapping[str, float]], idf: Mapping[str, float],
+                 analyzer: LexicalAnalyzer, available: set[str]) -> None:
+        self.model, self.weights, self.idf, self.analyzer = model, weights, idf, analyzer
+        self.allowed = np.array([set(ARM_MULTIPLIERS[arm]) <= available for arm in model.arms])
+        if not self.allowed.any():
+            raise ValueError(f"no route of the router model can run with the retrievers {sorted(available)}")
+
+    @classmethod
+    def load(cls, path: Path | None, weights, idf, analyzer, available: set[str]) -> "LogisticRouter":
+        model = RouterModel.load(path or SHIPPED_MODEL, arms=tuple(ARM_MULTIPLIERS), features=FEATURE_NAMES)
+        return cls(model, weights, idf, analyzer, available)
+
+    def route(self, query: str, linked: LinkedEntities) -> Route:
+        started = time.perf_counter()
+        x = lexical_features(query, linked, self.idf, self.analyzer)
+        arm = self.model.arms[int(self.model.predict(x, self.allowed)[0])]
+        if not linked.seeds:
+            arm = without_graph(arm)  # nothing to expand: no graph stage, no round trip
+        weights = self.weights[arm]
+        return Route(arm, tuple(weights), dict(weights), time.perf_counter() - started)

@@ -1,0 +1,175 @@
+"""The graph and the router in the query path, on a real index of a hotpotqa subset: which stages run (and are
+named for the kernel probes), when the graph makes no round trip, how ``routed`` chooses, and what a store outage
+does to a request."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from rag.pipeline import RagPipeline
+from rag.stages import RETRIEVAL_ROUTES, ROUTER_ARMS
+from rag.threadnames import get_name, stage_comm
+from rag.types import RetrievalRun, StageTiming
+
+from graph_testkit import CountingStore
+
+
+def linked_question(pipeline: RagPipeline, hotpot_subset) -> str:
+    """A question of the subset that names an entity of its graph."""
+    for line in (hotpot_subset / "queries.jsonl").read_text().splitlines():
+        text = json.loads(line)["text"]
+        if pipeline.linker.link(text).seeds:
+            return text
+    raise AssertionError("no question of the subset links an entity")
+
+
+UNLINKED = "zzzz qqqq xxxx"
+
+
+def names(stages: list[StageTiming]) -> list[str]:
+    return [s.name for s in stages]
+
+
+def test_the_graph_alone_needs_no_embedding(graph_pipeline, hotpot_subset):
+    stages, run = [], RetrievalRun()
+    fused = graph_pipeline.retrieve(linked_question(graph_pipeline, hotpot_subset), 10, ["graph"], stages, run=run)
+    assert names(stages) == ["link_entities", "retrieve_graph"] and fused.hits
+    assert run.route == "graph" and run.retrieved["graph"] == len(fused.hits) and not run.skipped
+
+
+def test_hybrid_plus_graph_runs_every_stage_in_order_and_fuses_three_lists(graph_pipeline, hotpot_subset):
+    stages, run = [], RetrievalRun()
+    graph_pipeline.retrieve(linked_question(graph_pipeline, hotpot_subset), 10, ["hybrid+graph"], stages, run=run)
+    assert names(stages) == ["link_entities", "embed", "retrieve_dense", "retrieve_bm25", "retrieve_graph", "fuse"]
+    assert run.route == "hybrid+graph" and set(run.retrieved) == {"dense", "bm25", "graph"}
+
+
+def test_a_query_that_links_nothing_runs_no_graph_stage_and_makes_no_round_trip(graph_pipeline, monkeypatch):
+    counting = CountingStore(graph_pipeline.graph)
+    monkeypatch.setattr(graph_pipeline.graph_retriever, "store", counting)
+    stages, run = [], RetrievalRun()
+    graph_pipeline.retrieve(UNLINKED, 10, ["dense", "bm25", "graph"], stages, run=run)
+    assert "retrieve_graph" not in names(stages) and counting.calls == 0
+    assert run.route == "hybrid" and "graph" not in run.retrieved
+    assert graph_pipeline.retrieve(UNLINKED, 10, ["graph"], run=(alone := RetrievalRun())).hits == []
+    assert alone.route == "none" and counting.calls == 0
+
+
+def test_the_default_hybrid_request_is_unchanged_by_the_graph(graph_pipeline):
+    stages = []
+    graph_pipeline.retrieve("Who directed Black Book?", 5, ["dense", "bm25"], stages)
+    assert names(stages) == ["embed", "retrieve_dense", "retrieve_bm25", "fuse"]
+
+
+def test_routed_picks_a_route_per_query_and_never_the_graph_without_entities(graph_pipeline, hotpot_subset):
+    stages, run = [], RetrievalRun()
+    graph_pipeline.retrieve(UNLINKED, 10, ["routed"], stages, run=run)
+    assert names(stages)[:2] == ["link_entities", "route"] and "retrieve_graph" not in names(stages)
+    assert run.route in ROUTER_ARMS and "graph" not in run.route
+    questions = [json.loads(line)["text"] for line in (hotpot_subset / "queries.jsonl").read_text().splitlines()]
+    routes = set()
+    for question in questions:
+        run = RetrievalRun()
+        graph_pipeline.retrieve(question, 10, ["routed"], run=run)
+        assert run.route in RETRIEVAL_ROUTES and run.route in ROUTER_ARMS
+        assert ("graph" in run.retrieved) == ("+graph" in run.route)
+        if "graph" in run.route:
+            assert graph_pipeline.linker.link(question).seeds
+        routes.add(run.route)
+    assert any("graph" in r for r in routes), "multi-hop questions that name entities should get the graph"
+
+
+def test_each_graph_stage_runs_on_a_thread_named_for_it(graph_pipeline, hotpot_subset, monkeypatch):
+    seen = {}
+    for attribute, method, stage in (("linker", "link", "link_entities"), ("router", "route", "route"),
+                                     ("graph_retriever", "retrieve", "retrieve_graph")):
+        target = getattr(graph_pipeline, attribute)
+        original = getattr(target, method)
+
+        def spy(*args, _original=original, _stage=stage, **kwargs):
+            seen[_stage] = get_name()
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(target, method, spy)
+    question = linked_question(graph_pipeline, hotpot_subset)
+    graph_pipeline.retrieve(question, 10, ["routed"])
+    graph_pipeline.retrieve(question, 10, ["graph"])
+    assert seen == {stage: stage_comm(stage) for stage in ("link_entities", "route", "retrieve_graph")}
+
+
+def test_what_a_pipeline_cannot_serve_is_said_in_a_sentence(settings, graph_index, graph_pipeline):
+    assert graph_pipeline.check_retrievers(["hybrid+graph"]) is None
+    assert graph_pipeline.check_retrievers(["routed"]) is None
+    assert "unknown retriever 'splade'" in graph_pipeline.check_retrievers(["splade"])
+    assert "cannot be combined" in graph_pipeline.check_retrievers(["routed", "bm25"])
+    without = RagPipeline(settings.model_copy(update={"graph": settings.graph.model_copy(update={"enabled": False})}),
+                          graph_index)
+    without.warm_up()
+    try:
+        assert without.graph is None and without.graph_retriever is None
+        assert "no knowledge graph" in without.check_retrievers(["graph"])
+        run = RetrievalRun()
+        without.retrieve("Who directed Black Book?", 5, ["routed"], run=run)  # routes without graph arms
+        assert run.route in ROUTER_ARMS and "graph" not in run.route
+    finally:
+        without.close()
+
+
+def test_a_killed_store_skips_the_stage_and_is_restarted(settings, graph_index, hotpot_subset):
+    pipeline = RagPipeline(settings, graph_index)
+    pipeline.warm_up()
+    try:
+        question = linked_question(pipeline, hotpot_subset)
+        store = pipeline.graph.store
+        old = store.child.pid
+        os.kill(old, signal.SIGKILL)
+        deadline = time.monotonic() + 15
+        while store.healthy() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        result = pipeline.query(question, 5, ["hybrid+graph"])
+        assert "retrieve_graph" in result.skipped and "did not answer" in result.skipped["retrieve_graph"]
+        assert result.sources and "graph" not in result.retrieved and result.route == "hybrid+graph"
+        assert pipeline.graph.wait_until_healthy(30), "the store was not restarted"
+        assert store.child.pid != old and pipeline.graph.restarts == 1 and pipeline.graph.errors >= 1
+        again = pipeline.query(question, 5, ["hybrid+graph"])
+        assert not again.skipped and again.retrieved["graph"] > 0
+    finally:
+        pipeline.close()
+    assert store.child is None, "close() stops the store"
+
+
+def test_eval_scores_every_name_and_counts_retrievers_and_routes(graph_pipeline, hotpot_subset):
+    from rag.eval.beir import load_qrels, load_queries
+    from rag.eval.runner import evaluate
+
+    queries, qrels = load_queries(hotpot_subset), load_qrels(hotpot_subset, "dev")
+    report = evaluate(graph_pipeline, queries, qrels, ["hybrid", "graph", "hybrid+graph", "routed"])
+    r = report["retrievers"]
+    linked = sum(1 for q in queries.values() if graph_pipeline.linker.link(q).seeds) / len(queries)
+    assert r["hybrid"]["retrievers_per_query"] == 2.0 and r["hybrid"]["routes"] == {"hybrid": 1.0}
+    assert r["hybrid+graph"]["retrievers_per_query"] == pytest.approx(2 + linked)
+    assert r["graph"]["routes"].get("graph", 0) == pytest.approx(linked)
+    assert sum(r["routed"]["routes"].values()) == pytest.approx(1.0)
+    assert set(r["routed"]["routes"]) <= set(ROUTER_ARMS) and r["routed"]["skipped"] == 0
+
+
+def test_the_router_is_trained_on_exactly_what_routed_serves(graph_pipeline, hotpot_subset):
+    """The outcome table's nDCG of the arm the router picks, per query, averages to what ``ragheat eval`` measures
+    for routed: training and serving fuse the same lists the same way."""
+    from rag.eval.beir import load_qrels, load_queries
+    from rag.eval.runner import evaluate
+    from rag.routing.train import ARMS, collect_outcomes
+
+    queries, qrels = load_queries(hotpot_subset), load_qrels(hotpot_subset, "dev")
+    table = collect_outcomes(graph_pipeline, "subset", queries, qrels)
+    picks = [ARMS.index(graph_pipeline.router.route(queries[q], graph_pipeline.linker.link(queries[q])).name)
+             for q in table.qids]
+    served = evaluate(graph_pipeline, queries, qrels, ["routed", "hybrid+graph"])["retrievers"]
+    assert served["routed"]["ndcg@10"] == pytest.approx(float(table.ndcg[range(len(picks)), picks].mean()), abs=1e-12)
+    assert served["hybrid+graph"]["ndcg@10"] == pytest.approx(float(table.ndcg[:, ARMS.index("hybrid+graph")].mean()),
+                                                              abs=1e-12)

@@ -1,0 +1,74 @@
+"""``ragheat demo`` end to end, as the README's first command runs it, on the first 60 Wikipedia summaries
+(``--max-docs``) and a short sweep (``--sweep-seconds``) so it stays fast: ingest, serve over real HTTP, answer the
+sample questions with citations from that corpus, per-stage timings, P99s from ``/metrics``, a sweep's report
+and knee; the second run reuses the index."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rag.index.store import read_manifest
+from rag.ingest.sources import load_wiki
+from rag.stages import EXTRACTIVE_STAGES
+from ragheat.commands.demo import SAMPLE_QUESTIONS, SWEEP_RATES
+
+RAGHEAT = Path(sys.executable).parent / "ragheat"
+DOCS = 60
+
+pytestmark = pytest.mark.slow
+
+
+def demo(cwd: Path, *args: str) -> str:
+    env = {**os.environ, "COLUMNS": "400", "NO_COLOR": "1", "TERM": "dumb"}
+    done = subprocess.run([str(RAGHEAT), "demo", *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    return done.stdout
+
+
+def test_demo_ingests_serves_answers_times_and_sweeps(tmp_path):
+    index = tmp_path / "index"
+    output = demo(tmp_path, "--max-docs", str(DOCS), "--index", str(index), "--sweep-seconds", "0.5")
+
+    assert f"no index at {index}: ingesting the first {DOCS} documents of 'wiki'" in output, output
+    manifest = read_manifest(index)
+    assert manifest["counts"]["documents"] == DOCS and manifest["corpus"]["name"] == f"wiki-en-us-first-{DOCS}"
+    assert f"indexed {DOCS} documents as {manifest['counts']['chunks']} chunks" in output
+
+    # Every sample question is asked and answered, citing only documents of the ingested slice.
+    first = {d.doc_id for d in load_wiki().documents[:DOCS]}
+    for question in SAMPLE_QUESTIONS["wiki"]:
+        block = output.split(f"Q: {question}\n", 1)[1].split("\n\n", 1)[0]
+        assert block.startswith("A: ") and re.search(r" \[\d\]", block), block
+        cited = re.findall(r"^ +\[\d\] .*\((.+), chars \d+-\d+\)$", block, flags=re.M)
+        assert len(cited) == 3 and set(cited) <= first, (cited, block)
+
+    # The timing table covers every stage over REPEATS x 5 HTTP queries; the P99s come from the server's /metrics.
+    assert "per-stage latency over 100 HTTP" in output
+    for stage in [*EXTRACTIVE_STAGES, "end to end (HTTP)"]:
+        assert re.search(rf"{re.escape(stage)} +[│|] +\d+\.\d\d +[│|] +\d+\.\d\d", output), stage
+    p99_line = next(line for line in output.splitlines() if line.startswith("P99 from GET /metrics"))
+    assert {m for m in re.findall(r"(\w+) <= [\d.e+-]+ ms", p99_line)} == set(EXTRACTIVE_STAGES), p99_line
+
+    # The sweep ran every rate against the demo's server and wrote its report.
+    assert "the sweep failed" not in output, output
+    report = Path(re.search(r"^report: (.+)$", output, flags=re.M).group(1))
+    assert report == (tmp_path / "out" / "demo-bench" / "report.html").resolve() and report.is_file()
+    results = json.loads((report.parent / "results.json").read_text())
+    assert results["mode"] == "open" and [s["offered_qps"] for s in results["steps"]] == list(SWEEP_RATES)
+    assert results["duration_s"] == 0.5 and all(s["requests"] > 0 for s in results["steps"]), results
+    assert re.search(r"^knee: ", output, flags=re.M), output
+
+    # Later runs reuse the index: no second ingest, the same generation.
+    again = demo(tmp_path, "--max-docs", str(DOCS), "--index", str(index), "--sweep-seconds", "0.2")
+    assert f"using index {index} ({manifest['counts']['chunks']} chunks of wiki-en-us-first-{DOCS})" in again, again
+    assert "ingesting" not in again
+    assert read_manifest(index)["generation"] == manifest["generation"]

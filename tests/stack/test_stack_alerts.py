@@ -1,0 +1,112 @@
+"""The page, end to end through the local stack: ``ragheat stack up --rules-profile test`` (the real Prometheus
+evaluating the rendered burn-rate rules, the real Alertmanager with the rendered routes, the stack's alert
+receiver) with a delay injected into one stage of the API (``faults`` settings, the language model off). Under
+load the fast-burn page must fire, go through Alertmanager's page route and reach the receiver naming the stage.
+
+Robust on a loaded machine: one unambiguous fault (a full second in ``fuse``, a stage that takes well under a
+millisecond when healthy), the test profile's seconds-long windows and timers, and bounded waits that poll."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+
+import httpx
+import pytest
+
+from tests.stack.conftest import FREE_PORTS, RAGHEAT
+
+pytestmark = pytest.mark.slow
+
+DELAYED_STAGE = "fuse"
+DELAY_MS = 1000
+PAGE_WITHIN_S = 180  # typically 10-20 s here; generous for a machine under a CPU hog
+QUERIES = ["vitamin D and bone density", "statins and muscle pain", "antibiotic resistance in hospitals",
+           "sleep deprivation and memory", "BRCA1 mutations and cancer risk"]
+
+
+class Load:
+    """``threads`` clients on loopback, each sending the next query as soon as the last is answered."""
+
+    def __init__(self, url: str, threads: int = 4) -> None:
+        self.url, self.stop, self.statuses = url, threading.Event(), []
+        self.threads = [threading.Thread(target=self._client, args=(i,), daemon=True) for i in range(threads)]
+
+    def _client(self, offset: int) -> None:
+        with httpx.Client(base_url=self.url, timeout=60) as client:
+            i = offset
+            while not self.stop.is_set():
+                try:
+                    self.statuses.append(client.post("/v1/query", json={"query": QUERIES[i % len(QUERIES)]}).status_code)
+                except httpx.HTTPError as exc:
+                    self.statuses.append(type(exc).__name__)
+                i += 1
+
+    def __enter__(self) -> "Load":
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=60)
+
+
+def fast_burn_page(receiver_url: str) -> tuple[dict, dict] | None:
+    """(notification, alert) of the first firing fast-burn latency page the receiver got, if any."""
+    for note in httpx.get(receiver_url + "/alerts", timeout=10).json():
+        for alert in note["alerts"]:
+            labels = alert["labels"]
+            if (note["status"] == "firing" and alert["status"] == "firing"
+                    and labels.get("alertname") == "RagheatLatencyBudgetBurn" and labels.get("burn") == "fast"):
+                return note, alert
+    return None
+
+
+@pytest.fixture(scope="module")
+def faulty_stack(subset_index, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("stack-alerts")
+    # The fault is the API's own setting; `stack up` passes its environment on to the API.
+    env = {**os.environ, "COLUMNS": "200", "RAGHEAT_FAULTS__DELAY_STAGE": DELAYED_STAGE,
+           "RAGHEAT_FAULTS__DELAY_MS": str(DELAY_MS), "RAGHEAT_GENERATION__GENERATOR": "extractive"}
+    up = subprocess.run([RAGHEAT, "stack", "up", "--index", str(subset_index), "--folder", str(folder), *FREE_PORTS,
+                         "--rules-profile", "test", "--probes", "off"], capture_output=True, text=True, timeout=420,
+                        env=env)
+    try:
+        assert up.returncode == 0, f"ragheat stack up failed:\n{up.stderr[-3000:]}"
+        state = json.loads((folder / "state.json").read_text())
+        yield {p["name"]: p["url"] for p in state["processes"]}, up
+    finally:
+        subprocess.run([RAGHEAT, "stack", "down", "--folder", str(folder)], capture_output=True, timeout=120)
+
+
+def test_an_injected_stage_delay_pages_through_alertmanager_naming_the_stage(faulty_stack):
+    urls, up = faulty_stack
+    assert "answers: extractive" in up.stderr and "vllm" not in urls  # no language model: one fault, one stage
+    receiver = urls["alert-receiver"]
+    assert httpx.get(receiver + "/alerts", timeout=10).json() == []  # nothing paged before the load
+    started = time.monotonic()
+    page = None
+    with Load(urls["api"]) as load:
+        while page is None and time.monotonic() - started < PAGE_WITHIN_S:
+            time.sleep(1.0)
+            page = fast_burn_page(receiver)
+    firing = httpx.get(urls["prometheus"] + "/api/v1/alerts", timeout=10).json()["data"]["alerts"]
+    assert page is not None, (f"no fast-burn page reached the receiver within {PAGE_WITHIN_S} s; answers "
+                              f"{sorted(set(map(str, load.statuses)))} x{len(load.statuses)}; Prometheus alerts: "
+                              f"{[(a['labels'].get('alertname'), a['labels'].get('burn'), a['state']) for a in firing]}")
+    note, alert = page
+    assert load.statuses and set(load.statuses) == {200}, load.statuses
+    # Routed by Alertmanager: the page route's receiver and webhook, severity page, the latency SLO.
+    assert note["route"] == "page" and note["receiver"] == "page", note
+    assert alert["labels"]["severity"] == "page" and alert["labels"]["slo"] == "latency", alert
+    # The annotation names the delayed stage: its p99 dwarfs every other stage's.
+    assert alert["annotations"]["stage"] == DELAYED_STAGE, alert
+    assert f"stage: {DELAYED_STAGE}" in alert["annotations"]["summary"], alert
+    assert alert["annotations"].get("stage_evidence", DELAYED_STAGE).startswith(DELAYED_STAGE), alert
+    print(f"fast-burn page received {time.monotonic() - started:.1f} s after the load started "
+          f"({len(load.statuses)} requests)")
