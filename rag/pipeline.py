@@ -78,9 +78,35 @@ class RagPipeline:
         return self.index is not None
 
     def warm_up(self) -> None:
-        """Load the index and the model it was built with; raises ``IndexLoadError`` naming the path."""
+        """Load the index and the model it was built with; raises ``IndexLoadError`` naming the path. When a step
+        fails after the language model (an in-process engine: child processes) or the graph store (a child process)
+        started, those are closed before the error is raised, so nothing leaks and a retry starts afresh."""
         if self.ready:
             return
+        before = (self.llm, self.graph)
+        try:
+            self._warm_up()
+        except BaseException as exc:
+            self._release_failed_warm_up(before, exc)
+            raise
+
+    def _release_failed_warm_up(self, before: tuple, exc: BaseException) -> None:
+        """Close and forget what the failed ``warm_up()`` started; a failure to close is noted on ``exc``."""
+        llm_before, graph_before = before
+        started = []
+        if self.llm is not llm_before:
+            started.append(self.llm)
+            self.llm = llm_before
+        if self.graph is not graph_before:
+            started.append(self.graph)
+            self.graph, self.linker, self.graph_retriever = graph_before, None, None
+        for part in started:
+            try:
+                part.close()
+            except Exception as close_exc:  # noqa: BLE001 - the warm-up's own error is the one to raise
+                exc.add_note(f"closing {type(part).__name__} after the failed warm-up also failed: {close_exc!r}")
+
+    def _warm_up(self) -> None:
         s = self.settings
         index = load_index(self.index_dir, s.index)
         model = index.manifest["model"]

@@ -11,7 +11,7 @@ from typing import AsyncIterator, Callable
 
 from fastapi.concurrency import run_in_threadpool
 
-from rag.api.schemas import citation, generation_out
+from rag.api.schemas import SkippedStageOut, citation, generation_out
 from rag.errors import StageError
 from rag.types import QueryResult, RequestRecord
 
@@ -104,9 +104,14 @@ def final_events(result: QueryResult, tokens_sent: int):
         for sentence in result.sentences:
             yield sse("answer", {"text": f"{sentence.text} [{sentence.citation}]", "citation": sentence.citation})
     generation = generation_out(result)
+    # The same fields, meaning the same, as the JSON response (rag.api.schemas.QueryResponse): a skipped stage makes
+    # the answer degraded too, while the ``degraded`` event above is only about discarding streamed tokens.
     yield sse("done", {"generator": result.generator,
                        "stages": [{"name": t.name, "ms": round(t.ms, 3)} for t in result.stages],
-                       "degraded": result.degraded, "degraded_reason": result.degraded_reason,
+                       "route": result.route,
+                       "skipped_stages": [SkippedStageOut(stage=stage, reason=reason).model_dump()
+                                          for stage, reason in result.skipped.items()],
+                       "degraded": result.degraded or bool(result.skipped), "degraded_reason": result.degraded_reason,
                        "degraded_detail": result.degraded_detail,
                        "unsupported_sentences": result.unsupported_sentences,
                        "dropped_sentences": result.dropped_sentences, "unsupported_policy": result.unsupported_policy,
