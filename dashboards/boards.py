@@ -10,6 +10,11 @@ from dashboards.slo import (BURN_ALERTS, QUANTILE_WINDOW_S, SLI_WINDOWS_S, SLO_P
 from dashboards.spec import NATIVE, RATE_INTERVAL, SCRAPED, SOURCE_CHOICE, Board, Panel, Query, Variable, gated
 from rag.slo import SLO_SECONDS
 
+GRAPH_STAGES = ("link_entities", "retrieve_graph", "route")
+"""The stages of the knowledge-graph path and the router (rag.stages.STAGES), each with a heatmap of its own: they run
+only for requests that ask for the graph or the router, so on the repeated per-stage heatmap they would hide among
+the stages every request runs."""
+
 
 def _rate(series: str, selector: str = "") -> str:
     return f"rate({series}{{{selector}}}[{RATE_INTERVAL}])" if selector else f"rate({series}[{RATE_INTERVAL}])"
@@ -83,6 +88,21 @@ def latency_board(profile: Profile) -> Board:
                           "objective: the stage a latency page names is the highest line here over its short window."),
         Panel("Requests in flight", "timeseries",
               (Query(f"sum by (route) ({contract.IN_FLIGHT})", "{{route}}", (contract.IN_FLIGHT,)),), unit="short"),
+        *(_heatmap(f"{'Router' if name == 'route' else 'Graph retrieval'} latency: {name}", stage,
+                   f'stage="{name}", {load}', native=contract.NATIVE_STAGE_DURATION, width=8, exemplars=True,
+                   description="Requests per second in each latency bucket of this stage; it runs only for requests "
+                               "that use the knowledge graph (graph, hybrid+graph) or the router (routed).")
+          for name in GRAPH_STAGES),
+        Panel("Retrieval routes", "timeseries",
+              (Query(f"sum by (retrieval_route) ({_rate(contract.RETRIEVAL_ROUTES)})", "{{retrieval_route}}",
+                     (contract.RETRIEVAL_ROUTES,)),), unit="reqps",
+              description="Answered queries per second by the retrievers that ran (hybrid = dense+bm25), or the "
+                          "router's choice for routed queries; none = ended before retrieving."),
+        Panel("Stages skipped", "timeseries",
+              (Query(f"sum by (stage) ({_rate(contract.STAGE_SKIPPED)})", "{{stage}}", (contract.STAGE_SKIPPED,)),),
+              unit="reqps",
+              description="Queries answered without a stage because its backend was down (the graph store stopped "
+                          "or restarting); each such answer is flagged degraded."),
     )
     variables = (SOURCE_CHOICE,
                  Variable("stage", contract.bucket(stage), "stage"),

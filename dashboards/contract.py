@@ -19,6 +19,8 @@ IN_FLIGHT = SERVICE["in_flight"]
 QPS = SERVICE["qps"]
 STAGE_ERRORS = SERVICE["stage_errors"]
 TELEMETRY_DROPPED = SERVICE["telemetry_dropped"]
+RETRIEVAL_ROUTES = SERVICE["retrieval_routes"]
+STAGE_SKIPPED = SERVICE["stage_skipped"]
 
 # The same two latencies pushed over OTLP as exponential histograms and remote-written by the OTel Collector: native
 # histograms, one series each, named as the collector's prometheusremotewrite exporter names them.

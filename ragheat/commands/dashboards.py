@@ -70,17 +70,23 @@ def check(
     profile: str = typer.Option("production", help=PROFILE_HELP),
     rate_window: Optional[str] = typer.Option(None, help="what $__rate_interval becomes (default: the profile's 5m)"),
     boards: Optional[str] = typer.Option(None, help="comma list of boards (latency, slo, vllm, kernel)"),
+    source: str = typer.Option("scraped", help="the latency histograms the panels read, as the boards' $source "
+                                              "variable: scraped (classic buckets from /metrics) or native (the "
+                                              "OTel Collector's native histograms)"),
 ) -> None:
     """Run every panel's PromQL against a Prometheus; fail if one errors or returns nothing (absent sources are listed)."""
     from rich.table import Table
 
     from dashboards.promapi import PrometheusApi
     from dashboards.slo import QUANTILE_WINDOW_S
+    from dashboards.spec import SOURCE_VALUES
     from dashboards.verify import check_boards
 
+    if source not in SOURCE_VALUES:
+        _fail(f"--source must be one of {', '.join(SOURCE_VALUES)}, not {source!r}")
     chosen = _profile(profile)
     checks = check_boards(PrometheusApi(prometheus), _boards(chosen, boards),
-                          rate_window or chosen.window(QUANTILE_WINDOW_S))
+                          rate_window or chosen.window(QUANTILE_WINDOW_S), source=source)
     table = Table("status", "panel", "detail")
     colour = {"ok": "green", "absent": "yellow", "empty": "red", "error": "red"}
     for c in checks:

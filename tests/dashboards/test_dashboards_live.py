@@ -32,7 +32,7 @@ from dashboards import contract, render, slo
 from dashboards.boards import all_boards
 from dashboards.promapi import PrometheusApi
 from dashboards.snapshot import snapshot
-from dashboards.spec import SCRAPED
+from dashboards.spec import SCRAPED, expand
 from dashboards.verify import QueryCheck, check_boards, selected
 from rag.childproc import free_port
 from rag.pipeline import STAGES, RagPipeline
@@ -74,6 +74,7 @@ class PanelsRun:
     snapshot_written: list[Path] = field(default_factory=list)
     snapshot_skipped: list[str] = field(default_factory=list)
     statuses: dict[int, int] = field(default_factory=dict)
+    route_rates: dict[str, float] = field(default_factory=dict)   # the Retrieval routes panel, per route
 
 
 @dataclass
@@ -86,10 +87,13 @@ class AlertRun:
 
 
 class Load:
-    """``threads`` clients on loopback, each pacing itself to ``rate / threads`` requests per second."""
+    """``threads`` clients on loopback, each pacing itself to ``rate / threads`` requests per second; ``queries`` are
+    query texts, or request bodies (to choose the retrievers)."""
 
-    def __init__(self, url: str, queries: list[str], rate: float, threads: int, statuses: dict[int, int]) -> None:
-        self.url, self.queries, self.interval = url, queries, threads / rate
+    def __init__(self, url: str, queries: list[str] | list[dict], rate: float, threads: int,
+                 statuses: dict[int, int]) -> None:
+        self.url, self.interval = url, threads / rate
+        self.bodies = [q if isinstance(q, dict) else {"query": q} for q in queries]
         self.stop, self.statuses, self.lock = threading.Event(), statuses, threading.Lock()
         self.threads = [threading.Thread(target=self._client, args=(i,), daemon=True) for i in range(threads)]
 
@@ -98,7 +102,7 @@ class Load:
             i = offset
             while not self.stop.is_set():
                 started = time.monotonic()
-                status = client.post("/v1/query", json={"query": self.queries[i % len(self.queries)]}).status_code
+                status = client.post("/v1/query", json=self.bodies[i % len(self.bodies)]).status_code
                 with self.lock:
                     self.statuses[status] = self.statuses.get(status, 0) + 1
                 i += len(self.threads)
@@ -168,6 +172,16 @@ def queries(scifact_subset) -> list[str]:
 
 
 @pytest.fixture(scope="module")
+def mixed_bodies(scifact_subset, queries) -> list[dict]:
+    """Plain (hybrid) queries, and between them graph and routed ones, so the graph and router panels have data: a
+    document title as the query links its entity, so the graph stage runs (it does not without a linked entity)."""
+    titles = [json.loads(line)["title"] for line in (scifact_subset / "corpus.jsonl").read_text().splitlines()][:20]
+    graph = [{"query": t, "retrievers": ["dense", "bm25", "graph"]} for t in titles]
+    routed = [{"query": q, "retrievers": ["routed"]} for q in queries[:20]]
+    return [body for trio in zip([{"query": q} for q in queries], graph, routed) for body in trio]
+
+
+@pytest.fixture(scope="module")
 def rules(tmp_path_factory) -> str:
     folder = tmp_path_factory.mktemp("dashboards-live")
     render.write(folder, PROFILE)
@@ -181,7 +195,7 @@ def quiet(settings):
 
 
 @pytest.fixture(scope="module")
-def panels(quiet, subset_index, vllm_server, queries, rules, tmp_path_factory) -> PanelsRun:
+def panels(quiet, subset_index, vllm_server, mixed_bodies, rules, tmp_path_factory) -> PanelsRun:
     # Answers come from the real (tiny) vLLM, so the vLLM board's panels have data too.
     written = quiet.model_copy(update={"generation": quiet.generation.model_copy(update={
         "generator": "openai", "base_url": vllm_server.url, "model": vllm_server.served_name, "max_tokens": 16,
@@ -195,7 +209,7 @@ def panels(quiet, subset_index, vllm_server, queries, rules, tmp_path_factory) -
         prometheus = stack.enter_context(LocalPrometheus(f"127.0.0.1:{port}", scrape_interval_s=1, extra_config=rules,
                                                          extra_targets={"vllm": vllm_target}))
         api = PrometheusApi(prometheus)
-        with Load(url, queries, rate=8, threads=2, statuses=run.statuses):
+        with Load(url, mixed_bodies, rate=8, threads=2, statuses=run.statuses):
             def all_have_data():
                 checks = dict(zip(QUERIES, check_boards(api, BOARDS, RATE_WINDOW)))
                 return checks if all(settled(i, c) for i, c in checks.items()) else None
@@ -203,6 +217,9 @@ def panels(quiet, subset_index, vllm_server, queries, rules, tmp_path_factory) -
                 run.checks = wait_for(all_have_data, 60, "every panel to return data")
             except AssertionError:
                 run.checks = dict(zip(QUERIES, check_boards(api, BOARDS, RATE_WINDOW)))  # the tests say which
+            [routes] = next(p for p in BOARDS[0].panels if p.title == "Retrieval routes").queries
+            run.route_rates = {r["metric"]["retrieval_route"]: float(r["value"][1])
+                               for r in api.query(expand(routes.expr, RATE_WINDOW))}
             variable = next(v for v in BOARDS[0].variables if v.name == "stage")
             run.stage_values = api.label_values(variable.label, match=variable.metric)
             shot = snapshot(api, BOARDS, tmp_path_factory.mktemp("png"), minutes=1, rate_window=RATE_WINDOW, step_s=1)
@@ -258,6 +275,13 @@ def test_panel_query_returns_data(panels, query_id):
 def test_stage_variable_lists_pipeline_stages(panels):
     assert panels.stage_values and set(panels.stage_values) <= set(STAGES), panels.stage_values
     assert {"embed", "generate_prefill", "generate_decode"} <= set(panels.stage_values)
+
+
+def test_graph_and_routed_requests_show_on_the_route_panel(panels):
+    """The graph requests answered with the graph (their titles linked an entity), and every request was answered."""
+    assert set(panels.statuses) == {200}, panels.statuses
+    assert panels.route_rates.get("hybrid+graph", 0) > 0, panels.route_rates
+    assert panels.route_rates.get("hybrid", 0) > 0, panels.route_rates
 
 
 def test_snapshot_draws_latency_heatmaps(panels):

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from dashboards import contract, grafana, render, slo
-from dashboards.boards import all_boards
+from dashboards.boards import GRAPH_STAGES, all_boards
 from dashboards.snapshot import heatmap_from_result
 from dashboards.spec import NATIVE, SCRAPED, SOURCE, Choice, Variable, expand
 from dashboards.verify import selected
@@ -117,6 +117,32 @@ def test_latency_board_has_what_the_issue_asks_for():
     percentiles = next(p for p in board.panels if "P99" in p.title and p.kind == "timeseries")
     assert slo.SLO_SECONDS in percentiles.thresholds and percentiles.exemplars
     assert {v.name for v in board.variables} == {SOURCE, "stage", "qps_bucket"}
+
+
+def test_latency_board_observes_the_graph_and_router_stages():
+    """The knowledge-graph and router stages each have a heatmap (both sources), and the route mix and skipped stages
+    a rate panel each, reading the families and label names the service exposes."""
+    from rag.stages import SKIPPABLE_STAGES, STAGES
+
+    board = all_boards(slo.PRODUCTION)[0]
+    assert set(GRAPH_STAGES) <= set(STAGES) and {"link_entities", "retrieve_graph", "route"} <= set(GRAPH_STAGES)
+    for stage in GRAPH_STAGES:
+        [heatmap] = [p for p in board.panels if p.kind == "heatmap" and p.title.endswith(f": {stage}")]
+        assert [q.histograms for q in heatmap.queries] == [SCRAPED, NATIVE]
+        assert all(f'stage="{stage}"' in q.expr for q in heatmap.queries), heatmap.queries
+    by_title = {p.title: p for p in board.panels}
+    [routes], [skipped] = by_title["Retrieval routes"].queries, by_title["Stages skipped"].queries
+    assert (routes.sources, routes.legend) == ((contract.RETRIEVAL_ROUTES,), "{{retrieval_route}}")
+    assert (skipped.sources, skipped.legend) == ((contract.STAGE_SKIPPED,), "{{stage}}")
+    # The labels grouped by are the ones a scrape carries (a typo would draw one nameless line).
+    registry = CollectorRegistry()
+    PrometheusMetrics(registry, qps_labels=("0-1",))  # creates every closed-set series at zero
+    labels = {s.name: set(s.labels) for family in text_string_to_metric_families(generate_latest(registry).decode())
+              for s in family.samples}
+    assert labels[contract.RETRIEVAL_ROUTES] == {"retrieval_route"}
+    assert labels[contract.STAGE_SKIPPED] == {"stage"}
+    assert set(SKIPPABLE_STAGES) <= set(GRAPH_STAGES)  # a skipped stage's latency has a panel too
+    assert {contract.RETRIEVAL_ROUTES, contract.STAGE_SKIPPED} <= set(EXPECTED_METRICS)
 
 
 def test_provisioning_links_exemplars_to_traces():

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from dashboards import contract, slo
-from dashboards.boards import all_boards
+from dashboards.boards import GRAPH_STAGES, all_boards
 from dashboards.promapi import PrometheusApi
 from dashboards.spec import NATIVE, SOURCE, SOURCE_VALUES, expand
 from dashboards.verify import check_boards
@@ -30,9 +30,9 @@ TRACES = [(0x5B8EFFF798038103D269B633813FC60C + i, 0xEEE19B7EC3C1B170 + i) for i
 @pytest.fixture(scope="module")
 def native():
     """Four exports of the same cumulative histograms, a second apart, each remote-written as the collector would:
-    per request, fuse takes 0.5 s, embed 10 ms, and 1 request in 10 takes 0.6 s end to end (the rest 0.1 s).
-    Every fuse observation is traced; the first export's exemplars are lost, as in Prometheus a series must exist
-    before an exemplar can be stored against it."""
+    per request, fuse takes 0.5 s, embed 10 ms, each graph and router stage 2 ms, and 1 request in 10 takes 0.6 s
+    end to end (the rest 0.1 s). Every fuse observation is traced; the first export's exemplars are lost, as in
+    Prometheus a series must exist before an exemplar can be stored against it."""
     receiver = OtlpReceiver()
     with receiver as endpoint, RemoteWritePrometheus(free_port()) as prometheus:
         pusher = OtlpHistogramPusher(endpoint + "/v1/metrics", service_name="ragheat", service_version="test",
@@ -44,6 +44,8 @@ def native():
                     n = push * PER_PUSH + i
                     pusher.record(STAGE_DURATION, 0.5, (("stage", "fuse"), *load), TRACES[n])
                     pusher.record(STAGE_DURATION, 0.010, (("stage", "embed"), *load))
+                    for stage in GRAPH_STAGES:  # the graph and router stages' own heatmaps
+                        pusher.record(STAGE_DURATION, 0.002, (("stage", stage), *load))
                     pusher.record(REQUEST_DURATION, 0.6 if i % 10 == 0 else 0.1, (("route", "/v1/query"), *load))
                 assert pusher.push()
                 written = prometheus.write(remote_write_request([receiver.metrics[-1]]))
@@ -121,3 +123,26 @@ def test_exemplars_of_the_native_histograms_open_the_recorded_traces(native):
         assert (e["labels"]["trace_id"], e["labels"]["span_id"]) in recorded
         assert float(e["value"]) == 0.5 and math.isfinite(float(e["timestamp"]))
     assert {e["labels"]["trace_id"] for e in exemplars} <= {format(t, "032x") for t, _ in TRACES[PER_PUSH:]}
+
+
+def test_cli_check_reads_the_source_it_is_given(native):
+    """``ragheat dashboards check --source native`` passes against native histograms alone; the default (scraped) finds
+    no classic buckets there and fails naming the empty panels; an unknown source gets a sentence."""
+    from typer.testing import CliRunner
+
+    from ragheat.cli import app
+
+    _, prometheus = native
+    base = ["dashboards", "check", "--prometheus", prometheus.url, "--boards", "latency,slo", "--rate-window", "5m"]
+    runner = CliRunner()
+    chosen = runner.invoke(app, [*base, "--source", "native"], terminal_width=240)
+    assert chosen.exit_code == 0, chosen.output
+    statuses = [line.split()[1] for line in chosen.output.splitlines() if line.startswith("│") and line.split()[1]
+                in ("ok", "absent", "empty", "error")]
+    assert "ok" in statuses and set(statuses) <= {"ok", "absent"}, chosen.output
+    default = runner.invoke(app, base, terminal_width=240)
+    assert default.exit_code == 1, default.output
+    assert "returned nothing or failed" in " ".join(default.output.split())
+    assert any(line.split()[1:2] == ["empty"] and "Stage latency" in line for line in default.output.splitlines())
+    wrong = runner.invoke(app, [*base, "--source", "otlp"])
+    assert wrong.exit_code == 2 and "--source must be one of scraped, native" in " ".join(wrong.output.split())

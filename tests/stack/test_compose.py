@@ -3,6 +3,7 @@ model: mounts exist, dependencies wait for health, required settings are named, 
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import tomllib
@@ -166,6 +167,27 @@ def test_api_sends_otlp_to_the_collector_and_generates_with_vllm(compose_model):
     gpu = services["vllm-gpu"]["deploy"]["resources"]["reservations"]["devices"][0]
     assert gpu["driver"] == "nvidia" and "gpu" in gpu["capabilities"]
     assert services["vllm-cpu"]["profiles"] == ["cpu"] and services["vllm-gpu"]["profiles"] == ["gpu"]
+
+
+@pytest.mark.parametrize("service", ["api", "ingest"])
+def test_api_and_ingest_use_the_neo4j_graph_store(compose_model, service, monkeypatch):
+    """The ingest job loads the knowledge graph into the neo4j service and the API queries it: their RAGHEAT_*
+    environment, read by the real settings class, selects the neo4j backend at the service's Bolt address with the
+    password compose was given, and both wait for Neo4j to be healthy."""
+    from rag.settings import RagheatSettings
+
+    services = compose_model["services"]
+    spec = services[service]
+    for key in [k for k in os.environ if k.startswith("RAGHEAT_")]:
+        monkeypatch.delenv(key)
+    for key, value in spec["environment"].items():
+        if key.startswith("RAGHEAT_"):
+            monkeypatch.setenv(key, value)
+    graph = RagheatSettings().graph
+    assert (graph.backend, graph.uri, graph.user) == ("neo4j", "bolt://neo4j:7687", "neo4j")
+    assert graph.password.get_secret_value() == REQUIRED_ENV["NEO4J_PASSWORD"]
+    assert services["neo4j"]["environment"]["NEO4J_AUTH"] == f"neo4j/{REQUIRED_ENV['NEO4J_PASSWORD']}"
+    assert spec["depends_on"]["neo4j"] == {"condition": "service_healthy", "required": True}
 
 
 def test_probes_get_exactly_the_privileges_they_need(compose_model):
