@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from rag.embedding.embedder import OnnxEmbedder
+from rag.embedding.model_store import check_index_model
 from rag.errors import IndexLoadError, StageError
 from rag.generation.extractive import ExtractiveGenerator
 from rag.generation.llm import GeneratorUnavailable
@@ -115,9 +116,7 @@ class RagPipeline:
                                                    "max_seq_length": model["max_seq_length"]})
         embedder = OnnxEmbedder(embedding)
         embedder.warm_up()
-        if embedder.files.weights_sha256 != model["weights_sha256"]:
-            raise IndexLoadError(index.folder, f"it was built with model weights {model['weights_sha256'][:12]}…, "
-                                               f"but embedding.model_dir has {embedder.files.weights_sha256[:12]}…")
+        check_index_model(index.folder, model, embedder.files)  # same weights and int8 scheme, or IndexLoadError
         analyzer = LexicalAnalyzer(index.manifest["lexical"]["stemmer"])
         self.retrievers = {"dense": DenseRetriever(index.faiss_index), "bm25": BM25Retriever(index.bm25, analyzer)}
         self.fuser = WeightedRRF({"dense": s.retrieval.dense_weight, "bm25": s.retrieval.bm25_weight,

@@ -35,7 +35,7 @@ class EmbeddingSettings(_Section):
 
     model_dir: Path | None = Field(None, description="BERT sentence-transformers folder; unset = packaged all-MiniLM-L6-v2")
     cache_dir: Path = Field(default_factory=_default_cache_dir, description="where ONNX conversions are cached")
-    precision: Literal["fp32", "int8"] = Field("int8", description="int8 = dynamic quantisation (see docs/benchmarks.md)")
+    precision: Literal["fp32", "int8"] = Field("int8", description="int8 = 8-bit weights, activations quantised per row: batch-independent (rag/embedding/quantize.py; docs/benchmarks.md)")
     max_seq_length: int = Field(256, ge=8, le=512, description="word pieces per text; longer texts are truncated")
     query_threads: int = Field(1, ge=1, le=64, description="ONNX Runtime threads for one query")
     bulk_threads: int = Field(0, ge=0, le=256, description="threads for ingestion; 0 = all cores")

@@ -80,8 +80,8 @@ class OnnxEmbedder:
         """What a manifest records so that an index is never queried with another model."""
         self.warm_up()
         return {"name": self.files.model_name, "precision": self.files.precision,
-                "weights_sha256": self.files.weights_sha256, "max_seq_length": self.settings.max_seq_length,
-                "dimension": self.dimension}
+                "quantisation": self.files.quantisation, "weights_sha256": self.files.weights_sha256,
+                "max_seq_length": self.settings.max_seq_length, "dimension": self.dimension}
 
     # -- embedding --------------------------------------------------------------------------
     @staticmethod

@@ -1,8 +1,8 @@
 """Locate the packaged sentence encoder and keep its ONNX conversions cached on disk.
 
-The conversion (safetensors -> ONNX, optionally -> dynamic int8) runs once per model and
-precision; every later start only opens the cached file. Files are written beside their final
-name and renamed into place, so two processes converting at once never read half a file.
+The conversion (safetensors -> ONNX, optionally -> int8, see ``rag.embedding.quantize``) runs once
+per model and precision; every later start only opens the cached file. Files are written beside
+their final name and renamed into place, so two processes converting at once never read half a file.
 """
 
 from __future__ import annotations
@@ -15,10 +15,14 @@ from pathlib import Path
 from typing import Literal
 
 from rag.embedding.onnx_builder import BUILDER_VERSION, build_bert_sentence_encoder
-from rag.errors import ConfigurationError
+from rag.embedding.quantize import INT8_SCHEME, quantize_blockwise_int8
+from rag.errors import ConfigurationError, IndexLoadError
 
 Precision = Literal["fp32", "int8"]
 PACKAGED_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+# What an int8 manifest written before issue 19 (no "quantisation" key) was embedded with: ORT's
+# quantize_dynamic, one activation scale per batch. Its vectors differ from today's int8 graph.
+LEGACY_INT8_SCHEME = "ort-dynamic-int8-per-batch"
 
 
 def packaged_model_dir() -> Path:
@@ -42,6 +46,7 @@ class EncoderFiles:
     model_name: str
     precision: Precision
     weights_sha256: str
+    quantisation: str  # "none" for fp32; for int8 the scheme, so an index never meets another int8 graph
 
 
 def _weights_digest(model_dir: Path) -> str:
@@ -80,27 +85,35 @@ def ensure_encoder(model_dir: Path | None, cache_dir: Path, precision: Precision
     if precision == "int8":
         path = folder / "encoder-int8.onnx"
         if not path.exists():
-            _atomic_build(path, lambda tmp: _quantize_int8(fp32, tmp))
+            _atomic_build(path, lambda tmp: quantize_blockwise_int8(fp32, tmp))
     if not packaged:  # an explicit folder may still be the packaged one; asking needs no package installed
         try:
             packaged = model_dir == packaged_model_dir()
         except ConfigurationError:
             packaged = False
     name = PACKAGED_MODEL_NAME if packaged else model_dir.name
-    return EncoderFiles(path, model_dir / "tokenizer.json", name, precision, sha)
+    quantisation = INT8_SCHEME if precision == "int8" else "none"
+    return EncoderFiles(path, model_dir / "tokenizer.json", name, precision, sha, quantisation)
 
 
-def _quantize_int8(source: Path, target: Path) -> None:
-    """Dynamic (weights int8, activations quantised per batch) quantisation of every MatMul."""
-    import logging
 
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+def recorded_quantisation(model: dict) -> str:
+    """The quantisation a manifest's ``model`` block names; a manifest from before the key existed used
+    ``LEGACY_INT8_SCHEME`` for int8 (fp32 has always been unquantised)."""
+    if "quantisation" in model:
+        return str(model["quantisation"])
+    return LEGACY_INT8_SCHEME if model.get("precision") == "int8" else "none"
 
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)  # the quantiser logs a pre-processing hint on the root logger; it does not apply
-    try:
-        quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8, per_channel=True,
-                         op_types_to_quantize=["MatMul"])
-    finally:
-        root.setLevel(level)
+
+def check_index_model(folder: Path, model: dict, files: EncoderFiles) -> None:
+    """``IndexLoadError`` naming ``folder`` unless ``files`` embed exactly as the index's chunks were
+    embedded: same weights and same quantisation (two int8 schemes give different vectors, so an index
+    queried with the other would lose recall silently)."""
+    if files.weights_sha256 != model["weights_sha256"]:
+        raise IndexLoadError(folder, f"it was built with model weights {model['weights_sha256'][:12]}…, "
+                                     f"but embedding.model_dir has {files.weights_sha256[:12]}…")
+    recorded = recorded_quantisation(model)
+    if recorded != files.quantisation:
+        raise IndexLoadError(folder, f"its chunks were embedded with {model.get('precision')} quantisation "
+                                     f"{recorded!r}, but this ragheat embeds {files.precision} with "
+                                     f"{files.quantisation!r}; re-run `ragheat ingest` on its source to re-embed it")

@@ -19,7 +19,9 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 OPSET = 17  # LayerNormalization is a native op from opset 17 on.
-BUILDER_VERSION = 1  # bump when the graph changes so cached files are rebuilt
+# Bump when a cached graph changes so it is rebuilt. 2: int8 is blockwise MatMulNBits, batch-independent
+# (issue 19); before, quantize_dynamic's one activation scale per batch.
+BUILDER_VERSION = 2
 
 
 class _Graph:

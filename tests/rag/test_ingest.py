@@ -530,3 +530,33 @@ def test_folder_that_is_not_an_index(tmp_path, settings):
     (tmp_path / "junk").mkdir()
     (tmp_path / "junk" / "notes.txt").write_text("hello")
     assert_load_error(tmp_path / "junk", settings, str(tmp_path / "junk"))
+
+
+def test_index_of_the_old_int8_scheme_is_refused_until_re_ingested(subset_index, scifact_subset, tmp_path, settings,
+                                                                   embedder):
+    """A manifest written before issue 19 (int8, no "quantisation" key, fingerprints over the old identity) was
+    embedded with per-batch dynamic int8: serving it with today's int8 would mix two vector spaces, so loading
+    it names the cause and `ragheat ingest`, and re-running ingest re-embeds it (no reuse of the old vectors)."""
+    from rag.embedding.model_store import LEGACY_INT8_SCHEME
+    from rag.pipeline import RagPipeline
+
+    index = copy_index(subset_index, tmp_path / "index")
+    path = resolve_generation(index) / MANIFEST
+    manifest = json.loads(path.read_text())
+    assert manifest["model"]["precision"] == "int8"
+    del manifest["model"]["quantisation"]
+    manifest["fingerprint"], manifest["fingerprint_indexes"] = "0" * 64, "1" * 64  # as the old identity gave
+    path.write_text(json.dumps(manifest))
+    old = current_name(index)
+    with pytest.raises(IndexLoadError) as info:
+        RagPipeline(settings, index).warm_up()
+    message = str(info.value)
+    assert str(resolve_generation(index)) in message and LEGACY_INT8_SCHEME in message, message
+    assert embedder.identity()["quantisation"] in message and "ragheat ingest" in message, message
+
+    report = ingest(str(scifact_subset), index, settings, embedder=embedder)
+    assert not report.skipped and current_name(index) != old
+    assert "reused" not in report.manifest["timings_s"]  # re-embedded, not copied from the old generation
+    pipeline = RagPipeline(settings, index)
+    pipeline.warm_up()
+    pipeline.close()

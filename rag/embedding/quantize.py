@@ -1,0 +1,89 @@
+"""The int8 encoder: int8 weights in blocks, activations quantised row by row at run time.
+
+Why not ORT's ``quantize_dynamic`` (the int8 path before issue 19): it takes one activation scale
+per MatMul input tensor, i.e. per *batch*, so a text's vector depended on its batch neighbours
+(cosine 0.95 between the same text embedded alone and next to a long one). Here every weight
+MatMul becomes ORT's ``MatMulNBits`` (bits=8): weights are int8 with one scale per block of
+``BLOCK`` input channels, and with ``accuracy_level=4`` the kernel quantises each row of the
+activations to int8 per block of the same size. A token's row is quantised from its own values
+alone, so batch size, padding and neighbours cannot change a vector; and the finer scales track
+fp32 more closely than per-tensor scales did. The comparison with the other schemes is
+``benchmarks/bench_embedding.py`` (figures in docs/benchmarks.md).
+
+Why this scheme (measured with issue 19 on the 2-core AVX-512 VNNI CI machine, 100 SciFact abstracts chunked
+and batched as ingestion does, one thread, CPU seconds so a busy neighbour does not skew it; 2 rounds):
+
+  scheme                               bulk CPU s / 100 docs   batch min cos   cos to fp32 median
+  fp32                                 13.0                    1.000000        1
+  quantize_dynamic (per-batch scale)    6.9                    0.949           0.995
+  MatMulNBits w8, float activations    14.6 (accuracy_level 1) 1.000000        0.9999
+  MatMulNBits w8, int8 rows (this)     10.5 (accuracy_level 4) 1.000000        0.9997
+
+Float activations (level 1) are batch-independent too but dequantise the weights on every call, so they
+are slower than fp32; int8 rows keep ~1.25x fp32's bulk speed and are the only batch-independent scheme
+faster than fp32. The old per-batch scheme is ~1.5x faster still, but its vectors depend on the batch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+BLOCK = 32  # input channels per weight scale / activation scale; divides 384 and 1536
+ACCURACY_INT8 = 4  # MatMulNBits: 4 = int8 activations (per row and block), 1 = float activations
+INT8_SCHEME = f"matmulnbits-w8-block{BLOCK}-a8-row"  # what manifests record; change it with the scheme
+
+
+def quantize_weight_blocks(weight: np.ndarray, block: int = BLOCK) -> tuple[np.ndarray, np.ndarray]:
+    """``weight`` (K x N) -> MatMulNBits' packed bytes (N, K/block, block) and scales (N * K/block).
+
+    Symmetric: int8 in [-127, 127] stored with the implicit zero point 128 that MatMulNBits assumes
+    when no zero points are given.
+    """
+    k, n = weight.shape
+    blocks_per_column = -(-k // block)
+    padded = np.zeros((blocks_per_column * block, n), np.float32)
+    padded[:k] = weight
+    blocks = padded.T.reshape(n, blocks_per_column, block)
+    scales = np.abs(blocks).max(axis=2) / 127.0
+    scales[scales == 0] = 1.0  # an all-zero block: any scale reproduces it
+    q = np.clip(np.rint(blocks / scales[:, :, None]), -127, 127).astype(np.int16) + 128
+    return q.astype(np.uint8), scales.astype(np.float32).reshape(-1)
+
+
+def quantize_blockwise_int8(source: Path, target: Path, block: int = BLOCK,
+                            accuracy_level: int = ACCURACY_INT8) -> Path:
+    """Rewrite every MatMul with a constant 2-D weight in ``source`` as an 8-bit ``MatMulNBits``."""
+    model = onnx.load(str(source))
+    graph = model.graph
+    weights = {init.name: init for init in graph.initializer}
+    replaced: set[str] = set()
+    nodes = []
+    for node in graph.node:
+        init = weights.get(node.input[1]) if node.op_type == "MatMul" else None
+        if init is None or len(init.dims) != 2:
+            nodes.append(node)
+            continue
+        weight = numpy_helper.to_array(init).astype(np.float32)
+        packed, scales = quantize_weight_blocks(weight, block)
+        graph.initializer.extend([numpy_helper.from_array(packed, f"{init.name}.q8"),
+                                  numpy_helper.from_array(scales, f"{init.name}.scales")])
+        nodes.append(helper.make_node(
+            "MatMulNBits", [node.input[0], f"{init.name}.q8", f"{init.name}.scales"], list(node.output),
+            name=f"{node.name}.q8", domain="com.microsoft", K=weight.shape[0], N=weight.shape[1], bits=8,
+            block_size=block, accuracy_level=accuracy_level))
+        replaced.add(init.name)
+    if not replaced:
+        raise ValueError(f"{source}: no MatMul with a constant weight to quantise")
+    del graph.node[:]
+    graph.node.extend(nodes)
+    kept = [init for init in graph.initializer if init.name not in replaced]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    if not any(op.domain == "com.microsoft" for op in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    onnx.save(model, str(target))
+    return target
