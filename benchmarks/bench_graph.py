@@ -1,8 +1,13 @@
 """Knowledge-graph costs, side by side, in one command:
 
     .venv/bin/python benchmarks/bench_graph.py --beir datasets/hotpotqa-dev --index data/index/hotpotqa-dev \
-        --json out/bench-graph.json [--rounds 3] [--ingest-both]
+        [--rounds 3] [--http-queries 200] [--ingest-both]
 
+Writes benchmarks/results/graph.json (--json elsewhere) through loadgen/resultsfile.py.
+
+0. Quality on the split's judged questions, through the same code as ``ragheat eval`` (``run_retrieval``,
+   ``score_run``): dense, bm25, hybrid, graph, hybrid+graph and routed, with each question's nDCG@10 kept so the
+   doc can pair hybrid+graph and routed against hybrid question by question (and say whether the gap is noise).
 1. Ingest: the graph part of the index (the same code ``ragheat ingest`` runs: build, embedded-store start, load,
    save, stop) rebuilt ``--rounds`` times into a scratch folder, wall and CPU (this process + the store's), against
    the index's own ingest time without it (manifest timings). ``--ingest-both`` also runs two full ingests from
@@ -14,8 +19,9 @@
 3. ``/v1/query`` at concurrency 1 against a ``ragheat serve`` child process: hybrid (graph off), hybrid+graph and
    routed, interleaved query by query so that load changes hit all three alike.
 
-Each measurement is repeated ``--rounds`` times; the median of the per-round percentiles is reported. Figures on a
-busy machine are indicative only: the load average is recorded before and after.
+Each measurement is repeated ``--rounds`` times; the median of the per-round percentiles is reported, with every
+round's own percentiles beside it (``rounds_p50`` / ``rounds_p99``) so the doc can show the spread and pair the
+three HTTP variants round by round. The results file records how busy the machine was.
 """
 
 from __future__ import annotations
@@ -32,7 +38,9 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from rag.eval.beir import load_queries
+from loadgen.resultsfile import BenchmarkRun
+from rag.eval.beir import load_qrels, load_queries, ndcg_at, score_run
+from rag.eval.runner import parse_retriever_sets, run_retrieval
 from rag.graph.cypher import EXPANSION, ID_BASE
 from rag.graph.ingest import build_generation_graph
 from rag.graph.retriever import AdjacencyGraphRetriever
@@ -52,13 +60,36 @@ def ms(values) -> dict:
 def median_of(rounds: list[dict]) -> dict:
     keys = [k for k in rounds[0] if k != "n"]
     return {**{k: statistics.median(r[k] for r in rounds) for k in keys}, "n": rounds[0]["n"],
-            "rounds": len(rounds), "spread_p99": [min(r["p99"] for r in rounds), max(r["p99"] for r in rounds)]}
+            "rounds": len(rounds), "spread_p99": [min(r["p99"] for r in rounds), max(r["p99"] for r in rounds)],
+            "rounds_p50": [r["p50"] for r in rounds], "rounds_p99": [r["p99"] for r in rounds]}
 
 
 def cpu_of(pid: int) -> float:
     """utime + stime of a process (all threads), seconds."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+QUALITY_SETS = "dense,bm25,hybrid,graph,hybrid+graph,routed"
+
+
+def bench_quality(settings: RagheatSettings, index: Path, beir: Path, split: str) -> dict:
+    qrels = load_qrels(beir, split)
+    judged = {qid: text for qid, text in load_queries(beir).items() if qid in qrels}
+    pipeline = RagPipeline(settings, index)
+    pipeline.warm_up()
+    out: dict = {"split": split, "queries": len(judged), "retrievers": {}}
+    try:
+        for name, retrievers in parse_retriever_sets(QUALITY_SETS).items():
+            run, latencies, runs = run_retrieval(pipeline, judged, retrievers)
+            metrics = score_run(run, qrels)
+            metrics["per_query_ndcg@10"] = {q: ndcg_at(run.get(q, []), qrels[q], 10) for q in judged}
+            metrics["latency_ms"] = ms(latencies)
+            metrics["graph_ran_share"] = sum(1 for r in runs if "graph" in r.retrieved) / max(1, len(runs))
+            out["retrievers"][name] = metrics
+    finally:
+        pipeline.close()
+    return out
 
 
 def bench_ingest(settings: RagheatSettings, index: Path, rounds: int) -> dict:
@@ -198,30 +229,29 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--beir", type=Path, required=True)
     parser.add_argument("--index", type=Path, required=True, help="an index of --beir built with the graph")
+    parser.add_argument("--split", default="dev")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--http-queries", type=int, default=0, help="queries for the HTTP part (0 = all)")
     parser.add_argument("--ingest-both", action="store_true", help="also two full ingests, with and without graph")
     parser.add_argument("--skip-http", action="store_true")
-    parser.add_argument("--json", type=Path)
+    parser.add_argument("--json", type=Path, help="results file (default benchmarks/results/graph.json)")
     args = parser.parse_args()
+    run = BenchmarkRun("graph")
 
     settings = RagheatSettings()
     queries = list(load_queries(args.beir).values())
-    results: dict = {"beir": str(args.beir), "index": str(args.index), "cpus": os.cpu_count(),
-                     "loadavg_before": os.getloadavg(), "graph_settings": settings.graph.model_dump(
+    results: dict = {"beir": str(args.beir), "index": str(args.index), "rounds": args.rounds,
+                     "graph_settings": settings.graph.model_dump(
                          include={"backend", "hops", "top_n", "decay", "weight", "execution"})}
+    results["quality"] = bench_quality(settings, args.index, args.beir, args.split)
     results["ingest"] = bench_ingest(settings, args.index, args.rounds)
     if args.ingest_both:
         results["ingest_both"] = bench_ingest_both(args.beir, settings)
     results["retrieve_graph"] = bench_retrieve_graph(settings, args.index, queries, args.rounds)
     if not args.skip_http:
         results["http_concurrency_1"] = bench_http(args.index, queries[: args.http_queries or None], args.rounds)
-    results["loadavg_after"] = os.getloadavg()
-    text = json.dumps(results, indent=2, default=str)
-    print(text)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(text)
+    print(json.dumps(results, indent=2, default=str))
+    print(f"wrote {run.write(results, args.json)}")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@
 
 A separate process serves POST /v1/query with an immediate 200 (aiohttp, one event loop), so what
 limits the numbers is the generator: for each offered rate it prints achieved req/s, errors, the
-send-time error (actual minus intended send time: how late the generator fired) and latency.
+send-time error (actual minus intended send time: how late the generator fired) and latency. Writes
+benchmarks/results/loadgen.json (--json elsewhere).
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from loadgen.arrivals import parse_rates
+from loadgen.resultsfile import BenchmarkRun
 from loadgen.runner import open_loop, run
 from rag.childproc import free_port, wait_until_ok
 
@@ -39,7 +42,9 @@ def main() -> None:
     parser.add_argument("--rates", default="500,1000,2000,3000")
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--warmup", type=float, default=1.0)
+    parser.add_argument("--json", type=Path, help="results file (default benchmarks/results/loadgen.json)")
     args = parser.parse_args()
+    run_record = BenchmarkRun("loadgen")
     port = free_port()
     server = subprocess.Popen([sys.executable, "-c", TRIVIAL_SERVER, str(port)])
     url = f"http://127.0.0.1:{port}"
@@ -57,6 +62,9 @@ def main() -> None:
     finally:
         server.terminate()
         server.wait(10)
+    results = {"duration_s": args.duration, "warmup_s": args.warmup, "target": "trivial aiohttp endpoint",
+               "steps": rows}
+    print(f"wrote {run_record.write(results, args.json)}")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,9 @@
 
     sudo .venv/bin/python benchmarks/bench_probes.py --index data/index/scifact --beir datasets/scifact
 
+Writes benchmarks/results/probes.json (--json elsewhere) with every round's figures, so the spread across rounds
+can be set against the effect.
+
 1. Service load: one ``ragheat serve`` process; rounds of --round-s seconds with --clients closed-loop clients,
    alternating three configurations so that all see the same machine: ``off``; ``scheduler`` (the default
    probes: run-queue, off-CPU, TCP retransmits) and ``scheduler+syscalls``, each a real ``ragheat probes --pid``
@@ -18,7 +21,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import sys
@@ -30,6 +32,7 @@ from typing import Sequence
 import httpx
 import numpy as np
 
+from loadgen.resultsfile import BenchmarkRun
 from rag.eval.beir import load_queries
 from stack.servers import ServeProcess
 
@@ -86,33 +89,49 @@ def load_round(url: str, queries: list[str], clients: int, seconds: float) -> tu
     return len(flat) / seconds, flat
 
 
+def syscalls_counted(metrics_text: str) -> float:
+    """Every system call the exporter has recorded for its target (all stages and families)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(sample.value for family in text_string_to_metric_families(metrics_text)
+               for sample in family.samples if sample.name == "ragheat_kernel_syscall_seconds_count")
+
+
 def service_overhead(index: Path, queries: list[str], clients: int, round_s: float, rounds: int) -> dict:
     with ServeProcess(index) as service:
         url = service.url
         load_round(url, queries, clients, 2.0)  # warm-up
         rates = {name: [] for name in CONFIGS}
         samples = {name: [] for name in CONFIGS}
+        p99s = {name: [] for name in CONFIGS}
+        syscall_rates = []
         for _ in range(rounds):
             for name, args in CONFIGS.items():
                 exporter = Exporter(service.pid, args) if args is not None else None
                 try:
                     rate, lat = load_round(url, queries, clients, round_s)
                     if exporter is not None:
-                        httpx.get(exporter.url, timeout=10).raise_for_status()
+                        scraped = httpx.get(exporter.url, timeout=10).raise_for_status().text
+                        if "--syscalls" in args:
+                            syscall_rates.append(syscalls_counted(scraped) / round_s)
                 finally:
                     if exporter is not None:
                         exporter.close()
                 rates[name].append(rate)
                 samples[name].extend(lat)
+                p99s[name].append(float(np.percentile(lat, 99) * 1000))
     # Each round runs the configurations back to back, so a per-round ratio cancels most of the load that
-    # other processes put on the machine; the median of those ratios is the figure reported.
-    def loss_pct(name: str) -> float:
-        return 100 * (1 - statistics.median(r / o for r, o in zip(rates[name], rates["off"])))
-    return {name: {"rps_median": statistics.median(rates[name]), "rps_rounds": [round(r, 1) for r in rates[name]],
-                   "throughput_loss_pct": loss_pct(name),
-                   "p50_ms": float(np.percentile(samples[name], 50) * 1000),
-                   "p99_ms": float(np.percentile(samples[name], 99) * 1000), "requests": len(samples[name])}
-            for name in CONFIGS}
+    # other processes put on the machine; every round's ratio is kept, so the spread can be set against the effect.
+    def losses_pct(name: str) -> list[float]:
+        return [100 * (1 - r / o) for r, o in zip(rates[name], rates["off"])]
+    out = {name: {"rps_median": statistics.median(rates[name]), "rps_rounds": rates[name],
+                  "throughput_loss_pct": statistics.median(losses_pct(name)),
+                  "rounds_throughput_loss_pct": losses_pct(name), "rounds_p99_ms": p99s[name],
+                  "p50_ms": float(np.percentile(samples[name], 50) * 1000),
+                  "p99_ms": float(np.percentile(samples[name], 99) * 1000), "requests": len(samples[name])}
+           for name in CONFIGS}
+    out["scheduler+syscalls"]["rounds_service_syscalls_per_s"] = syscall_rates
+    return out
 
 
 def _timed_loop(script: str, count: int, probe_pid=None, exporter_args: Sequence[str] = ()) -> float:
@@ -209,8 +228,9 @@ def main() -> None:
     parser.add_argument("--syscall-calls", type=int, default=2_000_000)
     parser.add_argument("--round-trips", type=int, default=200_000, help="pipe round trips per scheduler run")
     parser.add_argument("--syscall-runs", type=int, default=5, help="alternating runs of each micro-benchmark")
-    parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--json", type=Path, help="results file (default benchmarks/results/probes.json)")
     args = parser.parse_args()
+    run = BenchmarkRun("probes")
     queries = list(load_queries(args.beir).values())[:200]
     result = {"service": service_overhead(args.index, queries, args.clients, args.round_s, args.rounds),
               "scheduler": scheduler_overhead(args.round_trips, args.syscall_runs),
@@ -228,8 +248,7 @@ def main() -> None:
     print("getppid() ns per call (median): " + ", ".join(f"{k} {v:.0f}" for k, v in s["ns_per_call_median"].items()))
     print(f"syscall probe cost: {s['probe_cost_ns_target']:.0f} ns per syscall of the target, "
           f"{s['probe_cost_ns_other_process']:.0f} ns per syscall of any other process")
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
+    print(f"wrote {run.write(result, args.json)}")
 
 
 if __name__ == "__main__":

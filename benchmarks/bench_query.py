@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_query.py --beir datasets/scifact --index data/index/scifact
 
-Everything is measured in one run on the same queries so the service's own overhead shows as a
+Writes benchmarks/results/query.json (--json elsewhere). Everything is measured in one run on the same queries so the service's own overhead shows as a
 ratio (HTTP end-to-end P50 over the sum of the raw stage P50s). The server runs as a separate
 `ragheat serve` process, the client sends one request at a time (concurrency 1). Each
 measurement is repeated --rounds times and the median of the per-round percentiles is reported.
@@ -24,6 +24,7 @@ from rag.embedding.embedder import OnnxEmbedder
 from rag.eval.beir import load_queries
 from rag.index import dense, sparse
 from rag.pipeline import RagPipeline
+from loadgen.resultsfile import BenchmarkRun
 from rag.settings import RagheatSettings
 from stack.servers import ServeProcess
 
@@ -33,8 +34,10 @@ def pct(values, q) -> float:
 
 
 def summary(rounds: list[list[float]]) -> dict:
-    """Median over rounds of each round's P50 and P99, in ms."""
-    return {"p50": statistics.median(pct(r, 50) for r in rounds), "p99": statistics.median(pct(r, 99) for r in rounds)}
+    """Median over rounds of each round's P50 and P99, in ms, and every round's own (the spread)."""
+    per_round = {"p50": [pct(r, 50) for r in rounds], "p99": [pct(r, 99) for r in rounds]}
+    return {"p50": statistics.median(per_round["p50"]), "p99": statistics.median(per_round["p99"]),
+            "rounds": per_round, "n_per_round": len(rounds[0]) if rounds else 0}
 
 
 def timed(fn, items) -> list[float]:
@@ -52,8 +55,9 @@ def main() -> None:
     parser.add_argument("--index", type=Path, required=True)
     parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--json", type=Path)
+    parser.add_argument("--json", type=Path, help="results file (default benchmarks/results/query.json)")
     args = parser.parse_args()
+    run = BenchmarkRun("query")
 
     settings = RagheatSettings()
     queries = list(load_queries(args.beir).values())[: args.queries]
@@ -61,9 +65,10 @@ def main() -> None:
     pipeline.warm_up()
     manifest = pipeline.index.manifest
     tokens = [pipeline.embedder.embed_query(q).tokens for q in queries]
-    results: dict = {"queries": len(queries), "median_query_tokens": statistics.median(tokens),
+    results: dict = {"queries": len(queries), "rounds": args.rounds, "median_query_tokens": statistics.median(tokens),
                      "index": manifest["dense"], "chunks": manifest["counts"]["chunks"],
-                     "model_precision": manifest["model"]["precision"]}
+                     "model_precision": manifest["model"]["precision"], "top_k": 5,
+                     "candidates": settings.retrieval.candidates, "retrievers": list(settings.retrieval.retrievers)}
 
     # Raw embedder, both precisions, one thread, one query at a time.
     for precision in ("fp32", "int8"):
@@ -103,10 +108,8 @@ def main() -> None:
     raw = (results[f"embed_query_{results['model_precision']}_ms"]["p50"] + results["faiss_search_ms"]["p50"]
            + results["bm25_search_ms"]["p50"])
     results["http_p50_over_raw_stage_p50_sum"] = results["http_query_hybrid_ms"]["p50"] / raw
-    text = json.dumps(results, indent=2)
-    print(text)
-    if args.json:
-        args.json.write_text(text)
+    print(json.dumps(results, indent=2))
+    print(f"wrote {run.write(results, args.json)}")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 
     .venv/bin/python benchmarks/bench_telemetry.py --beir datasets/scifact --index data/index/scifact
 
+Writes benchmarks/results/telemetry.json (with --recording-only: telemetry-recording.json; --json elsewhere).
+
 Three `ragheat serve` processes run at once: `off` (`--no-telemetry`), `on` (metrics, spans for every
 request, OTLP export of traces and exponential-histogram metrics every 10 s) and `on_sampled` (the
 same with --sample-ratio of requests traced). OTLP goes to a real OTLP/HTTP receiver in its own
@@ -33,6 +35,7 @@ import numpy as np
 from rag.eval.beir import load_queries
 from rag.pipeline import RagPipeline
 from rag.settings import RagheatSettings
+from loadgen.resultsfile import BenchmarkRun
 from rag.types import RequestRecord
 from stack.servers import ServeProcess
 from telemetry.recorder import Telemetry
@@ -57,17 +60,24 @@ print(json.dumps({"spans": len(receiver.spans()), "metric_requests": len(receive
 def latency_interleaved(urls: dict[str, str], queries: list[str], rounds: int) -> dict:
     clients = {name: httpx.Client(base_url=url) for name, url in urls.items()}
     samples = {name: [] for name in urls}
+    per_round = {name: {"p50_ms": [], "p99_ms": []} for name in urls}
     for q in queries[:20]:
         for client in clients.values():
             client.post("/v1/query", json={"query": q})
     for _ in range(rounds):
+        this_round = {name: [] for name in urls}
         for q in queries:
             for name, client in clients.items():
                 start = time.perf_counter()
                 client.post("/v1/query", json={"query": q}).raise_for_status()
-                samples[name].append(time.perf_counter() - start)
+                this_round[name].append(time.perf_counter() - start)
+        for name, v in this_round.items():
+            samples[name].extend(v)
+            per_round[name]["p50_ms"].append(float(np.percentile(v, 50) * 1000))
+            per_round[name]["p99_ms"].append(float(np.percentile(v, 99) * 1000))
     return {name: {"p50_ms": float(np.percentile(v, 50) * 1000), "p99_ms": float(np.percentile(v, 99) * 1000),
-                   "mean_ms": float(np.mean(v) * 1000), "n": len(v)} for name, v in samples.items()}
+                   "mean_ms": float(np.mean(v) * 1000), "n": len(v), "rounds": per_round[name]}
+            for name, v in samples.items()}
 
 
 def throughput_rounds(urls: dict[str, str], pids: dict[str, int], queries: list[str], clients: int, round_s: float,
@@ -96,7 +106,8 @@ def throughput_rounds(urls: dict[str, str], pids: dict[str, int], queries: list[
             per_round[name].append(sum(done) / round_s)
             cpu_per_request[name].append((cpu_seconds(pids[name]) - cpu_before) / sum(done) * 1e6)
     return {name: {"median_rps": statistics.median(v), "rounds_rps": v,
-                   "server_cpu_us_per_request": statistics.median(cpu_per_request[name])}
+                   "server_cpu_us_per_request": statistics.median(cpu_per_request[name]),
+                   "rounds_server_cpu_us_per_request": cpu_per_request[name]}
             for name, v in per_round.items()}
 
 
@@ -117,7 +128,8 @@ def recording_cost_us(settings: RagheatSettings, pipeline: RagPipeline, queries:
     start = time.perf_counter()
     for i in range(n):
         scope = telemetry.start("/v1/query")
-        telemetry.finish(scope, 200, RequestRecord(query=queries[i % 50], top_k=5, result=results[i % 50]))
+        j = i % len(results)  # 50 queries, or every one when fewer were given
+        telemetry.finish(scope, 200, RequestRecord(query=queries[j], top_k=5, result=results[j]))
     cost = (time.perf_counter() - start) / n * 1e6
     telemetry.shutdown()
     return cost
@@ -153,13 +165,16 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--round-s", type=float, default=6.0)
     parser.add_argument("--sample-ratio", type=float, default=0.1)
-    parser.add_argument("--json", type=Path)
+    parser.add_argument("--json", type=Path, help="results file (default benchmarks/results/telemetry.json)")
     parser.add_argument("--recording-only", action="store_true",
                         help="only the in-process recording cost, with real OTLP export (seconds, not minutes)")
     args = parser.parse_args()
+    run = BenchmarkRun("telemetry-recording" if args.recording_only else "telemetry")
     queries = list(load_queries(args.beir).values())[: args.queries]
     if args.recording_only:
-        print(json.dumps(recording_costs(args.index, queries), indent=2))
+        costs = {"recording_cost_us": recording_costs(args.index, queries), "requests_per_configuration": 5000}
+        print(json.dumps(costs, indent=2))
+        print(f"wrote {run.write(costs, args.json)}")
         return
 
     receiver = subprocess.Popen([sys.executable, "-c", RECEIVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -191,20 +206,21 @@ def main() -> None:
     lat, thr = report["latency_c1"], report["throughput"]
     # Rounds alternate off, on, on_sampled, off, ...: each round's ratio to the "off" round just before it
     # cancels slow drifts of the machine's speed, so its median is the steadier estimate of the loss.
-    paired = {name: statistics.median(1 - a / b for a, b in zip(thr[name]["rounds_rps"], thr["off"]["rounds_rps"]))
-              * 100 for name in ("on", "on_sampled")}
+    paired_rounds = {name: [(1 - a / b) * 100 for a, b in zip(thr[name]["rounds_rps"], thr["off"]["rounds_rps"])]
+                     for name in ("on", "on_sampled")}
     report["summary"] = {
         name: {"throughput_loss_pct": (1 - thr[name]["median_rps"] / thr["off"]["median_rps"]) * 100,
-               "throughput_loss_pct_paired_rounds": paired[name],
+               "throughput_loss_pct_paired_rounds": statistics.median(paired_rounds[name]),
+               "rounds_throughput_loss_pct_paired": paired_rounds[name],
                "p99_added_ms": lat[name]["p99_ms"] - lat["off"]["p99_ms"],
                "p50_added_ms": lat[name]["p50_ms"] - lat["off"]["p50_ms"],
                "server_cpu_added_us_per_request": thr[name]["server_cpu_us_per_request"]
                - thr["off"]["server_cpu_us_per_request"]}
         for name in ("on", "on_sampled")}
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.json:
-        args.json.write_text(text)
+    report["settings"] = {"queries": len(queries), "rounds": args.rounds, "clients": args.clients,
+                          "round_s": args.round_s, "sample_ratio": args.sample_ratio, "recording_requests": 5000}
+    print(json.dumps(report, indent=2))
+    print(f"wrote {run.write(report, args.json)}")
 
 
 if __name__ == "__main__":

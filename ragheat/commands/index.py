@@ -61,14 +61,19 @@ def evaluate(
     retrievers: str = typer.Option("dense,bm25,hybrid", help="comma list of dense, bm25, graph, hybrid (= dense+bm25), "
                                                              "any +-joined combination (hybrid+graph), routed"),
     json_out: Optional[Path] = typer.Option(None, "--json", help="write the report here"),
+    results_file: Optional[Path] = typer.Option(None, "--results-file", help="also write the report as a benchmark "
+                                                "results file (command, commit, machine; benchmarks/README.md)"),
 ) -> None:
     """Retrieval quality (nDCG@10, recall@10/100, MRR@10) and latency on a BEIR split."""
+    from loadgen.resultsfile import BenchmarkRun
     from rag.eval.beir import load_qrels, load_queries
     from rag.eval.runner import evaluate as run_eval, parse_retriever_sets
     from rag.ingest.pipeline import ingest as run_ingest
     from rich.table import Table
 
     from rag.pipeline import RagPipeline
+
+    run_record = BenchmarkRun(results_file.stem) if results_file else None
 
     try:
         sets = parse_retriever_sets(retrievers)
@@ -92,7 +97,8 @@ def evaluate(
             pipeline.close()
     manifest = pipeline.index.manifest
     report.update({"beir": str(beir), "split": split, "index": manifest["dense"], "model": manifest["model"],
-                   "chunking": manifest["chunking"],
+                   "chunking": manifest["chunking"], "counts": manifest["counts"], "lexical": manifest.get("lexical"),
+                   "search": settings.index.model_dump(include={"hnsw_ef_search", "ivf_nprobe"}),
                    "fusion": {**settings.retrieval.model_dump(include={"rrf_k", "dense_weight", "bm25_weight",
                                                                        "candidates"}),
                               "graph_weight": settings.graph.weight},
@@ -118,6 +124,8 @@ def evaluate(
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(report, indent=2, sort_keys=True))
         out.print(f"wrote {json_out}")
+    if run_record is not None:
+        out.print(f"wrote {run_record.write(report, results_file)}")
 
 
 @_guard

@@ -1,0 +1,165 @@
+#!/usr/bin/env bash
+# Re-measure every section of docs/benchmarks.md, in order, with the final parameters, then render the doc.
+#
+#   bash benchmarks/run_all.sh                 every step (about 48 minutes on 2 cores, benchmarks/README.md)
+#   bash benchmarks/run_all.sh query ann       only those steps (then `render`, if you want the doc updated)
+#   bash benchmarks/run_all.sh --list          the steps, in order
+#
+# Each step writes one results file under $RESULTS (default benchmarks/results/) through loadgen/resultsfile.py,
+# which records the command, commit, machine and how quiet the machine was. Run it on a quiet machine: nothing
+# else running, from the repository root, after `bash scripts/install.sh` (and scripts/install_vllm.sh for
+# tune-vllm and vllm-ttft). The probes step needs root (eBPF). Logs go to data/bench/run_all/.
+#
+# SMOKE=1 runs every step with tiny parameters (seconds each) against BEIR=... (a small BEIR folder) into
+# RESULTS=... (a scratch folder): it proves the scripts and the renderer work, it measures nothing worth keeping
+# (each results file says "smoke": true, and the doc rendered from them says so in every section).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PY:-.venv/bin/python}
+RH=${RH:-.venv/bin/ragheat}
+BEIR=${BEIR:-datasets/scifact}
+INDEX_ROOT=${INDEX_ROOT:-data/index}
+RESULTS=${RESULTS:-benchmarks/results}
+LOGS=${LOGS:-data/bench/run_all}
+MODELS=${MODELS:-data/models}
+NAME=$(basename "$BEIR")
+INDEX=$INDEX_ROOT/$NAME
+SPLIT=${SPLIT:-train}
+HOTPOT=${HOTPOT:-datasets/hotpotqa-dev}  # the multi-hop set of the graph step, with its split
+HOTPOT_SPLIT=${HOTPOT_SPLIT:-dev}
+
+# Final parameters (the ones the doc's figures come from).
+INGEST_RUNS="$BEIR:int8,$BEIR:fp32,wiki:int8"
+QUERY_ARGS=(--queries 300 --rounds 3)
+TELEMETRY_ARGS=(--rounds 12 --round-s 5)
+LOADGEN_ARGS=(--rates 500,1000,2000,2500,3000 --duration 5)
+KNEE_ARGS=(--rates 50,100,150,200,250,300 --duration 6 --warmup 2)
+ANN_ARGS=()
+PROBES_ARGS=(--rounds 12 --round-s 4)
+FUSION_ARGS=()
+GRAPH_ARGS=(--rounds 3 --http-queries 200)
+EMBEDDING_ARGS=()  # bench_embedding.py's defaults: 4 schemes, 3 rounds, 300 chunks, no nDCG (the eval steps have it)
+TTFT_ARGS=(--queries 40)
+TUNE_ARGS=(--max-num-seqs 1,4,8 --max-model-len 256,512 --block-size 32 --rate 30 --duration 10
+           --prompt-tokens 160 --max-tokens 48 --slo-ttft-ms 500 --slo-e2e-ms 2000)
+if [ "${SMOKE:-0}" = 1 ]; then
+  export RAGHEAT_BENCH_SMOKE=1  # every results file says it holds smoke figures (loadgen/resultsfile.py)
+  INGEST_RUNS="$BEIR:int8,$BEIR:fp32"
+  QUERY_ARGS=(--queries 20 --rounds 2)
+  TELEMETRY_ARGS=(--queries 20 --rounds 2 --round-s 1 --clients 2)
+  LOADGEN_ARGS=(--rates 100,200 --duration 1 --warmup 0.5)
+  KNEE_ARGS=(--rates 5,10 --duration 1 --warmup 0.5)
+  ANN_ARGS=(--no-wiki --threads 1,2 --seconds 0.1)
+  PROBES_ARGS=(--rounds 2 --round-s 1 --syscall-calls 100000 --round-trips 20000 --syscall-runs 2)
+  FUSION_ARGS=(--k 1,5,60 --bm25-weight 1.0,1.2)
+  # the graph step measures the SciFact subset unless HOTPOT names a small multi-hop folder
+  if [ "$HOTPOT" = datasets/hotpotqa-dev ]; then HOTPOT=$BEIR HOTPOT_SPLIT=$SPLIT; fi
+  GRAPH_ARGS=(--rounds 1 --http-queries 10)
+  EMBEDDING_ARGS=(--schemes fp32,int8 --rounds 1 --chunks 20 --probes 5 --mixes 2 --agree 10
+                  --queries-per-round 10 --ndcg '')
+  TTFT_ARGS=(--queries 3 --max-tokens 8)
+  TUNE_ARGS=(--max-num-seqs 1,4 --max-model-len 256 --block-size 32 --rate 5 --duration 2
+             --prompt-tokens 32 --max-tokens 8 --slo-ttft-ms 500 --slo-e2e-ms 2000)
+fi
+
+step_ingest() { "$PY" benchmarks/bench_ingest.py --runs "$INGEST_RUNS" --index-root "$INDEX_ROOT" \
+                  --log "$LOGS/ingest-children.log" --json "$RESULTS/ingest.json"; }
+step_eval() { "$RH" eval --beir "$BEIR" --index "$INDEX" --split "$SPLIT" --retrievers dense,bm25,hybrid \
+                --results-file "$RESULTS/eval-scifact.json"; }
+step_eval-fp32() { RAGHEAT_EMBEDDING__PRECISION=fp32 "$RH" eval --beir "$BEIR" --index "$INDEX-fp32" --split "$SPLIT" \
+                     --retrievers dense,bm25,hybrid --results-file "$RESULTS/eval-scifact-fp32.json"; }
+step_fusion() { "$PY" benchmarks/tune_fusion.py --beir "$BEIR" --index "$INDEX" --split "$SPLIT" "${FUSION_ARGS[@]}" \
+                  --json "$RESULTS/fusion.json"; }
+step_query() { "$PY" benchmarks/bench_query.py --beir "$BEIR" --index "$INDEX" "${QUERY_ARGS[@]}" \
+                 --json "$RESULTS/query.json"; }
+step_telemetry() { "$PY" benchmarks/bench_telemetry.py --beir "$BEIR" --index "$INDEX" "${TELEMETRY_ARGS[@]}" \
+                     --json "$RESULTS/telemetry.json"; }
+step_telemetry-recording() { "$PY" benchmarks/bench_telemetry.py --beir "$BEIR" --index "$INDEX" --recording-only \
+                               --json "$RESULTS/telemetry-recording.json"; }
+step_loadgen() { "$PY" benchmarks/bench_loadgen.py "${LOADGEN_ARGS[@]}" --json "$RESULTS/loadgen.json"; }
+step_knee() {
+  local port log pid
+  port=$("$PY" -c 'from rag.childproc import free_port; print(free_port())')
+  log="$LOGS/knee-serve.log"
+  "$RH" serve --index "$INDEX" --port "$port" >"$log" 2>&1 &
+  pid=$!
+  # shellcheck disable=SC2064
+  trap "kill $pid 2>/dev/null || true" EXIT  # each step runs in its own subshell
+  for _ in $(seq 600); do
+    if [ ! -d "/proc/$pid" ] || grep -q ') Z' "/proc/$pid/stat"; then echo "ragheat serve stopped; see $log" >&2; return 1; fi
+    "$PY" -c 'import sys, httpx; sys.exit(httpx.get(sys.argv[1], timeout=1).status_code != 200)' \
+      "http://127.0.0.1:$port/readyz" 2>/dev/null && break
+    sleep 0.5
+  done
+  "$RH" bench --url "http://127.0.0.1:$port" "${KNEE_ARGS[@]}" --queries "$BEIR/queries.jsonl" \
+    --out "$LOGS/knee" --results-file "$RESULTS/knee-scifact.json"
+}
+step_ann() { "$RH" ann-bench --beir "$BEIR" --index "$INDEX" "${ANN_ARGS[@]}" --out "$LOGS/ann" \
+               --results-file "$RESULTS/ann.json"; }
+step_probes() {
+  [ "$(id -u)" = 0 ] || { echo "the probes step needs root (eBPF): sudo bash benchmarks/run_all.sh probes" >&2; return 1; }
+  "$PY" benchmarks/bench_probes.py --index "$INDEX" --beir "$BEIR" "${PROBES_ARGS[@]}" --json "$RESULTS/probes.json"
+}
+step_tune-vllm() {
+  "$PY" benchmarks/build_tiny_llama.py "$MODELS/tiny-llama"
+  "$RH" tune-vllm --model "$MODELS/tiny-llama" --load-format dummy "${TUNE_ARGS[@]}" --out "$LOGS/tune-vllm" \
+    --results-file "$RESULTS/tune-vllm.json"
+}
+# Slots: benchmarks being written by others. Each runs once its script writes a results file (BenchmarkRun).
+slot() {  # slot SCRIPT ARGS...: run it if it has adopted loadgen/resultsfile.py, else say why not
+  local script=benchmarks/$1
+  shift
+  if [ -f "$script" ] && grep -q BenchmarkRun "$script"; then "$PY" "$script" "$@"; else
+    echo "skipped: $script does not write a results file yet (benchmarks/README.md, 'Adopting the results file')"
+    return 3
+  fi
+}
+step_embedding() {  # bench_embedding.py writes plain JSON until it adopts the results file; wrap it meanwhile
+  if grep -q BenchmarkRun benchmarks/bench_embedding.py; then
+    "$PY" benchmarks/bench_embedding.py --beir "$BEIR" --split "$SPLIT" --work "$LOGS/embedding-schemes" \
+      "${EMBEDDING_ARGS[@]}" --json "$RESULTS/embedding.json"
+  else
+    "$PY" benchmarks/wrap_results.py embedding "$RESULTS/embedding.json" -- "$PY" benchmarks/bench_embedding.py \
+      --beir "$BEIR" --split "$SPLIT" --work "$LOGS/embedding-schemes" "${EMBEDDING_ARGS[@]}"
+  fi
+}
+step_graph() {
+  local index=$INDEX_ROOT/$(basename "$HOTPOT")
+  "$RH" ingest "$HOTPOT" --index "$index" --force  # with the graph (the default), at this commit
+  "$PY" benchmarks/bench_graph.py --beir "$HOTPOT" --split "$HOTPOT_SPLIT" --index "$index" "${GRAPH_ARGS[@]}" \
+    --json "$RESULTS/graph.json"
+}
+step_rerank() { slot bench_rerank.py --json "$RESULTS/rerank.json"; }
+step_answers() { slot bench_answers.py --json "$RESULTS/answers.json"; }
+step_cache() { slot bench_cache.py --json "$RESULTS/cache.json"; }
+step_capacity() { slot bench_capacity.py --json "$RESULTS/capacity.json"; }
+step_hyde() { slot bench_hyde.py --json "$RESULTS/hyde.json"; }
+step_judge() { slot bench_judge.py --json "$RESULTS/judge.json"; }
+step_vllm-ttft() { "$PY" benchmarks/bench_vllm_ttft.py --index "$INDEX" --beir "$BEIR" "${TTFT_ARGS[@]}" \
+                     --json "$RESULTS/vllm-ttft.json"; }
+step_render() {
+  if [ "$RESULTS" = benchmarks/results ]; then "$PY" benchmarks/render_docs.py; else
+    "$PY" benchmarks/render_docs.py --results "$RESULTS" --out "$RESULTS/benchmarks.md"; fi
+}
+
+ALL=(ingest eval eval-fp32 fusion query telemetry telemetry-recording loadgen knee ann probes tune-vllm
+     embedding graph vllm-ttft rerank cache capacity answers hyde judge render)
+if [ "${1:-}" = --list ]; then printf '%s\n' "${ALL[@]}"; exit 0; fi
+steps=("$@")
+[ ${#steps[@]} -gt 0 ] || steps=("${ALL[@]}")
+mkdir -p "$RESULTS" "$LOGS"
+failed=() skipped=()
+for step in "${steps[@]}"; do
+  declare -F "step_$step" >/dev/null || { echo "unknown step $step; steps: ${ALL[*]}" >&2; exit 2; }
+  echo "== $step ($(date -u +%H:%M:%S) UTC)"
+  start=$SECONDS
+  set +e
+  ( set -e; "step_$step" ) 2>&1 | tee "$LOGS/$step.log"
+  status=${PIPESTATUS[0]}
+  set -e
+  echo "== $step: exit $status after $((SECONDS - start)) s"
+  if [ "$status" = 3 ]; then skipped+=("$step"); elif [ "$status" != 0 ]; then failed+=("$step"); fi
+done
+[ ${#skipped[@]} -eq 0 ] || echo "skipped (no results file yet): ${skipped[*]}"
+[ ${#failed[@]} -eq 0 ] || { echo "FAILED: ${failed[*]} (logs in $LOGS)"; exit 1; }
