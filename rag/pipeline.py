@@ -21,6 +21,7 @@ from rag.embedding.embedder import OnnxEmbedder
 from rag.embedding.model_store import check_index_model
 from rag.errors import IndexLoadError, StageError
 from rag.generation.extractive import ExtractiveGenerator
+from rag.generation.budget import PassageCompressor
 from rag.generation.llm import GeneratorUnavailable
 from rag.generation.support import SupportChecker
 from rag.graph.store import GraphStoreUnavailable
@@ -60,6 +61,7 @@ class RagPipeline:
         self.generator: Generator | None = None  # extractive: the answer, or the fallback when the llm fails
         self.llm: StreamingGenerator | None = None  # a language model; None = extractive only
         self.support: SupportCheck | None = None
+        self.compressor: PassageCompressor | None = None  # generation.prompt_budget_tokens (0 = passages whole)
         # The knowledge graph (an index built with one, graph.enabled) and the router (routed requests).
         self.graph: GraphStore | None = None
         self.linker: EntityLinker | None = None
@@ -123,6 +125,8 @@ class RagPipeline:
                                   "graph": s.graph.weight}, k=s.retrieval.rrf_k)
         self.generator = ExtractiveGenerator(analyzer, index.idf, s.generation.max_sentences)
         self.support = SupportChecker(analyzer, index.idf, s.generation.support_threshold)
+        budget = s.generation.prompt_budget_tokens
+        self.compressor = PassageCompressor(analyzer, index.idf, budget) if budget else None
         if s.generation.generator != "extractive" and self.llm is None:
             self.llm = _make_llm(s.generation)
             self.llm.warm_up()
@@ -306,7 +310,8 @@ class RagPipeline:
     def _generate_streamed(self, query: str, passages: list[Chunk], stages: list[StageTiming],
                            on_token: Callable[[str], None] | None) -> GenerationResult:
         start = time.perf_counter()
-        stream = self.llm.stream(query, passages)
+        # The prompt gets the passages cut to the budget; the support check reads them whole.
+        stream = self.llm.stream(query, self.compressor.compress(query, passages) if self.compressor else passages)
         pieces = iter(stream)
         try:
             with _stage("generate_prefill", stages, self._stage_options):

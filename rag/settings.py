@@ -117,7 +117,15 @@ class GenerationSettings(_Section):
     model: str = Field("", description="openai: served model name (empty = the server's first); vllm: model folder")
     api: Literal["chat", "completions"] = Field("chat", description="openai: /v1/chat/completions or /v1/completions")
     max_tokens: int = Field(256, ge=1, le=32768, description="most tokens in a written answer")
+    prompt_budget_tokens: int = Field(
+        600, ge=0, le=131072, description="most tokens of passages in a written answer's prompt (estimated); over it "
+                                          "each passage is cut to its most query-relevant sentences, so prefill stays "
+                                          "bounded; citations keep their numbers. 0 = no limit")
     temperature: float = Field(0.0, ge=0.0, le=2.0)
+    constrain_citations: bool = Field(
+        True, description="constrain a written answer to sentences each ending in '. [n]' (vLLM structured outputs: "
+                          "the model still picks the words and the passage; the support check judges both). Turn off "
+                          "for OpenAI-compatible servers without vLLM's `structured_outputs` request field")
     connect_timeout_s: float = Field(0.5, gt=0, le=60, description="openai: connecting to the server")
     first_token_timeout_s: float = Field(2.0, gt=0, le=600,
                                          description="no first token (or no next token) within this: fall back to extractive")

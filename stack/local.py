@@ -115,6 +115,7 @@ def _resolve_ports(wanted: dict[str, int], components: list[str]) -> dict[str, i
     return ports
 
 
+CPU_FIRST_TOKEN_S = 20.0  # generation.first_token_timeout_s for a real model vLLM serves here on the CPU
 WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf")
 DUMMY_WARNING = ("WARNING: --vllm-model dummy: vLLM serves a tiny Llama with RANDOM weights. Its text is noise: the "
                  "support check rejects it and every answer falls back to the extractive one (degraded_reason "
@@ -160,6 +161,9 @@ def answer_plan(options: StackOptions, folder: Path) -> AnswerPlan:
     if not any(next(model.glob(pattern), None) for pattern in WEIGHT_FILES):
         raise StackError(f"--vllm-model {options.vllm_model} has no weight files ({', '.join(WEIGHT_FILES)}); "
                          f"--vllm-model dummy runs vLLM with random weights")
+    # A real model on two shared CPU cores takes seconds to prefill a few passages: the API's default first-token
+    # wait (sized for a GPU server) would degrade nearly every answer to "slow". The operator's own value wins.
+    env.setdefault(gen + "FIRST_TOKEN_TIMEOUT_S", os.environ.get(gen + "FIRST_TOKEN_TIMEOUT_S", str(CPU_FIRST_TOKEN_S)))
     return AnswerPlan(env, f"answers: written by vLLM serving {model} (extractive when it is down or slow, or "
                            f"writes nothing the passages support)", vllm_python=python, vllm_model=str(model))
 

@@ -42,16 +42,50 @@ class GeneratorTooSlow(GeneratorUnavailable):
     reason = "slow"
 
 
+# One worked example before the real question: a 135M instruct model (SmolLM2) told only "cite as [n]" writes
+# no marker at all; shown an answer that copies a passage's words and ends each sentence with [n], it mostly
+# does the same. The example's second passage is off-topic and is not cited.
+EXAMPLE_PASSAGES = (("Aspirin", "Aspirin irreversibly inhibits the enzyme COX-1, which lowers platelet aggregation. "
+                                "Low doses are used to prevent heart attacks."),
+                    ("Tides", "Tides are caused by the gravitational pull of the moon on the oceans."))
+EXAMPLE_QUESTION = "How does aspirin prevent heart attacks?"
+EXAMPLE_ANSWER = ("Aspirin inhibits the enzyme COX-1, which lowers platelet aggregation. [1] "
+                  "Low doses prevent heart attacks. [1]")
+
+
+# Constrained decoding (vLLM structured outputs): one to ``MAX_CITED_SENTENCES`` sentences, each ended by ". [n]"
+# with n one of the passages given. The model still chooses every word and which passage it cites (the support
+# check judges both); it can no longer leave a sentence uncited. Inside a sentence "." is allowed only between
+# digits (2.5), so a sentence cannot end unmarked; the length is left to max_tokens: a counted repetition
+# ({8,240}) makes the grammar compile for tens of seconds per request on two cores.
+MAX_CITED_SENTENCES = 3
+
+
+def citation_regex(passages: int) -> str:
+    """The pattern every constrained answer matches, for ``passages`` numbered passages (1..passages)."""
+    numbers = "|".join(str(n) for n in range(1, max(passages, 1) + 1))
+    sentence = r"[A-Z0-9]([^\[\]\n.]|[0-9]\.[0-9])+"
+    return rf"({sentence}\. \[({numbers})\] ?){{1,{MAX_CITED_SENTENCES}}}"
+
+
+def _user_turn(query: str, passages: Sequence[tuple[str, str]]) -> str:
+    context = "\n\n".join(f"[{n}] {title}\n{text}" for n, (title, text) in enumerate(passages, 1))
+    return f"Passages:\n{context}\n\nQuestion: {query}"
+
+
 def build_messages(query: str, passages: Sequence[Chunk]) -> list[dict]:
-    """The chat messages asking for an answer from the numbered ``passages``, cited as ``[n]``."""
-    context = "\n\n".join(f"[{n}] {p.title}\n{p.text}" for n, p in enumerate(passages, 1))
+    """The chat messages asking for an answer from the numbered ``passages``, cited as ``[n]``: the
+    instruction, one worked example, then the question."""
     return [{"role": "system", "content": SYSTEM_PROMPT},
-            {"role": "user", "content": f"Passages:\n{context}\n\nQuestion: {query}"}]
+            {"role": "user", "content": _user_turn(EXAMPLE_QUESTION, EXAMPLE_PASSAGES)},
+            {"role": "assistant", "content": EXAMPLE_ANSWER},
+            {"role": "user", "content": _user_turn(query, [(p.title, p.text) for p in passages])}]
 
 
 def completion_prompt(messages: Sequence[dict]) -> str:
     """The chat messages as one plain-text prompt, for completion APIs (no chat template)."""
-    return "\n\n".join(m["content"] for m in messages) + "\n\nAnswer:"
+    parts = [m["content"] + ("\n\nAnswer:" if m["role"] == "user" else "") for m in messages]
+    return "\n\n".join(parts) + ("" if messages[-1]["role"] == "user" else "\n\nAnswer:")
 
 
 class TokenStream:
@@ -108,7 +142,8 @@ class OpenAIStreamGenerator:
         """Starts nothing yet: the request is sent when iteration begins (inside the caller's timed stage)."""
         if self.client is None:
             raise RuntimeError("OpenAIStreamGenerator.warm_up() has not run")
-        return _HttpTokenStream(self, build_messages(query, passages))
+        return _HttpTokenStream(self, build_messages(query, passages),
+                                citation_regex(len(passages)) if self.settings.constrain_citations else None)
 
     def close(self) -> None:
         if self.client is not None:
@@ -116,14 +151,16 @@ class OpenAIStreamGenerator:
 
 
 class _HttpTokenStream(TokenStream):
-    def __init__(self, generator: OpenAIStreamGenerator, messages: list[dict]) -> None:
-        self.generator, self.messages = generator, messages
+    def __init__(self, generator: OpenAIStreamGenerator, messages: list[dict], regex: str | None = None) -> None:
+        self.generator, self.messages, self.regex = generator, messages, regex
         self._response: httpx.Response | None = None
 
     def _request_body(self) -> tuple[str, dict]:
         s = self.generator.settings
         body = {"model": self.model, "max_tokens": s.max_tokens, "temperature": s.temperature, "stream": True,
                 "stream_options": {"include_usage": True}}
+        if self.regex:  # vLLM's structured outputs (other OpenAI-compatible servers: constrain_citations=false)
+            body["structured_outputs"] = {"regex": self.regex}
         if s.api == "completions":
             prompt = completion_prompt(self.messages)
             return "/completions", {**body, "prompt": prompt}

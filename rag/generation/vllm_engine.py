@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from rag.errors import ConfigurationError
-from rag.generation.llm import GeneratorTooSlow, GeneratorUnavailable, TokenStream, build_messages, completion_prompt
+from rag.generation.llm import (GeneratorTooSlow, GeneratorUnavailable, TokenStream, build_messages, citation_regex,
+                                completion_prompt)
 from rag.types import Chunk
 
 _END = object()
@@ -40,6 +41,7 @@ class InProcessVllmGenerator:
         self.model = settings.model
         self._ids = itertools.count()
         self.engine = None
+        self.chat_template, self._tokenizer = False, None
         self.metrics_dir: Path | None = settings.vllm_metrics_dir  # where the engine core writes (see above)
 
     def warm_up(self) -> None:
@@ -70,13 +72,22 @@ class InProcessVllmGenerator:
             self.loop.call_soon_threadsafe(self.loop.stop)
             raise ConfigurationError(f"generation.model {s.model!r}: vLLM could not start its engine: "
                                      f"{type(exc).__name__}: {exc}") from exc
+        # An instruct model is prompted through its own chat template (the worked example is a real assistant turn);
+        # a folder without one (the tiny random-weight test model) gets the plain-text prompt.
+        tokenizer = self.engine.get_tokenizer()
+        self.chat_template = bool(getattr(tokenizer, "chat_template", None))
+        self._tokenizer = tokenizer
 
     def stream(self, query: str, passages: Sequence[Chunk]) -> TokenStream:
         """The engine's answer, piece by piece; nothing is submitted until iteration begins."""
         if self.engine is None:
             raise RuntimeError("InProcessVllmGenerator.warm_up() has not run")
-        prompt = completion_prompt(build_messages(query, passages))
-        return _EngineTokenStream(self, prompt, f"ragheat-{next(self._ids)}")
+        messages = build_messages(query, passages)
+        if self.chat_template:
+            prompt = self._tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        else:
+            prompt = completion_prompt(messages)
+        return _EngineTokenStream(self, prompt, f"ragheat-{next(self._ids)}", citation_regex(len(passages)))
 
     def close(self) -> None:
         """Stop the engine (its core process included) and its event loop; idempotent."""
@@ -87,8 +98,8 @@ class InProcessVllmGenerator:
 
 
 class _EngineTokenStream(TokenStream):
-    def __init__(self, generator: InProcessVllmGenerator, prompt: str, request_id: str) -> None:
-        self.generator, self.prompt, self.request_id = generator, prompt, request_id
+    def __init__(self, generator: InProcessVllmGenerator, prompt: str, request_id: str, regex: str) -> None:
+        self.generator, self.prompt, self.request_id, self.regex = generator, prompt, request_id, regex
         self.model = generator.model
         self.pieces: queue.Queue = queue.Queue()
         self._future = None
@@ -98,7 +109,13 @@ class _EngineTokenStream(TokenStream):
         from vllm.sampling_params import RequestOutputKind
 
         s = self.generator.settings
-        params = SamplingParams(max_tokens=s.max_tokens, temperature=s.temperature, output_kind=RequestOutputKind.DELTA)
+        constrained = {}
+        if s.constrain_citations:
+            from vllm.sampling_params import StructuredOutputsParams
+
+            constrained["structured_outputs"] = StructuredOutputsParams(regex=self.regex)
+        params = SamplingParams(max_tokens=s.max_tokens, temperature=s.temperature, output_kind=RequestOutputKind.DELTA,
+                                **constrained)
         try:
             async for output in self.generator.engine.generate(self.prompt, params, self.request_id):
                 completion = output.outputs[0]

@@ -33,6 +33,7 @@ SAMPLE_QUESTIONS = {
     ],
 }
 REPEATS = 20  # each sample question is asked this many times for the timing table
+LLM_REPEATS = 2  # ... and with written answers (seconds each on two cores)
 SWEEP_RATES = (25, 50, 100, 150, 200, 250)  # req/s; on two cores the demo's knee lies in this range
 SWEEP_SECONDS = 3.0
 
@@ -50,12 +51,28 @@ def demo(
                                                               "(0 = all): a first look in seconds"),
     sweep_seconds: float = typer.Option(SWEEP_SECONDS, "--sweep-seconds", min=0.2,
                                         help="measured seconds per step of the closing load sweep"),
+    generator: str = typer.Option("extractive", "--generator",
+                                  help="extractive (the passages' own sentences) | vllm (answers written by a model "
+                                       "vLLM serves from .venv-vllm, streamed as they are generated)"),
+    vllm_model: str = typer.Option("auto", "--vllm-model",
+                                   help="with --generator vllm: auto (SmolLM2-135M-Instruct as scripts/install_vllm.sh "
+                                        "converted it) | DIR (a model folder) | dummy (random weights: noise)"),
 ) -> None:
     """Ingest the demo corpus if absent, serve it, ask sample questions over HTTP, print stage timings."""
+    if generator not in ("extractive", "vllm"):
+        raise typer.BadParameter(f"must be extractive or vllm, not {generator!r}", param_hint="--generator")
     if index is None:
         index = Path("data/index") / (f"{_source_name(source)}-first-{max_docs}" if max_docs else _source_name(source))
-    run_demo(load_settings(), index, source, port, console=out, progress=progress_bar, max_docs=max_docs,
-             sweep_seconds=sweep_seconds)
+    settings = load_settings()
+    if generator == "extractive":
+        run_demo(settings, index, source, port, console=out, progress=progress_bar, max_docs=max_docs,
+                 sweep_seconds=sweep_seconds)
+        return
+    from ragheat.commands.demo_llm import served_model
+
+    with served_model(settings, vllm_model, out) as llm_settings:
+        run_demo(llm_settings, index, source, port, console=out, progress=progress_bar, max_docs=max_docs,
+                 sweep_seconds=sweep_seconds, written=True)
 
 
 def _source_name(source: str) -> str:
@@ -80,10 +97,12 @@ def first_documents(source: str, count: int, folder: Path) -> Path:
 
 def run_demo(settings: RagheatSettings, index: Path, source: str, port: int, *, console: Console,
              progress, bench_dir: Path = Path("out/demo-bench"), max_docs: int = 0,
-             sweep_seconds: float = SWEEP_SECONDS) -> None:
+             sweep_seconds: float = SWEEP_SECONDS, written: bool = False) -> None:
     """Ingest ``source`` (its first ``max_docs`` documents, if set) into ``index`` unless it is there, serve it with
     telemetry on ``port``, ask the sample questions over HTTP, print answers, per-stage timings and P99s, then a
-    short load sweep's knee."""
+    short load sweep's knee. ``written``: the answers come from a language model (``settings.generation``): each is
+    streamed as its tokens arrive, with TTFT and tokens/s; fewer repeats, and no sweep (its rates are the
+    extractive path's)."""
     import httpx
 
     from rag.errors import IndexLoadError
@@ -109,19 +128,28 @@ def run_demo(settings: RagheatSettings, index: Path, source: str, port: int, *, 
 
     settings = settings.model_copy(update={"server": settings.server.model_copy(update={"index_dir": index})})
     with build_service(settings) as service, BackgroundServer(service.app, port=port) as url, \
-            httpx.Client(base_url=url) as client:
+            httpx.Client(base_url=url, timeout=300.0 if written else 5.0) as client:
         console.print(f"serving on {url}  (OpenAPI: {url}/docs, metrics: {url}/metrics)\n")
         for question in questions:
-            data = _ask(client, question)
             console.print(f"[bold cyan]Q:[/] {question}")
-            console.print(f"[bold]A:[/] {data['answer']}")
+            if written:
+                from ragheat.commands.demo_llm import ask_streamed
+
+                data = ask_streamed(client, question, console)
+            else:
+                data = _ask(client, question)
+                console.print(f"[bold]A:[/] {data['answer']}")
             for c in data["citations"][:3]:
                 console.print(f"   [{c['number']}] {c['title']} [dim]({c['doc_id']}, chars {c['chunk_start']}-"
                               f"{c['chunk_end']})[/]")
             console.print()
-        console.print(_timing_table(client, questions))
+        console.print(_timing_table(client, questions, LLM_REPEATS if written else REPEATS))
         console.print(_p99_from_metrics(client))
-        _short_sweep(url, bench_dir, console, sweep_seconds)
+        if written:
+            console.print("\n(no load sweep with a written answer: its rates are sized for the extractive path; "
+                          "`ragheat bench --rates 0.5,1,2` measures the model's)")
+        else:
+            _short_sweep(url, bench_dir, console, sweep_seconds)
 
 
 def _short_sweep(url: str, out_dir: Path, console: Console, seconds: float = SWEEP_SECONDS) -> None:
@@ -160,13 +188,13 @@ def _ask(client: httpx.Client, question: str) -> dict:
     return response.json()
 
 
-def _timing_table(client: httpx.Client, questions: list[str]) -> Table:
+def _timing_table(client: httpx.Client, questions: list[str], repeats: int = REPEATS) -> Table:
     """Median and worst of each stage (server-side) and end to end (client-side) over repeated asks."""
     from rich.table import Table
 
     per_stage: dict[str, list[float]] = {}
     end_to_end: list[float] = []
-    for _ in range(REPEATS):
+    for _ in range(repeats):
         for question in questions:
             start = time.perf_counter()
             data = _ask(client, question)

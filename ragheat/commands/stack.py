@@ -3,6 +3,7 @@ default alert receiver. Heavy modules are imported inside the commands so ``ragh
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -29,9 +30,11 @@ def up(
     index: Optional[Path] = typer.Option(None, "--index", help="index folder to serve (default server.index_dir)"),
     folder: Path = typer.Option(DEFAULT_FOLDER, "--folder", help=FOLDER_HELP),
     probes: str = typer.Option("auto", help="auto (when root) | on | off: the eBPF exporter"),
-    vllm_model: str = typer.Option("off", "--vllm-model",
-                                   help="off (extractive answers) | DIR (a model folder vLLM serves here) | dummy "
-                                        "(vLLM with random weights: noise, for exercising vLLM only)"),
+    vllm_model: str = typer.Option("auto", "--vllm-model",
+                                   help="auto (SmolLM2-135M-Instruct when scripts/install_vllm.sh installed it and "
+                                        "generation.generator is not set; else off) | off (extractive answers) | DIR "
+                                        "(a model folder vLLM serves here) | dummy (vLLM with random weights: noise, "
+                                        "for exercising vLLM only)"),
     llm_url: Optional[str] = typer.Option(None, "--llm-url", help="an OpenAI-compatible server's /v1 URL to answer "
                                                                    "with (default: generation.base_url when "
                                                                    "generation.generator is openai)"),
@@ -59,6 +62,7 @@ def up(
         _fail(f"--rules-profile must be one of {', '.join(PROFILES)}, not {rules_profile!r}")
     settings = load_settings(server={"index_dir": index})
     generation = settings.generation
+    vllm_model = _auto_model(vllm_model, generation, llm_url, os.environ)
     if llm_url is None and generation.generator == "openai" and vllm_model == "off":
         llm_url, llm_model = generation.base_url, llm_model or generation.model  # a model configured by settings
     elif generation.generator == "vllm" and llm_url is None and vllm_model == "off":
@@ -75,6 +79,22 @@ def up(
     targets = wait_for_scrapes(state.get("prometheus").url)
     _print_state(state, targets)
     out.print(f"stop it with: ragheat stack down --folder {folder}")
+
+
+def _auto_model(vllm_model: str, generation, llm_url: str | None, environ) -> str:
+    """``--vllm-model auto``: the installed real model (stack/smollm.py), unless the operator chose the answers
+    already (``--llm-url``, or ``RAGHEAT_GENERATION__GENERATOR`` set); else ``off``."""
+    if vllm_model != "auto":
+        return vllm_model
+    if llm_url is not None or environ.get("RAGHEAT_GENERATION__GENERATOR"):
+        return "off"
+    from stack.smollm import installed_model
+    from stack.vllm import DEFAULT_VLLM_PYTHON
+
+    folder = installed_model()
+    if folder is None or (generation.vllm_python is None and not DEFAULT_VLLM_PYTHON.is_file()):
+        return "off"
+    return str(folder)
 
 
 def _say(line: str) -> None:

