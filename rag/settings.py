@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from rag.stages import RETRIEVER_CHOICES, STAGES
@@ -158,6 +158,9 @@ class GenerationSettings(_Section):
 class ServerSettings(_Section):
     """HTTP service and its input limits."""
 
+    # A validation error would otherwise print the input it rejects: an API key.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, hide_input_in_errors=True)
+
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     index_dir: Path = Field(Path("data/index"), description="index folder served by `ragheat serve`")
@@ -166,6 +169,41 @@ class ServerSettings(_Section):
     default_top_k: int = Field(5, ge=1, le=100)
     stage_thread_names: bool = Field(True, description="name the OS thread after the stage it runs (rh:embed, ...) "
                                                        "so kernel probes can attribute scheduler time to stages")
+    # -- access (rag/api/access.py) ------------------------------------------------------------------------------
+    api_keys: list[SecretStr] = Field(
+        default_factory=list, description="API keys accepted as `Authorization: Bearer KEY` or `X-API-Key: KEY`; "
+                                          "with neither this nor api_keys_file the API is open. Never logged")
+    api_keys_file: Path | None = Field(
+        None, description="file of hashed API keys, one `sha256:<64 hex> [name]` a line (`ragheat keys new`); read "
+                          "at start-up and again on every index reload")
+    rate_limit_per_s: float = Field(0.0, ge=0, le=1e6, description="requests per second each API key (each client "
+                                                                  "address without keys) may make to /v1 and /admin; "
+                                                                  "0 = no limit")
+    rate_limit_burst: int = Field(20, ge=1, le=1_000_000, description="requests a key may make at once before "
+                                                                     "rate_limit_per_s applies (the bucket's size)")
+    metrics_port: int | None = Field(None, ge=1, le=65535, description="serve /metrics on this port (open, on host) "
+                                                                       "instead of the API port, where it needs a key "
+                                                                       "once keys are set")
+    # -- hot swap (rag/generations.py) ---------------------------------------------------------------------------
+    reload_poll_s: float = Field(2.0, ge=0, le=3600, description="how often the index's `current` link is checked for "
+                                                                 "a newer generation, loaded beside the served one and "
+                                                                 "swapped in; 0 = only on POST /admin/reload")
+    # -- slow and oversized clients (rag/api/connections.py; `ragheat serve`) ------------------------------------
+    header_timeout_s: float = Field(10.0, gt=0, le=600, description="a request's line and headers must arrive within "
+                                                                    "this, else 408 and the connection is closed")
+    body_timeout_s: float = Field(30.0, gt=0, le=3600, description="its body must arrive within this after the "
+                                                                   "headers, else 408 and the connection is closed")
+    max_header_bytes: int = Field(16384, ge=1024, le=1 << 20, description="request line plus headers; more = 431 and "
+                                                                          "the connection is closed")
+
+    # The keys' strength is checked by rag.api.access.KeyRing at start-up, not here: a pydantic error in this section
+    # would print the section's input, keys included, wherever RagheatSettings is validated.
+    @field_validator("metrics_port")
+    @classmethod
+    def _own_port(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and value == info.data.get("port"):
+            raise ValueError(f"server.metrics_port ({value}) must differ from server.port")
+        return value
 
 
 class TelemetrySettings(_Section):

@@ -9,7 +9,7 @@ import sys
 
 import typer
 
-from ragheat.commands import bench, dashboards, demo, index, probes, serve, stack
+from ragheat.commands import bench, dashboards, demo, index, keys, probes, serve, stack
 
 app = typer.Typer(help="ragheat: observability-first RAG on embedded defaults.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
@@ -26,6 +26,7 @@ app.command()(demo.demo)
 app.add_typer(dashboards.app, name="dashboards")
 app.command("probes")(probes.probes)
 app.add_typer(stack.app, name="stack")
+app.add_typer(keys.app, name="keys")
 
 
 def main() -> None:  # pragma: no cover

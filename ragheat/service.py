@@ -1,9 +1,10 @@
-"""The served service, wired in one place: a warmed-up pipeline, its HTTP app, telemetry around the app and,
-optionally, the kernel probes on telemetry's registry. ``ragheat serve``, ``ragheat demo`` and the tests that run a
-real server build it here, so each runs exactly what production runs.
+"""The served service, wired in one place: a warmed-up pipeline behind the generation switch that hot-swaps newer
+index generations in, its HTTP app, telemetry around the app (rejections and reloads counted; /metrics on the API port
+or on ``server.metrics_port``) and, optionally, the kernel probes on telemetry's registry. ``ragheat serve``,
+``ragheat demo`` and the tests that run a real server build it here, so each runs exactly what production runs.
 
     with build_service(settings, pipeline) as service:      # pipeline warmed up here if it is not yet
-        uvicorn.run(service.app, ...)                        # or stack.servers.BackgroundServer(service.app)
+        uvicorn.Server(service.uvicorn_config(host=..., port=...)).run()   # or BackgroundServer(service.app)
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, MutableMapping, Sequence
 
 from rag.api.app import create_app
+from rag.generations import GenerationSwitch
 from rag.pipeline import RagPipeline
 from rag.settings import RagheatSettings
 
 if TYPE_CHECKING:
+    import uvicorn
     from fastapi import FastAPI
     from prometheus_client import CollectorRegistry
 
@@ -30,14 +33,27 @@ if TYPE_CHECKING:
 @dataclass
 class Service:
     """A pipeline served by its app, with the telemetry and probes wired around it. ``close()`` (or the end of a
-    ``with`` block) stops the probes and the telemetry exporters; the app's lifespan closes the pipeline."""
+    ``with`` block) stops the probes, the metrics port and the telemetry exporters; the app's lifespan closes the
+    pipelines. ``pipeline`` is the generation served now (``generations`` swaps newer ones in)."""
 
     settings: RagheatSettings
-    pipeline: RagPipeline
+    generations: GenerationSwitch
     app: FastAPI
     telemetry: Telemetry | None = None
     probes: ProbeHandle | None = None
+    metrics_url: str | None = None  # /metrics on server.metrics_port, when set
     _closing: ExitStack = field(default_factory=ExitStack, repr=False)
+
+    @property
+    def pipeline(self) -> RagPipeline:
+        return self.generations.current
+
+    def uvicorn_config(self, **options) -> "uvicorn.Config":
+        """How to run ``app`` under uvicorn: slow and oversized clients cut off by the server settings' limits
+        (``rag.api.connections``); ``options`` (host, port, log_level, ...) go to ``uvicorn.Config``."""
+        from rag.api.connections import uvicorn_config
+
+        return uvicorn_config(self.app, self.settings.server, **options)
 
     def close(self) -> None:
         """Stop the probes, then flush and stop the telemetry exporters."""
@@ -79,8 +95,10 @@ def build_service(settings: RagheatSettings, pipeline: RagPipeline | None = None
     if pipeline is None:
         settings = prepare_vllm_engine(settings)
         pipeline = RagPipeline(settings, settings.server.index_dir)
-    pipeline.warm_up()
-    service = Service(settings, pipeline, create_app(settings, pipeline=pipeline))
+    app = create_app(settings, pipeline=pipeline)
+    switch: GenerationSwitch = app.state.generations
+    switch.warm_up()
+    service = Service(settings, switch, app)
     if telemetry:
         from telemetry import build_telemetry
         from telemetry.asgi import instrument_app
@@ -90,7 +108,11 @@ def build_service(settings: RagheatSettings, pipeline: RagPipeline | None = None
             options["environ"] = environ
         service.telemetry = build_telemetry(settings, pipeline, **options)
         service._closing.callback(service.telemetry.shutdown)
-        instrument_app(service.app, service.telemetry)
+        metrics_port = settings.server.metrics_port if service.telemetry.metrics is not None else None
+        instrument_app(service.app, service.telemetry, metrics_route=metrics_port is None)
+        if metrics_port is not None:
+            service.metrics_url = _serve_metrics(service, metrics_port)
+        _observe(service)
     if probes:
         if service.telemetry is None or service.telemetry.metrics is None:
             raise ValueError("probes are exported on telemetry's registry: they need telemetry with metrics on")
@@ -99,3 +121,34 @@ def build_service(settings: RagheatSettings, pipeline: RagPipeline | None = None
         service.probes = start_probes(settings, service.telemetry.registry, tcp_ports=probe_ports)
         service._closing.callback(service.probes.close)
     return service
+
+
+def _observe(service: Service) -> None:
+    """Telemetry hears every refusal and reload, and follows the generation served (its corpus and model name the
+    spans' data source)."""
+    telemetry, switch = service.telemetry, service.generations
+    service.app.state.access.rejections.listeners.append(telemetry.rejected)
+    switch.on_reload.append(telemetry.reloaded)
+
+    def follow(old: RagPipeline, new: RagPipeline) -> None:
+        described = new.describe()
+        telemetry.data_source, telemetry.model = described.corpus, described.embedding_model
+
+    switch.on_swap.append(follow)
+
+
+def _serve_metrics(service: Service, port: int) -> str:
+    """``/metrics`` on a port of its own (``server.metrics_port``, on ``server.host``), open: a scrape network apart
+    from the API's clients. Stopped by ``service.close()``."""
+    from prometheus_client import start_http_server
+
+    host = service.settings.server.host
+    httpd, thread = start_http_server(port, addr=host, registry=service.telemetry.registry)
+
+    def stop() -> None:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(timeout=5)
+
+    service._closing.callback(stop)
+    return f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}/metrics"

@@ -54,8 +54,9 @@ def metrics_endpoint(telemetry: Telemetry):
     return metrics
 
 
-def instrument_app(app, telemetry: Telemetry) -> None:
-    """Add the middleware and, when metrics are on, ``GET /metrics``. Call before the app starts."""
+def instrument_app(app, telemetry: Telemetry, metrics_route: bool = True) -> None:
+    """Add the middleware and, when metrics are on and ``metrics_route``, ``GET /metrics`` (without it, metrics are
+    served on a port of their own: ``ragheat.service``). Call before the app starts."""
     app.add_middleware(TelemetryMiddleware, telemetry=telemetry)
-    if telemetry.metrics is not None:
+    if telemetry.metrics is not None and metrics_route:
         app.add_route("/metrics", metrics_endpoint(telemetry), methods=["GET"], include_in_schema=False)

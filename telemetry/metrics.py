@@ -15,6 +15,7 @@ from typing import Literal, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from rag.api.access import REJECTION_REASONS
 from rag.stages import DEGRADED_REASONS, RETRIEVAL_ROUTES, RETRIEVERS, SKIPPABLE_STAGES, STAGES
 from telemetry.buckets import (KERNEL_LOG2_SECONDS, LATENCY_SECONDS, RETRIEVED_DOCUMENTS, VLLM_STEP_BLOCKS,
                                VLLM_STEP_TOKENS)
@@ -24,6 +25,7 @@ STAGE_OUTCOMES = ("ok", "error")
 REQUEST_OUTCOMES = ("ok", "rejected", "error")  # 2xx/3xx, 4xx (bad input, not ready), 5xx
 SIGNALS = ("spans", "metrics")
 DROP_REASONS = ("queue_full", "export_failed")
+RELOAD_OUTCOMES = ("swapped", "unchanged", "failed")  # rag.generations.RELOAD_OUTCOMES (tested equal)
 KERNEL_STAGES = STAGES + ("http", "other")
 """Stage label values of the kernel metrics: a pipeline stage while a thread carries its ``rh:<stage>`` name
 (``rag.threadnames``), ``http`` for the server's event-loop thread, ``other`` for any other thread."""
@@ -89,6 +91,13 @@ METRICS: tuple[MetricSpec, ...] = (
                ("stage", "clock"), LATENCY_SECONDS),
     MetricSpec("service", "telemetry_dropped", "ragheat_telemetry_dropped_total", "counter",
                "Spans or metric batches dropped instead of slowing requests, by reason.", ("signal", "reason")),
+    MetricSpec("service", "rejected", "ragheat_requests_rejected_total", "counter",
+               "Requests turned away before a route ran, by reason: no or a wrong API key, an admin call without keys, "
+               "over the key's rate limit, a body or request head too large, a head or body too slow to arrive.",
+               ("reason",)),
+    MetricSpec("service", "index_reloads", "ragheat_index_reloads_total", "counter",
+               "Attempts to serve a newer index generation without a restart, by outcome: swapped, unchanged (the "
+               "served one was the newest), failed (it could not be loaded; the old one kept serving).", ("outcome",)),
     # -- generation: the same service, about its language model as it saw it (client side) ------------------
     MetricSpec("generation", "ttft", "ragheat_generation_ttft_seconds", "histogram",
                "Time to the first generated token as the service saw it (streamed generators).", (), LATENCY_SECONDS),
@@ -185,6 +194,8 @@ class PrometheusMetrics:
         self.stage_skipped = create_metric(service["stage_skipped"], registry)
         self.stage_device = create_metric(service["stage_device"], registry)
         self.telemetry_dropped = create_metric(service["telemetry_dropped"], registry)
+        self.rejected = create_metric(service["rejected"], registry)
+        self.index_reloads = create_metric(service["index_reloads"], registry)
         self.generation_ttft = create_metric(generation["ttft"], registry)
         self.generation_inter_token = create_metric(generation["inter_token"], registry)
         self.unsupported_sentences = create_metric(generation["unsupported_sentences"], registry)
@@ -208,6 +219,10 @@ class PrometheusMetrics:
         for signal in SIGNALS:
             for reason in DROP_REASONS:
                 self.telemetry_dropped.labels(signal, reason)
+        for reason in REJECTION_REASONS:
+            self.rejected.labels(reason)
+        for outcome in RELOAD_OUTCOMES:
+            self.index_reloads.labels(outcome)
 
     def child(self, metric, *label_values):
         """``metric.labels(*label_values)``, cached: ``labels()`` validates and locks on every call, which

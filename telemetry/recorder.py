@@ -103,6 +103,16 @@ class Telemetry:
             on_drop=lambda n: self._dropped("metrics", "export_failed", n), headers=headers_from_env(self.environ),
             descriptions=DESCRIPTIONS)
 
+    def rejected(self, reason: str) -> None:
+        """A request turned away before a route ran (``rag.api.access.Rejections`` calls this)."""
+        if self.metrics:
+            self.metrics.child(self.metrics.rejected, reason).inc()
+
+    def reloaded(self, outcome: str) -> None:
+        """An index reload attempt ended (``rag.generations.GenerationSwitch.on_reload`` calls this)."""
+        if self.metrics:
+            self.metrics.child(self.metrics.index_reloads, outcome).inc()
+
     def _dropped(self, signal: str, reason: str, count: int) -> None:
         if self.metrics:
             self.metrics.telemetry_dropped.labels(signal, reason).inc(count)

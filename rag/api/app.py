@@ -1,6 +1,8 @@
-"""The FastAPI service: ``create_app`` puts a pipeline and the server settings on ``app.state`` and adds the routes
-(``rag.api.routes``), the body limit (``rag.api.middleware``) and the error handlers (``rag.api.errors``). The
-index and model load in the lifespan, before the first request is accepted. OpenAPI at ``/docs``."""
+"""The FastAPI service: ``create_app`` puts the ``GenerationSwitch`` serving a pipeline, the access policy and the
+server settings on ``app.state`` and adds the routes (``rag.api.routes``), the middleware (``rag.api.middleware``:
+access, body limit, generation leases), the error handlers (``rag.api.errors``) and the completed OpenAPI schema
+(``rag.api.openapi``). The index and model load in the lifespan, before the first request is accepted; from then on
+newer generations are swapped in without a restart (``rag.generations``). OpenAPI at ``/docs``."""
 
 from __future__ import annotations
 
@@ -13,9 +15,12 @@ from fastapi import FastAPI
 from fastapi.concurrency import run_in_threadpool
 
 from rag import __version__
+from rag.api.access import AccessPolicy
 from rag.api.errors import install_error_handlers
-from rag.api.middleware import BodyLimitMiddleware
+from rag.api.middleware import AccessMiddleware, BodyLimitMiddleware, GenerationMiddleware
+from rag.api.openapi import install_openapi
 from rag.api.routes import router
+from rag.generations import GenerationSwitch
 from rag.pipeline import RagPipeline
 from rag.settings import RagheatSettings
 from rag.threadnames import set_name, stage_comm
@@ -27,17 +32,19 @@ log = logging.getLogger("ragheat.api")
 async def lifespan(app: FastAPI):
     """Warm the pipeline up before serving (a missing or corrupt index fails start-up, naming the path); close it
     when the server stops."""
-    pipeline: RagPipeline = app.state.pipeline
+    switch: GenerationSwitch = app.state.generations
     if app.state.server.stage_thread_names:
         set_name(stage_comm("http"))  # the event-loop thread, for kernel probes (rag.threadnames)
-    await run_in_threadpool(pipeline.warm_up)
-    # The index, model and their Python objects live as long as the process: move them out of the garbage
-    # collector's reach, so collections triggered by per-request allocations stop re-scanning them.
+    await run_in_threadpool(switch.warm_up)
+    # The index, model and their Python objects live until the next generation is swapped in: move them out of the
+    # garbage collector's reach, so collections triggered by per-request allocations stop re-scanning them (a swap
+    # unfreezes, collects the old generation and freezes the new one).
     gc.freeze()
-    described = pipeline.describe()
+    described = switch.current.describe()
     log.info("index %s loaded: %s chunks", described.index_folder, described.chunks)
+    switch.watch(app.state.server.reload_poll_s)
     yield
-    pipeline.close()  # the model client's connections, or the in-process engine's processes
+    switch.close()  # every generation: the model client's connections or in-process engine, graph store children
 
 
 def create_app(settings: RagheatSettings, index_dir: Path | None = None,
@@ -45,9 +52,15 @@ def create_app(settings: RagheatSettings, index_dir: Path | None = None,
     """The app serving ``pipeline`` (or a new one over ``index_dir``, default ``server.index_dir``)."""
     app = FastAPI(title="ragheat", version=__version__, lifespan=lifespan,
                   description="Observability-first RAG: hybrid retrieval with cited, per-stage-timed answers.")
-    app.state.pipeline = pipeline or RagPipeline(settings, index_dir or settings.server.index_dir)
-    app.state.server = settings.server
-    app.add_middleware(BodyLimitMiddleware, limit=settings.server.max_body_bytes)
+    switch = GenerationSwitch(pipeline or RagPipeline(settings, index_dir or settings.server.index_dir))
+    access = AccessPolicy.from_settings(settings.server)  # a bad keys file fails here, before anything binds
+    app.state.generations, app.state.access, app.state.server = switch, access, settings.server
+    # Starlette runs the last added outermost: access (before any body is read), body limit, generation lease.
+    app.add_middleware(GenerationMiddleware, switch=switch)
+    app.add_middleware(BodyLimitMiddleware, limit=settings.server.max_body_bytes, rejections=access.rejections)
+    app.add_middleware(AccessMiddleware, policy=access)
     install_error_handlers(app)
     app.include_router(router)
+    install_openapi(app, settings.server, access.keys.enabled,
+                    lambda: switch.current if switch.ready else None)
     return app

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import Mapping
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -23,11 +24,17 @@ STATUS = {
     "invalid_json": 400,       # the body is not JSON
     "invalid_utf8": 400,       # the body is not UTF-8
     "bad_request": 400,        # Starlette could not read the request
+    "unauthenticated": 401,    # no API key, or not a valid one (rag.api.access)
+    "forbidden": 403,          # an admin call on a service without API keys
     "not_found": 404,
-    "method_not_allowed": 405,
+    "method_not_allowed": 405,  # with an Allow header
+    "request_timeout": 408,    # the head or body did not arrive within server.header_timeout_s / body_timeout_s
     "body_too_large": 413,     # over server.max_body_bytes
     "invalid_request": 422,    # parses, but a field is invalid (query too long, top_k out of range, ...)
+    "rate_limited": 429,       # over server.rate_limit_per_s for this key; with Retry-After
+    "headers_too_large": 431,  # request line and headers over server.max_header_bytes
     "stage_failed": 500,       # a pipeline stage raised; the body names the stage
+    "reload_failed": 500,      # POST /admin/reload: the new generation cannot be loaded (the old one still serves)
     "not_ready": 503,          # the index is still loading
 }
 """Error kind (the ``error`` field of the body) -> HTTP status."""
@@ -43,12 +50,13 @@ class ApiError(Exception):
         self.status, self.error, self.reason = STATUS[kind], kind, reason
 
 
-def error_response(kind: str, reason: str, stage: str | None = None, status: int | None = None) -> JSONResponse:
+def error_response(kind: str, reason: str, stage: str | None = None, status: int | None = None,
+                   headers: Mapping[str, str] | None = None) -> JSONResponse:
     """The JSON error body ``{"error", "reason"[, "stage"]}`` with ``kind``'s status (or ``status``)."""
     body = {"error": kind, "reason": reason}
     if stage:
         body["stage"] = stage
-    return JSONResponse(body, status_code=status or STATUS[kind])
+    return JSONResponse(body, status_code=status or STATUS[kind], headers=dict(headers) if headers else None)
 
 
 def _describe(errors) -> tuple[str, str]:
@@ -90,7 +98,12 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _http(request: Request, exc: StarletteHTTPException):
         # FastAPI raises a 400 with this text when the body cannot be decoded (e.g. invalid UTF-8).
         detail = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
-        return error_response(HTTP_KINDS.get(exc.status_code, "http_error"), detail, status=exc.status_code)
+        allow = (exc.headers or {}).get("Allow")
+        if exc.status_code == 405 and allow:
+            detail = f"{request.method} is not allowed on {request.url.path}; use {allow}"
+        # Starlette's own headers stay: a 405 carries the Allow header listing the path's methods (RFC 9110).
+        return error_response(HTTP_KINDS.get(exc.status_code, "http_error"), detail, status=exc.status_code,
+                              headers=exc.headers)
 
     @app.exception_handler(StageError)
     async def _stage(request: Request, exc: StageError):

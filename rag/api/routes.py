@@ -1,26 +1,41 @@
-"""The routes: ``/v1/query``, ``/v1/query/stream`` (SSE), ``/healthz``, ``/readyz``. Each reads the pipeline and
-the server settings from ``app.state`` (set by ``create_app``) and leaves what it learned about a query on the
-request's ``RequestRecord`` for whoever observes requests; none of them calls telemetry."""
+"""The routes: ``/v1/query``, ``/v1/query/stream`` (SSE), ``/healthz``, ``/readyz``, ``/admin/reload``. A query is
+answered by the generation its ``Lease`` holds (taken by ``rag.api.middleware.GenerationMiddleware`` when it arrived);
+the server settings and the ``GenerationSwitch`` are on ``app.state`` (set by ``create_app``). Each route leaves what
+it learned about a query on the request's ``RequestRecord`` for whoever observes requests; none of them calls
+telemetry."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from fastapi.concurrency import run_in_threadpool
+
 from rag.api.errors import ApiError
-from rag.api.schemas import ErrorBody, QueryRequest, QueryResponse
+from rag.errors import ConfigurationError
+from rag.api.middleware import LEASE_KEY
+from rag.api.schemas import ErrorBody, QueryRequest, QueryResponse, ReloadResponse
 from rag.api.streaming import QueryStream
+from rag.generations import GenerationSwitch, ReloadError
 from rag.pipeline import RagPipeline
 from rag.settings import ServerSettings
 from rag.types import REQUEST_RECORD_KEY, QueryResult, RequestRecord
 
-ERROR_RESPONSES = {status: {"model": ErrorBody} for status in (400, 413, 422, 500, 503)}
+# Every status a query can get (408 and 431 come from the connection layer, rag.api.connections).
+ERROR_RESPONSES = {status: {"model": ErrorBody} for status in (400, 401, 408, 413, 422, 429, 431, 500, 503)}
+ADMIN_RESPONSES = {status: {"model": ErrorBody} for status in (401, 403, 429, 500)}
 
 router = APIRouter()
 
 
-def _pipeline(http: Request) -> RagPipeline:
-    return http.app.state.pipeline
+def _pipeline(http: Request) -> RagPipeline | None:
+    """The generation this request holds (None while the first one loads)."""
+    lease = getattr(http.state, LEASE_KEY, None)
+    return None if lease is None else lease.pipeline
+
+
+def _switch(http: Request) -> GenerationSwitch:
+    return http.app.state.generations
 
 
 def _server(http: Request) -> ServerSettings:
@@ -30,20 +45,21 @@ def _server(http: Request) -> ServerSettings:
 def _start_record(request: QueryRequest, http: Request) -> RequestRecord:
     """Attach the request's record (query and ``top_k`` known now) and check what the schema cannot."""
     server = _server(http)
-    record = RequestRecord(request.query, request.top_k or server.default_top_k)
+    record = RequestRecord(request.query.strip(), request.top_k or server.default_top_k)
     setattr(http.state, REQUEST_RECORD_KEY, record)
-    if len(request.query) > server.max_query_chars:
+    if len(request.query) > server.max_query_chars:  # as sent, as the schema's maxLength counts
         raise ApiError("invalid_request", f"query: {len(request.query)} characters is over the limit of "
                                           f"{server.max_query_chars} (server.max_query_chars)")
-    if not _pipeline(http).ready:
+    pipeline = _pipeline(http)
+    if pipeline is None or not pipeline.ready:
         raise ApiError("not_ready", "the index is still loading")
-    if request.retrievers is not None and (problem := _pipeline(http).check_retrievers(request.retrievers)):
+    if request.retrievers is not None and (problem := pipeline.check_retrievers(request.retrievers)):
         raise ApiError("invalid_request", f"retrievers: {problem}")
     return record
 
 
 def _run(request: QueryRequest, http: Request, record: RequestRecord, **callbacks) -> QueryResult:
-    record.result = _pipeline(http).query(request.query, record.top_k, request.retrievers, **callbacks)
+    record.result = _pipeline(http).query(record.query, record.top_k, request.retrievers, **callbacks)
     return record.result
 
 
@@ -80,11 +96,28 @@ def readyz(http: Request):
     whether its store answers; while it is being restarted the service stays ready and answers without the graph
     (degraded), so a store outage never takes the service out of rotation."""
     pipeline = _pipeline(http)
-    if not pipeline.ready:
+    if pipeline is None or not pipeline.ready:
         raise ApiError("not_ready", "the index is still loading")
     described = pipeline.describe()
     body = {"status": "ready", "generation": described.generation, "chunks": described.chunks,
             "corpus": described.corpus}
     if described.graph_backend is not None:
         body["graph"] = {"backend": described.graph_backend, "ready": described.graph_ready}
+    if (error := _switch(http).last_error) is not None:  # a newer generation failed to load; this one still serves
+        body["reload_error"] = error
     return JSONResponse(body)
+
+
+@router.post("/admin/reload", response_model=ReloadResponse, responses=ADMIN_RESPONSES)
+async def reload(http: Request) -> ReloadResponse:
+    """Serve the generation the index folder's ``current`` link points at now: it is loaded beside the one served,
+    then swapped in; requests in flight finish on the old one. Also re-reads server.api_keys_file. Needs an API key."""
+    access = http.app.state.access
+    if (refusal := access.admin_refusal()) is not None:
+        raise ApiError(refusal.reason, refusal.sentence)
+    try:
+        await run_in_threadpool(access.keys.reload)
+        outcome = await run_in_threadpool(_switch(http).reload)
+    except (ReloadError, ConfigurationError) as exc:
+        raise ApiError("reload_failed", str(exc)) from None
+    return ReloadResponse(outcome=outcome.outcome, generation=outcome.generation, previous=outcome.previous)

@@ -9,6 +9,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from rag.routing.names import expand
 from rag.types import QueryResult
 
+MAX_RETRIEVER_NAMES = 4
+MAX_RETRIEVER_NAME_CHARS = 64
+BLANK_CHARACTERS = "".join(sorted({chr(c) for c in range(0x3001) if chr(c).isspace()} | {"\ufeff"}))
+"""What a query may not consist of only: Python's whitespace (``str.isspace``, which ``str.strip`` trims) and JSON
+Schema's (ECMA-262 ``\\s``, which adds U+FEFF), so the schema's pattern (``rag.api.openapi``) and the service agree on
+every string (a query of U+0085 alone is blank to Python, not to ``\\S``). No whitespace lies above U+3000."""
+
 
 class QueryRequest(BaseModel):
     """``POST /v1/query`` body. Unknown fields are rejected rather than silently ignored."""
@@ -16,24 +23,38 @@ class QueryRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", json_schema_extra={
         "examples": [{"query": "What causes the seasons on Earth?", "top_k": 5, "retrievers": ["dense", "bm25"]}]})
 
-    query: str = Field(description="the question; 1 to server.max_query_chars characters after trimming")
+    # Every bound the service enforces is stated in the OpenAPI schema (rag.api.openapi adds those that depend on
+    # settings or on the index served: server.max_query_chars, whether graph and routed can run).
+    query: str = Field(description="the question: 1 to server.max_query_chars characters as sent, not all "
+                                   "whitespace; surrounding whitespace is trimmed before it is answered")
     top_k: int | None = Field(None, ge=1, le=100, description="sources to return (default: server.default_top_k)")
     retrievers: list[str] | None = Field(
-        None, min_length=1, max_length=4,
+        None, min_length=1, max_length=MAX_RETRIEVER_NAMES,
         description="dense, bm25, graph (several are fused by weighted RRF), +-joined combinations (hybrid = "
-                    "dense+bm25, hybrid+graph), or routed alone (the router picks per query); default: "
-                    "retrieval.retrievers")
+                    "dense+bm25, hybrid+graph), or routed alone (the router picks per query); no spaces, no name "
+                    "twice; default: retrieval.retrievers")
 
     @field_validator("query")
     @classmethod
     def _not_blank(cls, value: str) -> str:
-        value = value.strip()
-        if not value:
+        # Kept as sent: the length limit (checked by the route against server.max_query_chars) counts what was sent,
+        # as the schema's maxLength does; the route answers the trimmed text.
+        if not value.strip(BLANK_CHARACTERS):
             raise ValueError("query must not be empty")
         try:
             value.encode("utf-8")
         except UnicodeEncodeError:
             raise ValueError("query must be valid Unicode text (it contains an unpaired surrogate)") from None
+        return value
+
+    @field_validator("top_k", mode="before")
+    @classmethod
+    def _json_integer(cls, value):
+        # As JSON Schema reads "integer": 5 and 5.0 are, "5" and true are not (pydantic would accept both).
+        if isinstance(value, (bool, str)):
+            raise ValueError("Input should be a valid integer")
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
         return value
 
     @field_validator("retrievers")
@@ -43,6 +64,10 @@ class QueryRequest(BaseModel):
             return value
         if len(set(value)) != len(value):
             raise ValueError("retrievers must not repeat a name")
+        for name in value:
+            if len(name) > MAX_RETRIEVER_NAME_CHARS or any(c.isspace() for c in name):
+                raise ValueError(f"retrievers: {name[:MAX_RETRIEVER_NAME_CHARS]!r} is not a name (at most "
+                                 f"{MAX_RETRIEVER_NAME_CHARS} characters, no spaces)")
         return list(expand(value))  # a ValueError names what is wrong: a 422 with that reason
 
 
@@ -100,8 +125,10 @@ class QueryResponse(BaseModel):
     citations: list[Citation]
     stages: list[StageTimingOut]
     generator: str
-    degraded: bool = Field(False, description="true when the answer is the extractive fallback: the language model "
-                                              "was down or slow, or none of its sentences was supported")
+    degraded: bool = Field(False, description="true when the answer is the extractive fallback (the language model "
+                                              "was down or slow, or none of its sentences was supported: "
+                                              "degraded_reason says which), or when a stage was skipped because its "
+                                              "backend was unavailable (skipped_stages names it)")
     degraded_reason: Literal["unavailable", "slow", "unsupported"] | None = Field(
         None, description="why it is degraded: unavailable (down, refusing, erroring), slow (no token within "
                           "generation.first_token_timeout_s or not done by deadline_s), unsupported (no written "
@@ -172,3 +199,12 @@ class ErrorBody(BaseModel):
     error: str = Field(description="machine-readable kind, e.g. invalid_request")
     reason: str = Field(description="a sentence saying what was wrong")
     stage: str | None = Field(None, description="the pipeline stage that failed, for server errors")
+
+
+class ReloadResponse(BaseModel):
+    """``POST /admin/reload``: what the reload did."""
+
+    outcome: Literal["swapped", "unchanged"] = Field(description="swapped = a newer generation is served now; "
+                                                                 "unchanged = the served one is still the newest")
+    generation: str = Field(description="the generation served from now on")
+    previous: str = Field(description="the generation served before the call")

@@ -61,8 +61,12 @@ def build_index(vectors: np.ndarray, params: dict) -> faiss.Index:
 
 
 def save_index(index: faiss.Index, folder: Path) -> None:
-    """Write ``index`` into the generation ``folder``."""
-    faiss.write_index(index, str(folder / DENSE_FILE))
+    """Write ``index`` into the generation ``folder``. Through a Python file, not ``faiss.write_index(path)``: faiss
+    reports a failed close() (a full disk, a file-size limit) on stderr only, and the ingest would go on to publish a
+    truncated index; Python raises ``OSError``."""
+    data = faiss.serialize_index(index)
+    with open(folder / DENSE_FILE, "wb") as fh:
+        fh.write(memoryview(data))
 
 
 def load_index(folder: Path, settings: IndexSettings) -> faiss.Index:

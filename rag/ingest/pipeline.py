@@ -17,7 +17,7 @@ from rag.index import dense, sparse
 from rag.graph.ingest import build_generation_graph, graph_config, prune_store_generations
 from rag.index.store import (CHUNKS, GENERATIONS, MANIFEST, IndexWriter, read_chunks, read_manifest,
                              resolve_generation, write_chunks)
-from rag.errors import IndexLoadError
+from rag.errors import IndexLoadError, IngestError
 from rag.ingest.chunking import SemanticDensityChunker, TokenWindowChunker
 from rag.ingest.sources import Corpus, load_source
 from rag.retrieval.lexical import LexicalAnalyzer
@@ -101,40 +101,45 @@ def ingest(source: str, index_dir: Path, settings: RagheatSettings, *, embedder:
         except IndexLoadError:
             pass  # nothing usable there yet: build
 
-    with IndexWriter.open(Path(index_dir)) as writer:
-        if reusable is not None and reusable.is_dir():
-            t = time.perf_counter()
-            chunks, params, vocabulary = _reuse_indexes(reusable, writer.folder)
-            timings["reused"] = time.perf_counter() - t
-        else:
-            chunks, params, vocabulary = _build_indexes(corpus, chunker, embedder, analyzer, settings, writer.folder,
-                                                        steps, timings)
-        graph = None
-        if settings.graph.enabled:
-            t = time.perf_counter()
-            graph = build_generation_graph(
-                writer.folder, writer.generation, chunks, settings.graph, start_step=steps.start,
-                embed_titles=lambda texts, advance: embedder.embed_many(texts, progress=advance))
-            timings["graph"] = time.perf_counter() - t
-        timings["total"] = time.perf_counter() - started
+    try:
+        with IndexWriter.open(Path(index_dir)) as writer:
+            if reusable is not None and reusable.is_dir():
+                t = time.perf_counter()
+                chunks, params, vocabulary = _reuse_indexes(reusable, writer.folder)
+                timings["reused"] = time.perf_counter() - t
+            else:
+                chunks, params, vocabulary = _build_indexes(corpus, chunker, embedder, analyzer, settings, writer.folder,
+                                                            steps, timings)
+            graph = None
+            if settings.graph.enabled:
+                t = time.perf_counter()
+                graph = build_generation_graph(
+                    writer.folder, writer.generation, chunks, settings.graph, start_step=steps.start,
+                    embed_titles=lambda texts, advance: embedder.embed_many(texts, progress=advance))
+                timings["graph"] = time.perf_counter() - t
+            timings["total"] = time.perf_counter() - started
 
-        manifest = {
-            "ragheat_version": __version__,
-            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "fingerprint": fingerprint,
-            "fingerprint_indexes": indexes_fingerprint,
-            "corpus": {"name": corpus.name, "kind": corpus.kind, "location": corpus.location,
-                       "content_sha256": corpus.content_sha256, "documents": len(corpus.documents),
-                       "skipped_empty": corpus.skipped_empty, "skipped_duplicate": corpus.skipped_duplicate},
-            "model": config["model"],
-            "chunking": config["chunking"],
-            "lexical": config["lexical"],
-            "dense": params,
-            "graph": graph,
-            "counts": {"documents": len(corpus.documents), "chunks": len(chunks), "vocabulary": vocabulary},
-            "timings_s": {k: round(v, 3) for k, v in timings.items()},
-        }
-        generation = writer.publish(manifest)
+            manifest = {
+                "ragheat_version": __version__,
+                "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "fingerprint": fingerprint,
+                "fingerprint_indexes": indexes_fingerprint,
+                "corpus": {"name": corpus.name, "kind": corpus.kind, "location": corpus.location,
+                           "content_sha256": corpus.content_sha256, "documents": len(corpus.documents),
+                           "skipped_empty": corpus.skipped_empty, "skipped_duplicate": corpus.skipped_duplicate},
+                "model": config["model"],
+                "chunking": config["chunking"],
+                "lexical": config["lexical"],
+                "dense": params,
+                "graph": graph,
+                "counts": {"documents": len(corpus.documents), "chunks": len(chunks), "vocabulary": vocabulary},
+                "timings_s": {k: round(v, 3) for k, v in timings.items()},
+            }
+            generation = writer.publish(manifest)
+    except OSError as exc:  # a full disk, a file-size limit, a read-only folder: a sentence, not a traceback
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise IngestError(f"writing the new generation into {index_dir} failed: {exc.strerror or exc}{where}; the "
+                          f"served generation is unchanged") from exc
     if settings.graph.enabled:
         kept = {p.name for p in (Path(index_dir) / GENERATIONS).iterdir() if not p.name.startswith(".")}
         prune_store_generations(settings.graph, generation, kept)

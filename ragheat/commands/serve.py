@@ -28,6 +28,14 @@ def serve(
     llm_model: Optional[str] = typer.Option(None, "--llm-model", help="openai: served model; vllm: model folder"),
     probes_on: bool = typer.Option(False, "--probes", help="also run the eBPF kernel probes in this process, "
                                                            "exported at /metrics (needs root or CAP_BPF+CAP_PERFMON)"),
+    api_keys_file: Optional[Path] = typer.Option(
+        None, "--api-keys-file", help="require an API key from this file of hashed keys (`ragheat keys new`); keys "
+                                      "themselves only via RAGHEAT_SERVER__API_KEYS, never on the command line"),
+    metrics_port: Optional[int] = typer.Option(None, "--metrics-port",
+                                               help="serve /metrics on this port instead of the API port"),
+    reload_poll_s: Optional[float] = typer.Option(
+        None, "--reload-poll", help="seconds between checks for a newer index generation, swapped in without a "
+                                    "restart (0 = only on POST /admin/reload)"),
 ) -> None:
     """Serve the HTTP API (OpenAPI docs at /docs, metrics at /metrics)."""
     import contextlib
@@ -37,13 +45,17 @@ def serve(
 
     from ragheat.service import build_service
 
-    settings = load_settings(server={"host": host, "port": port, "index_dir": index},
+    settings = load_settings(server={"host": host, "port": port, "index_dir": index, "api_keys_file": api_keys_file,
+                                     "metrics_port": metrics_port, "reload_poll_s": reload_poll_s},
                              generation={"generator": generator, "base_url": llm_url, "model": llm_model})
     metrics_on = telemetry_on and settings.telemetry.metrics
     if prometheus and not metrics_on:
         _fail("--prometheus needs metrics: drop --no-telemetry and keep telemetry.metrics on")
     if prometheus and settings.server.port == 0:
         _fail("--prometheus needs a fixed --port to scrape")
+    keys_on = bool(settings.server.api_keys or settings.server.api_keys_file)
+    if prometheus and keys_on and settings.server.metrics_port is None:
+        _fail("--prometheus scrapes without a key: with API keys set, give /metrics its own --metrics-port")
     if probes_on and not metrics_on:
         _fail("--probes needs metrics: drop --no-telemetry and keep telemetry.metrics on")
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -55,13 +67,16 @@ def serve(
             from stack.prometheus import LocalPrometheus
 
             scrape_host = "127.0.0.1" if settings.server.host in ("0.0.0.0", "::") else settings.server.host
-            url = stack.enter_context(LocalPrometheus(f"{scrape_host}:{settings.server.port}"))
-            out.print(f"prometheus: {url}  (scraping http://{scrape_host}:{settings.server.port}/metrics, "
+            scrape_port = settings.server.metrics_port or settings.server.port
+            url = stack.enter_context(LocalPrometheus(f"{scrape_host}:{scrape_port}"))
+            out.print(f"prometheus: {url}  (scraping http://{scrape_host}:{scrape_port}/metrics, "
                       "exemplar storage on)")
         # uvicorn re-raises SIGTERM after its graceful shutdown; exiting through SystemExit lets the
         # ExitStack stop the local Prometheus and the service its telemetry exporters instead of dying mid-way.
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-        uvicorn.run(service.app, host=settings.server.host, port=settings.server.port, log_level=log_level)
+        # Slow and oversized clients are cut off by the server settings' limits (rag.api.connections).
+        uvicorn.Server(service.uvicorn_config(host=settings.server.host, port=settings.server.port,
+                                              log_level=log_level)).run()
 
 
 @_guard
@@ -70,7 +85,9 @@ def query(
     index: Optional[Path] = typer.Option(None, "--index", help="answer in-process from this index"),
     url: Optional[str] = typer.Option(None, help="ask a running server instead, e.g. http://127.0.0.1:8000"),
     top_k: int = typer.Option(5, min=1, max=100, help="sources to return"),
-    retrievers: Optional[str] = typer.Option(None, help="dense, bm25 or dense,bm25 (hybrid)"),
+    retrievers: Optional[str] = typer.Option(
+        None, help="comma list of dense, bm25, graph (fused when several), +-joined names (hybrid = dense+bm25, "
+                   "hybrid+graph), or routed alone (the router picks per query); default: retrieval.retrievers"),
     as_json: bool = typer.Option(False, "--json", help="print the raw response"),
 ) -> None:
     """Answer one question with citations and per-stage timings."""
@@ -96,7 +113,7 @@ def query(
             _fail(exc.errors()[0]["msg"].removeprefix("Value error, "))
         pipeline = RagPipeline(settings, settings.server.index_dir)
         pipeline.warm_up()
-        data = QueryResponse.from_result(pipeline.query(request.query, top_k, names)).model_dump()
+        data = QueryResponse.from_result(pipeline.query(request.query.strip(), top_k, names)).model_dump()
     if as_json:
         out.print_json(json.dumps(data))
     else:
