@@ -35,6 +35,7 @@ QUERY_ARGS=(--queries 300 --rounds 3)
 TELEMETRY_ARGS=(--rounds 12 --round-s 5)
 LOADGEN_ARGS=(--rates 500,1000,2000,2500,3000 --duration 5)
 KNEE_ARGS=(--rates 50,100,150,200,250,300 --duration 6 --warmup 2)
+REPLICAS_ARGS=(--rates 50,100,150,200,250,300 --duration 5 --warmup 2)  # 3 configurations side by side: ~4 minutes
 ANN_ARGS=()
 PROBES_ARGS=(--rounds 12 --round-s 4)
 FUSION_ARGS=()
@@ -50,6 +51,7 @@ if [ "${SMOKE:-0}" = 1 ]; then
   TELEMETRY_ARGS=(--queries 20 --rounds 2 --round-s 1 --clients 2)
   LOADGEN_ARGS=(--rates 100,200 --duration 1 --warmup 0.5)
   KNEE_ARGS=(--rates 5,10 --duration 1 --warmup 0.5)
+  REPLICAS_ARGS=(--rates 5,10 --duration 1 --warmup 0.5)
   ANN_ARGS=(--no-wiki --threads 1,2 --seconds 0.1)
   PROBES_ARGS=(--rounds 2 --round-s 1 --syscall-calls 100000 --round-trips 20000 --syscall-runs 2)
   FUSION_ARGS=(--k 1,5,60 --bm25-weight 1.0,1.2)
@@ -134,6 +136,8 @@ step_rerank() { slot bench_rerank.py --json "$RESULTS/rerank.json"; }
 step_answers() { slot bench_answers.py --json "$RESULTS/answers.json"; }
 step_cache() { slot bench_cache.py --json "$RESULTS/cache.json"; }
 step_capacity() { slot bench_capacity.py --json "$RESULTS/capacity.json"; }
+step_replicas() { slot bench_replicas.py --index "$INDEX" --queries "$BEIR/queries.jsonl" "${REPLICAS_ARGS[@]}" \
+                    --work "$LOGS/replicas" --results-file "$RESULTS/replicas.json"; }
 step_hyde() { slot bench_hyde.py --json "$RESULTS/hyde.json"; }
 step_judge() { slot bench_judge.py --json "$RESULTS/judge.json"; }
 step_vllm-ttft() { "$PY" benchmarks/bench_vllm_ttft.py --index "$INDEX" --beir "$BEIR" "${TTFT_ARGS[@]}" \
@@ -144,7 +148,7 @@ step_render() {
 }
 
 ALL=(ingest eval eval-fp32 fusion query telemetry telemetry-recording loadgen knee ann probes tune-vllm
-     embedding graph vllm-ttft rerank cache capacity answers hyde judge render)
+     embedding graph vllm-ttft rerank cache capacity replicas answers hyde judge render)
 if [ "${1:-}" = --list ]; then printf '%s\n' "${ALL[@]}"; exit 0; fi
 steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=("${ALL[@]}")

@@ -1,10 +1,12 @@
 """``ragheat stack up``: the compose topology as local processes on loopback, from compose's own configs.
 
-Started here: the API (``ragheat serve``), the alert receiver, Alertmanager and Prometheus (Debian's
-binaries), the eBPF exporter when privileged, and vLLM on the CPU when a model is asked for (a model folder, or
-``dummy``: random weights, said loudly). Without a model the API answers with the extractive generator, and says
-so. Not started (no binaries on a machine without Docker): the OTel Collector, Tempo, Grafana and Neo4j; their
-scrape jobs are left out of the local Prometheus config and named in the state's notes.
+Started here: the API (``ragheat serve``; with ``replicas`` > 1, that many ``ragheat serve`` processes on ports of
+their own behind Debian's nginx on the API port, each scraped by Prometheus: stack/nginx.py), the alert receiver,
+Alertmanager and Prometheus (Debian's binaries), the eBPF exporter when privileged, and vLLM on the CPU when a
+model is asked for (a model folder, or ``dummy``: random weights, said loudly). Without a model the API answers with
+the extractive generator, and says so. Not started (no binaries on a machine without Docker): the OTel Collector,
+Tempo, Grafana and Neo4j; their scrape jobs are left out of the local Prometheus config and named in the state's
+notes.
 
 Every path written into a generated config is absolute: Prometheus reads ``rule_files`` relative to its config
 file's folder (and an empty glob is legal), so a relative one would load no rule, silently. After start, ``up``
@@ -30,7 +32,7 @@ import yaml
 
 from rag.childproc import free_port, wait_until_ok
 from rag.errors import ConfigurationError
-from stack import topology
+from stack import nginx, topology
 from stack.processes import Managed, StackState
 
 DEFAULT_PORTS = {"api": 8000, "prometheus": 9090, "alertmanager": 9093, "alert-receiver": 9095, "probes": 9465,
@@ -59,6 +61,7 @@ class StackOptions:
     rules_profile: str = "production"  # the rules' profile (dashboards.slo.PROFILES); test = windows / 60
     time_divisor: int = 1  # the profile's divisor: applied to scrape/evaluation intervals and Alertmanager's timers
     ready_timeout_s: float = 180.0
+    replicas: int = 1  # API processes; > 1 puts nginx on the API port in front of them
 
 
 @dataclass
@@ -211,6 +214,9 @@ def up(options: StackOptions, say: Callable[[str], None] = print) -> StackState:
     use_probes = options.probes == "on" or (options.probes == "auto" and os.geteuid() == 0)
     if not use_probes:
         state.notes.append("probes off: " + ("--probes off" if options.probes == "off" else "not root (eBPF needs it)"))
+    if options.replicas < 1:
+        raise StackError(f"--replicas must be 1 or more, not {options.replicas}")
+    balancer = nginx.nginx_binary() if options.replicas > 1 else None  # named before anything starts
     plan = answer_plan(options, options.folder)
     say(plan.line)
     state.notes.append(plan.line)
@@ -223,14 +229,19 @@ def up(options: StackOptions, say: Callable[[str], None] = print) -> StackState:
     components = ["api", "prometheus", "alertmanager", "alert-receiver"] + (["probes"] if use_probes else []) \
         + (["vllm"] if plan.vllm_python else [])
     ports = _resolve_ports(options.ports, components)
-    addresses = topology.LocalAddresses({c: f"127.0.0.1:{p}" for c, p in ports.items()})
+    # Replicas listen on free ports of their own; the stack's API port belongs to the balancer.
+    replicas = tuple(f"127.0.0.1:{free_port()}" for _ in range(options.replicas)) if balancer else ()
+    addresses = topology.LocalAddresses({c: f"127.0.0.1:{p}" for c, p in ports.items()}, replicas)
+    if balancer:
+        state.notes.append(f"{options.replicas} API replicas behind nginx at {addresses.url('api')} (least_conn); "
+                           f"Prometheus scrapes each replica" + (", the probes watch api-1 only" if use_probes else ""))
     state.notes.append("not run without Docker: otel-collector, tempo, grafana, neo4j (compose only)")
     try:
         configs = prepare_configs(options, compose, addresses)
         say(f"rendered dashboards, rules and routes into {configs.rendered}")
         if configs.dropped_jobs:
             state.notes.append(f"scrape jobs left out (component not running here): {', '.join(configs.dropped_jobs)}")
-        _start(state, options, compose, addresses, configs, prometheus, alertmanager, plan, say)
+        _start(state, options, compose, addresses, configs, prometheus, alertmanager, plan, say, balancer)
     except BaseException:
         state.stop_all()
         raise
@@ -270,7 +281,8 @@ def prepare_configs(options: StackOptions, compose: dict, addresses: topology.Lo
 
 
 def _start(state: StackState, options: StackOptions, compose: dict, addresses: topology.LocalAddresses,
-           configs: LocalConfigs, prometheus: str, alertmanager: str, plan: AnswerPlan, say) -> None:
+           configs: LocalConfigs, prometheus: str, alertmanager: str, plan: AnswerPlan, say,
+           balancer: str | None = None) -> None:
     folder, ragheat, timeout = options.folder, ragheat_executable(), options.ready_timeout_s
     port = {c: a.rsplit(":", 1)[1] for c, a in addresses.components.items()}
     started: list[tuple[Managed, str, float]] = []
@@ -288,10 +300,20 @@ def _start(state: StackState, options: StackOptions, compose: dict, addresses: t
                            env=_vllm_env(folder), url=addresses.url("vllm"))
         started.append((vllm, vllm.url + "/health", max(timeout, 300)))
         env["RAGHEAT_GENERATION__BASE_URL"] = vllm.url + "/v1"
-    api = state.spawn("api", [ragheat, "serve", "--index", str(options.index), "--host", "127.0.0.1",
-                              "--port", port["api"], "--log-level", "warning"], env=env, url=addresses.url("api"))
-    _wait(api, api.url + "/readyz", timeout)
-    say(f"api ready at {api.url}")
+    apis = [state.spawn(name, [ragheat, "serve", "--index", str(options.index), "--host", "127.0.0.1",
+                               "--port", address.rsplit(":", 1)[1], "--log-level", "warning"], env=env,
+                        url=f"http://{address}")
+            for name, address in addresses.api_targets().items()]
+    for replica in apis:  # started together, so N replicas load their indexes side by side
+        _wait(replica, replica.url + "/readyz", timeout)
+        say(f"{replica.name} ready at {replica.url}")
+    api = apis[0]
+    if balancer:
+        config = nginx.write_local_config(folder / "nginx", addresses.components["api"], list(addresses.replicas))
+        front = state.spawn("nginx", nginx.argv(config, balancer), url=addresses.url("api"))
+        _wait(front, front.url + nginx.HEALTH_PATH, 30)
+        _wait(front, front.url + "/readyz", 30)  # through the balancer to a replica
+        say(f"nginx ready at {front.url}, balancing {len(apis)} replicas ({', '.join(a.url for a in apis)})")
     if "probes" in addresses.components:
         # After the API is up: the probes attach to its pid and watch the ports it listens on.
         probes = state.spawn("probes", [ragheat, "probes", "--pid", str(api.pid), "--host", "127.0.0.1",
@@ -339,11 +361,12 @@ def alertmanagers(prometheus_url: str) -> list[str]:
 
 
 def prometheus_report(url: str) -> tuple[list[dict], list[dict]]:
-    """(targets, rule groups) as Prometheus reports them: each target's job, health and last error; each
-    group's name, rule count and unhealthy rules."""
+    """(targets, rule groups) as Prometheus reports them: each target's job, replica (API targets), health and last
+    error; each group's name, rule count and unhealthy rules."""
     targets = httpx.get(url + "/api/v1/targets", params={"state": "active"}, timeout=10).json()["data"]
     rules = httpx.get(url + "/api/v1/rules", timeout=10).json()["data"]
-    return ([{"job": t["labels"]["job"], "health": t["health"], "error": t.get("lastError", "")}
+    return ([{"job": t["labels"]["job"], "replica": t["labels"].get(topology.REPLICA_LABEL, ""), "health": t["health"],
+              "error": t.get("lastError", "")}
              for t in targets["activeTargets"]],
             [{"name": g["name"], "file": g["file"], "rules": len(g["rules"]),
               "alerts": sorted({r["name"] for r in g["rules"] if r.get("type") == "alerting"}),

@@ -53,11 +53,26 @@ def compose_command(service: str, compose: dict | None = None) -> list[str]:
     return [str(part) for part in command]
 
 
+API_JOB = "ragheat-api"
+REPLICA_LABEL = "replica"
+"""The label naming which API replica a scraped series came from (compose: its address; locally: api-1, api-2...).
+The SLO rules sum over it (``sum by (stage)``, never by instance or replica), so N replicas make one SLO series."""
+
+
 @dataclass(frozen=True)
 class LocalAddresses:
-    """host:port of each component running on loopback; a component absent here is not running."""
+    """host:port of each component running on loopback; a component absent here is not running. ``replicas``:
+    the API replicas' own addresses when a balancer holds ``components["api"]`` (empty: the API is one process
+    at ``components["api"]``)."""
 
     components: dict[str, str]
+    replicas: tuple[str, ...] = ()
+
+    def api_targets(self) -> dict[str, str]:
+        """Replica name -> address, as the stack names the processes (``api`` alone, or ``api-1``...)."""
+        if not self.replicas:
+            return {"api": self.components["api"]}
+        return {f"api-{i}": address for i, address in enumerate(self.replicas, 1)}
 
     def url(self, component: str) -> str:
         return f"http://{self.components[component]}"
@@ -125,12 +140,29 @@ def local_prometheus_config(addresses: LocalAddresses, rendered_dir: Path, confi
         if component not in addresses.components:
             dropped.append(name)
             continue
+        if name == API_JOB:
+            jobs.append(_local_api_job(job, addresses))
+            continue
         targets = [t for group in job.get("static_configs", []) for t in group.get("targets", [])]
         if len(targets) != 1:
             raise ConfigurationError(f"{PROMETHEUS_CONFIG}: job {name!r} must have exactly one target, has {targets}")
         jobs.append({**job, "static_configs": [{"targets": [addresses.components[component]]}]})
     local["scrape_configs"] = jobs
     return local, dropped
+
+
+def _local_api_job(job: dict, addresses: LocalAddresses) -> dict:
+    """compose's API job (every replica found through Docker's DNS, labelled by address) as static targets: one per
+    local replica, labelled ``replica="api-N"``. compose's relabelling may only set that label: anything else it
+    did would be lost here, so it is refused by name."""
+    relabels = job.get("relabel_configs", [])
+    if any(r.get("target_label") != REPLICA_LABEL for r in relabels):
+        raise ConfigurationError(f"{PROMETHEUS_CONFIG}: job {API_JOB!r} relabels more than the {REPLICA_LABEL!r} "
+                                 f"label; stack.topology.local_prometheus_config must learn to keep it")
+    local = {k: v for k, v in job.items() if k not in ("dns_sd_configs", "static_configs", "relabel_configs")}
+    local["static_configs"] = [{"targets": [address], "labels": {REPLICA_LABEL: name}}
+                               for name, address in addresses.api_targets().items()]
+    return local
 
 
 _DURATION = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")

@@ -18,6 +18,7 @@ STEPS = {
     # slots: benchmarks being written by others (see benchmarks/README.md, "Adopting the results file")
     "embedding": "embedding", "graph": "graph", "rerank": "rerank", "cache": "cache", "answers": "answers",
     "vllm-ttft": "vllm-ttft", "hyde": "hyde", "judge": "judge", "capacity": "capacity",
+    "replicas": "replicas",
 }
 
 SECTIONS = (
@@ -34,6 +35,7 @@ SECTIONS = (
     Section("loadgen", ("loadgen",), capacity.loadgen, required=True),
     Section("knee", ("knee-scifact",), capacity.knee, required=True),
     Section("capacity", ("capacity",), None, required=False),
+    Section("replicas", ("replicas",), None, required=False),  # renders the file's data["doc_tables"]
     Section("ann", ("ann",), capacity.ann, required=True),
     Section("probes", ("probes",), capacity.probes, required=True),
     Section("tune-vllm", ("tune-vllm",), capacity.tune_vllm, required=True),

@@ -50,9 +50,13 @@ def up(
                                               help="probes port on 127.0.0.1 (default probes.port; 0 = a free one)"),
     vllm_port: int = _port_option("vllm", 8001),
     ready_timeout: float = typer.Option(180.0, min=1.0, help="seconds each component may take to answer"),
+    replicas: int = typer.Option(1, "--replicas", min=1, max=16,
+                                 help="API processes (ragheat serve); more than 1 puts Debian's nginx on the API port "
+                                      "in front of them (least_conn) and Prometheus scrapes each"),
 ) -> None:
-    """Start the API, Prometheus (compose's config, targets on loopback), Alertmanager, the alert receiver,
-    the eBPF probes when root and vLLM when a model is given, as background processes; `stack down` stops them."""
+    """Start the API (N replicas behind nginx with --replicas N), Prometheus (compose's config, targets on
+    loopback), Alertmanager, the alert receiver, the eBPF probes when root and vLLM when a model is given, as
+    background processes; `stack down` stops them."""
     from dashboards.slo import PROFILES
     from stack.local import StackOptions, up as start, wait_for_scrapes
 
@@ -74,7 +78,7 @@ def up(
     options = StackOptions(settings.server.index_dir, folder, ports, probes, vllm_model,
                            vllm_python=generation.vllm_python, llm_url=llm_url, llm_model=llm_model or "",
                            rules_profile=rules_profile, time_divisor=PROFILES[rules_profile].divisor,
-                           ready_timeout_s=ready_timeout)
+                           ready_timeout_s=ready_timeout, replicas=replicas)
     state = start(options, say=_say)
     targets = wait_for_scrapes(state.get("prometheus").url)
     _print_state(state, targets)
@@ -148,7 +152,8 @@ def _print_state(state, targets: list[dict]) -> None:
     out.print(table)
     for t in targets:
         colour = {"up": "green", "down": "red"}.get(t["health"], "yellow")
-        out.print(f"target {t['job']}: [{colour}]{t['health']}[/] {t['error']}", highlight=False)
+        replica = f" {t['replica']}" if t.get("replica") else ""
+        out.print(f"target {t['job']}{replica}: [{colour}]{t['health']}[/] {t['error']}", highlight=False)
     for note in state.notes:
         out.print(f"[dim]note: {note}[/]", highlight=False)
 

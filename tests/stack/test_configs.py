@@ -32,6 +32,15 @@ def service_hosts(compose_model: dict) -> set[str]:
     return hosts
 
 
+def _target(job: dict) -> str:
+    """A scrape job's one target, static or found by DNS (``name:port``)."""
+    if "dns_sd_configs" in job:
+        (sd,) = job["dns_sd_configs"]
+        (name,) = sd["names"]
+        return f"{name}:{sd['port']}"
+    return job["static_configs"][0]["targets"][0]
+
+
 def in_container(path: str, rendered: Path) -> Path:
     """A container path under the rendered volume, as the local copy of that volume."""
     assert path.startswith(topology.RENDERED_MOUNT), path
@@ -73,11 +82,16 @@ def test_promtool_rejects_a_config_whose_rules_are_broken(prometheus_config, ren
 def test_prometheus_scrapes_compose_services_and_the_rules_come_from_the_rendered_volume(compose_model):
     config = load(DEPLOY / "prometheus" / "prometheus.yml")
     hosts = service_hosts(compose_model) | {"localhost"}
-    jobs = {job["job_name"]: job["static_configs"][0]["targets"][0] for job in config["scrape_configs"]}
+    jobs = {job["job_name"]: _target(job) for job in config["scrape_configs"]}
     assert set(jobs) == set(topology.JOB_COMPONENTS)
     for job, target in jobs.items():
         assert target.rsplit(":", 1)[0] in hosts, f"job {job} scrapes {target}, which is no compose service"
+    # Every API replica, found through Docker's DNS (one address per replica), each labelled: not the balancer.
     assert jobs["ragheat-api"] == "api:8000"
+    api_job = next(j for j in config["scrape_configs"] if j["job_name"] == "ragheat-api")
+    assert "static_configs" not in api_job and api_job["dns_sd_configs"][0]["type"] == "A"
+    assert api_job["relabel_configs"] == [{"source_labels": ["__address__"], "target_label": topology.REPLICA_LABEL}]
+    assert "deploy" in compose_model["services"]["api"] and "ports" not in compose_model["services"]["api"]
     probes_command = compose_model["services"]["probes"]["command"]
     assert jobs["ragheat-probes"] == f"api:{probes_command[probes_command.index('--port') + 1]}"
     assert all(p.startswith(topology.RENDERED_MOUNT) for p in config["rule_files"])

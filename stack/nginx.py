@@ -1,0 +1,187 @@
+"""The balancer in front of N API replicas: one nginx config, written by code for both places it runs.
+
+``ragheat stack up --replicas N`` runs Debian's nginx unprivileged from a config generated into the stack folder
+(its pid file, temp folders and log there; nothing under /etc); compose runs the nginx image with
+``deploy/nginx/nginx.conf``, rendered by the same function (``render_compose_config``; a test keeps the committed
+file equal to it). Only the upstream servers and the paths differ.
+
+Choices, each for a reason:
+
+- ``least_conn``: a RAG query costs milliseconds to seconds depending on its stages (an LLM answer, a graph hop),
+  so round robin would queue requests behind a slow one while the other replica idles.
+- ``keepalive`` to the upstreams (HTTP/1.1, ``Connection: ""``): a fresh TCP connection per proxied request costs
+  each replica an accept and a handshake, and at a few hundred requests a second fills the ephemeral ports with
+  TIME_WAIT.
+- Retries: ``proxy_next_upstream error timeout`` with nginx's default for non-idempotent methods: a ``POST
+  /v1/query`` goes to the next replica only when the chosen one never received it (connection refused or connect
+  timeout: a dead or restarting replica), never once it was sent. A query is read-only, but a retry after a read
+  timeout doubles the work exactly when the service is overloaded, and a stream may have reached the client in
+  part; so ``non_idempotent`` is deliberately not set. ``max_fails=1 fail_timeout=5s`` takes a refusing replica out
+  for 5 s after one failure, so the others are not asked to retry every request meanwhile.
+- ``/v1/query/stream`` (server-sent events) is proxied unbuffered (``proxy_buffering off``), with a long read
+  timeout: each token reaches the client as the replica writes it. Plain JSON answers stay buffered, which frees
+  the replica's connection as soon as the answer is written.
+- Shed responses (503 with ``Retry-After``, 429) pass through untouched: nginx does not retry them for a POST.
+- One worker process: the replicas need the cores; one nginx worker proxies thousands of requests a second.
+- ``access_log off``: a log line per request costs CPU at benchmark rates; the replicas count every request.
+- Nothing is written to disk: request bodies up to 128 KiB stay in memory, and an answer larger than the proxy
+  buffers (256 KiB) is passed on as it is read (``proxy_max_temp_file_size 0``) instead of spooled to a temp file,
+  which an unprivileged worker (``nobody`` when the stack runs as root) might not be allowed to write.
+- ``client_max_body_size`` well above the API's own ``server.max_body_bytes``, so an oversized body gets the API's
+  413 with its reason, not nginx's bare page.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from rag.errors import ConfigurationError
+
+UPSTREAM = "ragheat_api"
+HEALTH_PATH = "/balancer/healthz"
+"""Answered by nginx itself (not proxied): the balancer is up, whatever the replicas."""
+STREAM_PATH = "/v1/query/stream"
+COMPOSE_CONFIG = Path(__file__).resolve().parents[1] / "deploy" / "nginx" / "nginx.conf"
+COMPOSE_UPSTREAM = "api:8000"
+"""compose's API service; nginx >= 1.27.3 re-resolves it (``resolve``) as replicas come and go."""
+DOCKER_DNS = "127.0.0.11"
+TEMP_FOLDERS = ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
+
+
+@dataclass(frozen=True)
+class BalancerConfig:
+    """What the config says: where nginx listens, the upstream servers (``host:port``, optionally followed by
+    server parameters such as ``resolve``), the folder for its pid file and temp folders, the resolver to
+    re-resolve names with (compose: Docker's), the user its workers run as (only when started as root)."""
+
+    listen: str
+    servers: tuple[str, ...]
+    prefix: str
+    resolver: str | None = None
+    user: str | None = None
+    max_body_bytes: int = 1024 * 1024
+    keepalive: int = 64
+    stream_read_timeout_s: int = 300
+
+    def __post_init__(self) -> None:
+        if not self.servers:
+            raise ConfigurationError("the balancer needs at least one API replica to send requests to")
+        if not self.prefix.startswith("/"):
+            raise ConfigurationError(f"the nginx folder {self.prefix} must be an absolute path: nginx resolves "
+                                     f"relative pid and temp paths against its own prefix, not ours")
+
+
+def render(config: BalancerConfig) -> str:
+    """The whole nginx.conf for ``config``."""
+    servers = "\n".join(f"        server {s} max_fails=1 fail_timeout=5s;" for s in config.servers)
+    resolver = f"    resolver {config.resolver} valid=5s ipv6=off;\n" if config.resolver else ""
+    user = f"user {config.user};\n" if config.user else ""
+    temps = "\n".join(f"    {name}_temp_path {config.prefix}/{name};" for name in TEMP_FOLDERS)
+    body = max(config.max_body_bytes, 1024 * 1024)
+    return f"""\
+# Generated by stack/nginx.py (ragheat stack up --replicas N; compose's deploy/nginx/nginx.conf): edit the code,
+# not this file. Why each setting is what it is: the module's docstring.
+{user}worker_processes 1;
+daemon off;
+pid {config.prefix}/nginx.pid;
+error_log stderr warn;
+
+events {{
+    worker_connections 4096;
+}}
+
+http {{
+    access_log off;
+{temps}
+{resolver}    client_max_body_size {body};
+    client_body_buffer_size 128k;
+    client_header_timeout 10s;
+    client_body_timeout 10s;
+    keepalive_timeout 75s;
+    keepalive_requests 100000;
+
+    upstream {UPSTREAM} {{
+        zone {UPSTREAM} 64k;
+        least_conn;
+{servers}
+        keepalive {config.keepalive};
+        keepalive_requests 100000;
+    }}
+
+    server {{
+        listen {config.listen};
+
+        location = {HEALTH_PATH} {{
+            default_type text/plain;
+            return 200 "ok\\n";
+        }}
+
+        proxy_http_version 1.1;
+        proxy_set_header Connection "";
+        proxy_set_header Host $host;
+        proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+        proxy_buffers 16 16k;
+        proxy_max_temp_file_size 0;
+        proxy_connect_timeout 2s;
+        proxy_send_timeout 30s;
+        proxy_next_upstream error timeout;
+        proxy_next_upstream_tries 2;
+        proxy_next_upstream_timeout 5s;
+
+        location = {STREAM_PATH} {{
+            proxy_pass http://{UPSTREAM};
+            proxy_buffering off;
+            proxy_cache off;
+            proxy_read_timeout {config.stream_read_timeout_s}s;
+        }}
+
+        location / {{
+            proxy_pass http://{UPSTREAM};
+            proxy_read_timeout 60s;
+        }}
+    }}
+}}
+"""
+
+
+def render_compose_config() -> str:
+    """compose's nginx.conf: the ``api`` service's replicas through Docker's DNS, re-resolved every 5 s (the
+    ``resolve`` server parameter, nginx >= 1.27.3), listening on 8000 inside the container; pid and temp files in
+    the image's /var/cache/nginx (it exists there, owned by the workers' user)."""
+    return render(BalancerConfig(listen="8000", servers=(f"{COMPOSE_UPSTREAM} resolve",), prefix="/var/cache/nginx",
+                                 resolver=DOCKER_DNS))
+
+
+def nginx_binary() -> str:
+    """Debian's nginx; ``ConfigurationError`` saying how to install it when absent."""
+    path = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.access(p, os.X_OK)), None)
+    if path is None:
+        raise ConfigurationError("--replicas > 1 puts nginx in front of the replicas: install Debian's package "
+                                 "'nginx' (scripts/install.sh --test does)")
+    return path
+
+
+def write_local_config(folder: Path, listen: str, upstreams: list[str]) -> Path:
+    """The local balancer's config in ``folder`` (absolute), with its temp folders created; checked by
+    ``nginx -t`` so a mistake is named before anything starts. Returns the config's path."""
+    folder = folder.resolve()
+    for name in TEMP_FOLDERS:
+        (folder / name).mkdir(parents=True, exist_ok=True)
+    # Started as root, nginx hands its workers to `user`; nobody can reach loopback ports just as well.
+    user = "nobody nogroup" if os.geteuid() == 0 else None
+    path = folder / "nginx.conf"
+    path.write_text(render(BalancerConfig(listen=listen, servers=tuple(upstreams), prefix=str(folder), user=user)))
+    check = subprocess.run(argv(path, nginx_binary()) + ["-t", "-q"], capture_output=True, text=True, timeout=30)
+    if check.returncode != 0:
+        raise ConfigurationError(f"nginx -t refused {path}: {(check.stderr or check.stdout).strip()[-800:]}")
+    return path
+
+
+def argv(config_path: Path, binary: str) -> list[str]:
+    """nginx in the foreground on ``config_path``, its prefix the config's folder, errors to stderr from the
+    first line (before the config is read, nginx would otherwise open /var/log/nginx/error.log)."""
+    return [binary, "-p", str(config_path.parent), "-c", str(config_path), "-e", "stderr"]
