@@ -122,7 +122,15 @@ class GenerationSwitch:
 
     @property
     def ready(self) -> bool:
-        return self._served is not None
+        with self._lock:
+            return self._served_locked() is not None
+
+    def _served_locked(self) -> "_Served | None":
+        """The served generation (call with ``_lock`` held). A first pipeline that its owner warmed up directly, not
+        through ``warm_up()`` (an embedding host, a test), is adopted as served the moment it is ready."""
+        if self._served is None and self._initial is not None and self._initial.ready:
+            self._served, self._initial = _Served(self._initial), None
+        return self._served
 
     @property
     def current(self) -> RagPipeline:
@@ -138,7 +146,7 @@ class GenerationSwitch:
     def lease(self) -> Lease | None:
         """A hold on the generation served now, for one request; None before ``warm_up()``."""
         with self._lock:
-            served = self._served
+            served = self._served_locked()
             if served is None:
                 return None
             served.leases += 1

@@ -191,6 +191,13 @@ class FalkorDBStore:
                                                                 timeout=None if write else self.timeout_ms)
         except (RedisConnectionError, TimeoutError, BusyLoadingError, OSError) as exc:
             raise GraphStoreUnavailable(f"the falkordb graph store did not answer: {type(exc).__name__}: {exc}") from exc
+        except ValueError as exc:
+            # A restart after the store died closes the shared client while another request still reads from it:
+            # redis-py then fails on its closed socket buffer ("I/O operation on closed file"). The store is away,
+            # not the query wrong.
+            if graph is not self._graph or "closed file" in str(exc):
+                raise GraphStoreUnavailable(f"the falkordb graph store went away mid-query: {exc}") from exc
+            raise
         except ResponseError as exc:
             if "empty key" in str(exc).lower() and not write:
                 return []  # no graph in this store yet: a read finds nothing

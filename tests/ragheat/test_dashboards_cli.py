@@ -3,6 +3,8 @@ real service, mistakes get a sentence (not a traceback), and importing the comma
 
 from __future__ import annotations
 
+import itertools
+import json
 import subprocess
 import sys
 import threading
@@ -25,7 +27,7 @@ def test_cli_render_writes_both_profiles(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def scraped(settings, pipeline, tmp_path_factory):
+def scraped(settings, pipeline, scifact_subset, tmp_path_factory):
     """The real service on loopback under light load, scraped every second by a real Prometheus that loads the
     test-profile rules; yields the Prometheus URL once every latency and SLO panel has data."""
     import httpx
@@ -47,14 +49,24 @@ def scraped(settings, pipeline, tmp_path_factory):
         with BackgroundServer(service.app) as url, \
                 LocalPrometheus(url.removeprefix("http://"), scrape_interval_s=1,
                                 extra_config=f"rule_files:\n  - {folder / render.RULES_FILE}\n") as prometheus:
+            # Plain, graph and routed requests, so the graph and router panels have data too (a document title as
+            # the query links its entity, so the graph stage runs).
+            titles = [json.loads(line)["title"] for line in
+                      (scifact_subset / "corpus.jsonl").read_text().splitlines()[:10]]
+            bodies = [{"query": "Vitamin D deficiency and bone density"},
+                      *({"query": t, "retrievers": ["dense", "bm25", "graph"]} for t in titles),
+                      {"query": "Vitamin D deficiency and bone density", "retrievers": ["routed"]}]
+
             def load():
                 with httpx.Client(base_url=url, timeout=30) as client:
-                    while not stop.wait(0.2):
-                        client.post("/v1/query", json={"query": "Vitamin D deficiency and bone density"})
+                    for body in itertools.cycle(bodies):
+                        if stop.wait(0.2):
+                            return
+                        client.post("/v1/query", json=body)
 
             threading.Thread(target=load, daemon=True).start()
             boards = [b for b in all_boards(slo.TEST) if b.slug in ("latency", "slo")]
-            deadline = time.monotonic() + 60
+            deadline = time.monotonic() + 120  # a loaded machine scrapes and evaluates late
             while not all(c.status == "ok" for c in check_boards(PrometheusApi(prometheus), boards, "5s")):
                 assert time.monotonic() < deadline, "the latency and SLO panels never all had data"
                 time.sleep(1)
