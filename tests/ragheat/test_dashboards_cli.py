@@ -62,7 +62,10 @@ def scraped(settings, pipeline, scifact_subset, tmp_path_factory):
                     for body in itertools.cycle(bodies):
                         if stop.wait(0.2):
                             return
-                        client.post("/v1/query", json=body)
+                        try:
+                            client.post("/v1/query", json=body)
+                        except httpx.TransportError:  # the server stopping at teardown, before this thread
+                            return
 
             threading.Thread(target=load, daemon=True).start()
             boards = [b for b in all_boards(slo.TEST) if b.slug in ("latency", "slo")]
