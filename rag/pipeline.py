@@ -1,5 +1,6 @@
-"""The query path: [link_entities -> route] -> embed -> retrieve (dense, BM25, graph) -> fuse -> generate, each
-stage timed. ``link_entities`` and ``route`` run for requests that use the knowledge graph or the router: a
+"""The query path: [link_entities -> route] -> embed -> retrieve (dense, BM25, graph) -> fuse -> [rerank] -> generate,
+each stage timed. ``rerank`` (``rerank.enabled``, or per call) rescores the top fused candidates by late interaction
+(rag/rerank) with the query's token states from the embed stage's own model run. ``link_entities`` and ``route`` run for requests that use the knowledge graph or the router: a
 ``routed`` request lets the router pick its retrievers and their fusion weights; the graph runs only for a query that
 linked an entity, and when its store is down the stage is skipped and the answer says it is degraded.
 
@@ -26,6 +27,7 @@ from rag.generation.llm import GeneratorUnavailable
 from rag.generation.support import SupportChecker
 from rag.graph.store import GraphStoreUnavailable
 from rag.index.store import LoadedIndex, load_index
+from rag.rerank.features import RerankQuery
 from rag.protocols import (AnswerCache, Embedder, EntityLinker, Fuser, Generator, GraphRetriever, GraphStore,
                            Reranker, Retriever, Router, StreamingGenerator, SupportCheck)
 from rag.retrieval.fusion import WeightedRRF
@@ -67,8 +69,8 @@ class RagPipeline:
         self.linker: EntityLinker | None = None
         self.graph_retriever: GraphRetriever | None = None
         self.router: Router | None = None
-        # Declared for the stages that come next (reranker, answer cache); neither is built or called yet.
-        self.reranker: Reranker | None = None
+        self.reranker: Reranker | None = None  # rerank.enabled: the late-interaction reranker (rag/rerank)
+        # Declared for the stage that comes next (answer cache); not built or called yet.
         self.cache: AnswerCache | None = None
         self._route_fusers: dict[str, Fuser] = {}
         self._router_error: str | None = None
@@ -131,6 +133,10 @@ class RagPipeline:
             self.llm = _make_llm(s.generation)
             self.llm.warm_up()
         self._warm_up_graph(index, analyzer)
+        if s.rerank.enabled:  # the generation's stored token vectors and the head that projected them
+            from rag.rerank.reranker import load_reranker
+
+            self.reranker = load_reranker(index.folder, index.manifest, s.rerank.head, s.rerank.candidates)
         self.embedder = embedder
         self.index = index
 
@@ -195,20 +201,24 @@ class RagPipeline:
 
     def retrieve(self, query: str, k: int, retrievers: Sequence[str] | None = None,
                  stages: list[StageTiming] | None = None, counts: dict[str, int] | None = None,
-                 run: RetrievalRun | None = None) -> FusionResult:
+                 run: RetrievalRun | None = None, rerank: bool | None = None) -> FusionResult:
         """Fused top-``k`` chunks; appends one ``StageTiming`` per stage run to ``stages``, each retriever's hit
         count to ``counts``, and the route taken and any stage skipped to ``run``. ``retrievers``: names as
-        ``rag.routing.names.expand`` reads them (``dense``, ``hybrid+graph``, ``routed``, ...)."""
+        ``rag.routing.names.expand`` reads them (``dense``, ``hybrid+graph``, ``routed``, ...). ``rerank``: rescore
+        the top ``rerank.candidates`` (None = when the reranker is loaded, i.e. ``rerank.enabled``)."""
+        rerank = self.reranker is not None if rerank is None else rerank
+        if rerank and self.reranker is None:
+            raise ValueError("rerank needs rerank.enabled (and an index with stored token vectors)")
         stages = [] if stages is None else stages
         run = RetrievalRun() if run is None else run
         names = expand(retrievers or self.settings.retrieval.retrievers)
         options = self._stage_options
         routed = names == (ROUTED,)
-        vector = None
+        vector = states = None  # states: the query's token states, from the embed run itself when reranking
         linked = NO_ENTITIES
         if self.linker is not None and (routed or "graph" in names):
             if self.linker.needs_vector:
-                vector = self._embed(query, stages)
+                vector, states = self._embed(query, stages, rerank)
             with _stage("link_entities", stages, options):
                 linked = self.linker.link(query, vector)
         fuser = self.fuser
@@ -224,9 +234,10 @@ class RagPipeline:
             if not linked.seeds:
                 names = tuple(n for n in names if n != "graph")  # nothing to expand: no stage, no round trip
             run.route = route_label(names)
-        if "dense" in names and vector is None:
-            vector = self._embed(query, stages)
-        depth = k if len(names) == 1 else max(k, self.settings.retrieval.candidates)
+        if ("dense" in names or rerank) and vector is None:
+            vector, states = self._embed(query, stages, rerank)
+        fused_k = max(k, self.reranker.candidates) if rerank else k
+        depth = fused_k if len(names) == 1 else max(fused_k, self.settings.retrieval.candidates)
         results = []
         for name in names:
             with _stage(f"retrieve_{name}", stages, options) as stage:
@@ -244,15 +255,27 @@ class RagPipeline:
             if counts is not None:
                 counts[name] = len(result.hits)
         if len(results) <= 1:
-            return FusionResult(results[0].hits[:k] if results else [], 0.0)
-        with _stage("fuse", stages, options):
-            return fuser.fuse(results, k)
+            fused = FusionResult(results[0].hits[:fused_k] if results else [], 0.0)
+        else:
+            with _stage("fuse", stages, options):
+                fused = fuser.fuse(results, fused_k)
+        if not rerank:
+            return fused
+        with _stage("rerank", stages, options):
+            query_view = RerankQuery(states, {r.retriever: r.hits for r in results})
+            reranked = self.reranker.rerank(query_view, fused.hits, k)
+        return FusionResult(reranked.hits, fused.seconds)
 
-    def _embed(self, query: str, stages: list[StageTiming]):
+    def _embed(self, query: str, stages: list[StageTiming], tokens: bool = False):
+        """(the query vector, its token states when ``tokens``: one model run for both, else None)."""
+        states = None
         with _stage("embed", stages, self._stage_options) as stage:
-            result = self.embedder.embed_query(query)
+            if tokens:
+                result, states = self.embedder.embed_query_tokens(query)
+            else:
+                result = self.embedder.embed_query(query)
             stage.device = result.device
-        return result.vector
+        return result.vector, states
 
     def query(self, query: str, top_k: int, retrievers: Sequence[str] | None = None, *,
               on_sources: Callable[[list[Source]], None] | None = None,

@@ -8,7 +8,8 @@ The stages that run today: ``Embedder``, ``Retriever``, ``Fuser``, ``Generator``
 ``StreamingGenerator`` (a language model, token by token), ``SupportCheck``, and for the knowledge graph
 ``EntityLinker`` (stage ``link_entities``), ``Router`` (stage ``route``: which retrievers run, with which weights) and
 ``GraphRetriever`` (stage ``retrieve_graph``) over a ``GraphStore`` (the embedded FalkorDB or Neo4j, one Cypher for
-both). Declared for the stages that come next, so they plug into a typed seam: ``Reranker`` and ``AnswerCache``.
+both), and ``Reranker`` (stage ``rerank``, rag/rerank). Declared for the stage that comes next, so it plugs into a
+typed seam: ``AnswerCache``.
 docs/architecture.md says how a new stage plugs in.
 """
 
@@ -19,8 +20,9 @@ from typing import Any, Iterator, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from rag.types import (CacheKey, Chunk, EmbeddingResult, FusionResult, GenerationResult, LinkedEntities, QueryResult,
-                       RerankResult, RetrievalResult, Route, SentenceSupport)
+from rag.rerank.features import RerankQuery
+from rag.types import (CacheKey, Chunk, EmbeddingResult, FusionResult, GenerationResult, Hit, LinkedEntities,
+                       QueryResult, RerankResult, RetrievalResult, Route, SentenceSupport)
 
 
 @runtime_checkable
@@ -31,7 +33,9 @@ class Embedder(Protocol):
 
     def embed_query(self, text: str) -> EmbeddingResult: ...
 
-    def embed_many(self, texts: Sequence[str], progress=None) -> np.ndarray: ...
+    def embed_query_tokens(self, text: str) -> tuple[EmbeddingResult, np.ndarray]: ...
+
+    def embed_many(self, texts: Sequence[str], progress=None, on_tokens=None) -> np.ndarray: ...
 
 
 @runtime_checkable
@@ -99,13 +103,14 @@ class SupportCheck(Protocol):
 
 @runtime_checkable
 class Reranker(Protocol):
-    """Reorders fused candidates by reading them with the query (a cross-encoder, say); returns at most ``k``."""
+    """Reorders fused candidates (stage ``rerank``); returns at most ``k``. ``query`` carries the query's token states
+    from the embed stage's own model run and each retriever's hits, so reranking runs no second transformer pass."""
 
     name: str
 
     def warm_up(self) -> None: ...
 
-    def rerank(self, query: str, candidates: Sequence[Chunk], k: int) -> RerankResult: ...
+    def rerank(self, query: RerankQuery, candidates: Sequence[Hit], k: int) -> RerankResult: ...
 
 
 @runtime_checkable

@@ -42,6 +42,24 @@ class EmbeddingSettings(_Section):
     batch_tokens: int = Field(8192, ge=256, description="padded tokens per ingestion batch")
 
 
+class RerankSettings(_Section):
+    """The late-interaction reranker (rag/rerank, stage ``rerank``): MaxSim of 128-d token vectors, combined with
+    the first-stage scores by a trained head, over the top fused candidates. The query's token vectors come from the
+    embed stage's own model run; the chunks' are stored in the index generation at ingest (``store_tokens``)."""
+
+    enabled: bool = Field(False, description="rerank the fused candidates (the index needs stored token vectors, "
+                                             "store_tokens); off by default until its latency is measured on an idle "
+                                             "machine (SciFact CV +0.050 nDCG@10, HotpotQA +0.008: rag/rerank)")
+    candidates: int = Field(50, ge=1, le=1000, description="fused candidates the reranker rescores")
+    head: Path | None = Field(None, description="the head's .npz (`ragheat train-reranker`); unset = the one shipped "
+                                                "in rag/rerank/heads/")
+    store_tokens: bool = Field(False, description="store each chunk's token vectors at ingest (needed to rerank; part "
+                                                  "of the ingest fingerprint). Off by default: they grow an index "
+                                                  "about 6-9x in int8 (SciFact 32 MiB -> +244 MiB)")
+    token_dtype: Literal["fp16", "int8"] = Field("int8", description="stored token vectors: int8 with one scale per "
+                                                                      "token (half of fp16's size, the same nDCG), or fp16")
+
+
 class ChunkingSettings(_Section):
     """How documents become passages."""
 
@@ -308,6 +326,7 @@ class RagheatSettings(BaseSettings):
     chunking: ChunkingSettings = Field(default_factory=ChunkingSettings)
     index: IndexSettings = Field(default_factory=IndexSettings)
     retrieval: RetrievalSettings = Field(default_factory=RetrievalSettings)
+    rerank: RerankSettings = Field(default_factory=RerankSettings)
     generation: GenerationSettings = Field(default_factory=GenerationSettings)
     server: ServerSettings = Field(default_factory=ServerSettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
@@ -323,4 +342,10 @@ class RagheatSettings(BaseSettings):
         if self.chunking.window_tokens > self.embedding.max_seq_length - 2:
             raise ValueError(f"chunking.window_tokens ({self.chunking.window_tokens}) must leave room for "
                              f"[CLS]/[SEP] within embedding.max_seq_length ({self.embedding.max_seq_length})")
+        if self.rerank.enabled and not self.rerank.store_tokens:
+            raise ValueError("rerank.enabled needs the token vectors that rerank.store_tokens keeps at ingest; "
+                             "turn rerank.store_tokens on (and re-ingest)")
+        if self.rerank.enabled and self.rerank.candidates > self.retrieval.candidates:
+            raise ValueError(f"rerank.candidates ({self.rerank.candidates}) must not exceed retrieval.candidates "
+                             f"({self.retrieval.candidates}): fusion cannot hand over more than each retriever found")
         return self

@@ -126,8 +126,11 @@ def scifact_subset(scifact_dir, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def settings() -> RagheatSettings:
-    """Defaults; the ONNX conversion is cached in the user's cache folder across runs, as in production."""
-    return RagheatSettings()
+    """Defaults, except that ingest stores the token vectors the reranker reads (off by default: they grow an index
+    several times), so every index built here can be reranked; the ONNX conversion is cached in the user's cache
+    folder across runs, as in production."""
+    defaults = RagheatSettings()
+    return defaults.model_copy(update={"rerank": defaults.rerank.model_copy(update={"store_tokens": True})})
 
 
 @pytest.fixture(scope="session")

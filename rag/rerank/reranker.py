@@ -1,0 +1,61 @@
+"""``LateInteractionReranker``: the ``rerank`` stage. The top ``candidates`` fused hits are rescored by the head's
+combination of MaxSim (query token vectors against the stored document token vectors) with their first-stage
+scores; hits past ``candidates`` keep their fused order after them. Numpy only: no model run, no torch."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from rag.rerank.features import RerankQuery, candidate_features
+from rag.rerank.head import DEFAULT_HEAD, RerankHead
+from rag.rerank.maxsim import maxsim
+from rag.rerank.store import TokenVectors, load_token_vectors
+from rag.types import Hit, RerankResult
+
+
+class LateInteractionReranker:
+    """ColBERT-style late interaction over an index generation's stored token vectors.
+
+    >>> reranker = load_reranker(index.folder, index.manifest)
+    >>> reranker.rerank(RerankQuery(states, {"dense": dense_hits, "bm25": bm25_hits}), fused.hits, k=10)
+    """
+
+    name = "late_interaction"
+
+    def __init__(self, head: RerankHead, vectors: TokenVectors, candidates: int = 50) -> None:
+        if candidates < 1:
+            raise ValueError(f"candidates must be greater than 0. Currently, the candidates is {candidates}")
+        self.head, self.vectors, self.candidates = head, vectors, candidates
+
+    def warm_up(self) -> None:
+        """Nothing to load: the head and the memory-mapped vectors are opened by ``load_reranker``."""
+
+    def scores(self, query: RerankQuery, candidates: Sequence[Hit]) -> np.ndarray:
+        """The combined score of each candidate (all of them, however many)."""
+        projected = self.head.project(query.token_states)
+        matrix, starts = self.vectors.gather([h.chunk_id for h in candidates])
+        return self.head.combine(candidate_features(maxsim(projected, matrix, starts), candidates,
+                                                    query.first_stage))
+
+    def rerank(self, query: RerankQuery, candidates: Sequence[Hit], k: int) -> RerankResult:
+        start = time.perf_counter()
+        top, rest = list(candidates[: self.candidates]), list(candidates[self.candidates:])
+        if not top:
+            return RerankResult([], time.perf_counter() - start)
+        scores = self.scores(query, top)
+        order = np.argsort(-scores, kind="stable")  # ties keep the fused order
+        hits = [Hit(top[i].chunk_id, float(scores[i])) for i in order] + rest
+        return RerankResult(hits[:k], time.perf_counter() - start)
+
+
+def load_reranker(folder: Path, manifest: dict, head_path: Path | None = None,
+                  candidates: int = 50) -> LateInteractionReranker:
+    """The reranker for the generation in ``folder``: its head (``DEFAULT_HEAD`` unless named) and stored token
+    vectors; ``IndexLoadError`` when the generation has none or they were projected by another head."""
+    head = RerankHead.load(head_path or DEFAULT_HEAD)
+    vectors = load_token_vectors(folder, manifest.get("rerank"), head, manifest["counts"]["chunks"])
+    return LateInteractionReranker(head, vectors, candidates)

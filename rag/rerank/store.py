@@ -1,0 +1,120 @@
+"""Document token vectors in the index generation: computed once at ingest, projected by the head, stored as fp16
+or int8 (one scale per token), read memory-mapped when serving.
+
+Files (beside the dense and BM25 indexes, so a generation swap swaps them too)::
+
+    rerank_tokens.npy    (tokens, dim) float16, or int8 with rerank_scales.npy (tokens,) float32
+    rerank_offsets.npy   (chunks + 1,) int64: chunk i owns rows offsets[i]:offsets[i+1]
+
+The manifest's ``rerank`` block records dtype, dim, token count, bytes and the head's projection hash; a reranker
+whose head was trained with another projection is refused (``IndexLoadError``: re-ingest).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, Sequence
+
+import numpy as np
+
+from rag.errors import IndexLoadError
+from rag.rerank.head import RerankHead
+
+TOKENS, OFFSETS, SCALES = "rerank_tokens.npy", "rerank_offsets.npy", "rerank_scales.npy"
+TokenDtype = Literal["fp16", "int8"]
+TOKEN_DTYPES = ("fp16", "int8")
+
+
+def quantize_int8(vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric int8 per row: (codes, scales) with vectors ≈ codes * scales[:, None]."""
+    scales = np.abs(vectors).max(axis=1) / 127.0
+    scales[scales == 0] = 1.0
+    return np.clip(np.rint(vectors / scales[:, None]), -127, 127).astype(np.int8), scales.astype(np.float32)
+
+
+class TokenVectorWriter:
+    """Collects each chunk's projected token vectors during the ingest's embedding run (``add`` is the
+    ``on_tokens`` callback of ``OnnxEmbedder.embed_many``), then writes them into the generation folder."""
+
+    def __init__(self, head: RerankHead, dtype: TokenDtype) -> None:
+        if dtype not in TOKEN_DTYPES:
+            raise ValueError(f"rerank token dtype must be one of {TOKEN_DTYPES}, got {dtype!r}")
+        self.head, self.dtype = head, dtype
+        self._parts: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
+
+    def add(self, index: int, states: np.ndarray) -> None:
+        vectors = self.head.project(states)
+        if self.dtype == "int8":
+            self._parts[index] = quantize_int8(vectors)
+        else:
+            self._parts[index] = (vectors.astype(np.float16), None)
+
+    def write(self, folder: Path, chunks: int) -> dict:
+        """Write the files for chunks ``0..chunks-1``; returns the manifest's ``rerank`` block."""
+        missing = [i for i in range(chunks) if i not in self._parts]
+        if missing:
+            raise ValueError(f"rerank token vectors are missing for {len(missing)} chunks (first: {missing[0]})")
+        parts = [self._parts[i] for i in range(chunks)]
+        lengths = np.array([len(p[0]) for p in parts], np.int64)
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        codes = np.concatenate([p[0] for p in parts]) if parts else np.zeros((0, self.head.dim), np.float16)
+        folder = Path(folder)
+        np.save(folder / TOKENS, codes)
+        np.save(folder / OFFSETS, offsets)
+        files = [TOKENS, OFFSETS]
+        if self.dtype == "int8":
+            np.save(folder / SCALES, np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.float32))
+            files.append(SCALES)
+        self._parts.clear()
+        return {"dtype": self.dtype, "dim": self.head.dim, "tokens": int(offsets[-1]), "chunks": chunks,
+                "bytes": sum((folder / f).stat().st_size for f in files), "files": files,
+                "projection_sha256": self.head.projection_sha256}
+
+
+class TokenVectors:
+    """A generation's stored token vectors, memory-mapped. ``gather(ids)`` returns the listed chunks' vectors as
+    one float32 matrix and where each chunk starts in it (the input of ``rag.rerank.maxsim.maxsim``)."""
+
+    def __init__(self, codes: np.ndarray, offsets: np.ndarray, scales: np.ndarray | None) -> None:
+        self.codes, self.offsets, self.scales = codes, offsets, scales
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def gather(self, ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        ids = np.asarray(ids, np.int64)
+        begin, end = self.offsets[ids], self.offsets[ids + 1]
+        lengths = end - begin
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64) if len(ids) else lengths
+        # Contiguous slices copied straight into one float32 matrix: cheaper than a fancy index of every row.
+        matrix = np.empty((int(lengths.sum()), self.codes.shape[1]), np.float32)
+        for at, b, e in zip(starts, begin, end):
+            matrix[at:at + e - b] = self.codes[b:e]
+            if self.scales is not None:
+                matrix[at:at + e - b] *= self.scales[b:e, None]
+        return matrix, starts
+
+
+def load_token_vectors(folder: Path, block: dict | None, head: RerankHead, chunks: int) -> TokenVectors:
+    """The token vectors of the generation in ``folder``; ``IndexLoadError`` naming it when there are none, they
+    are damaged, or they were projected by another head."""
+    folder = Path(folder)
+    if not block:
+        raise IndexLoadError(folder, "it has no rerank token vectors (built before issue 15, or with "
+                                     "rerank.store_tokens off); re-run `ragheat ingest` on its source to add them")
+    if block.get("projection_sha256") != head.projection_sha256:
+        raise IndexLoadError(folder, "its rerank token vectors were projected by another rerank head "
+                                     f"({str(block.get('projection_sha256'))[:12]}…, the configured head is "
+                                     f"{head.projection_sha256[:12]}…); re-run `ragheat ingest` with this head")
+    try:
+        codes = np.load(folder / TOKENS, mmap_mode="r")
+        offsets = np.load(folder / OFFSETS)
+        scales = np.load(folder / SCALES) if block["dtype"] == "int8" else None
+    except (OSError, ValueError) as exc:
+        raise IndexLoadError(folder, f"rerank token vectors cannot be read ({type(exc).__name__}: {exc})") from exc
+    if len(offsets) != chunks + 1 or offsets[-1] != len(codes) or codes.shape[1:] != (head.dim,) or (
+            scales is not None and len(scales) != len(codes)):
+        raise IndexLoadError(folder, f"rerank token vectors do not match the index: {len(offsets) - 1} chunks, "
+                                     f"{len(codes)} tokens of shape {codes.shape[1:]}, expected {chunks} chunks of "
+                                     f"{head.dim} dimensions")
+    return TokenVectors(codes, offsets, scales)

@@ -1,0 +1,126 @@
+"""The late-interaction reranker (rag/rerank): MaxSim against a brute-force reference, the head without torch, stored
+token vectors round-tripping through an index generation, and the reranker's order."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from rag.errors import ConfigurationError, IndexLoadError
+from rag.rerank.features import RerankQuery, candidate_features
+from rag.rerank.head import DEFAULT_HEAD, FEATURES, RerankHead
+from rag.rerank.maxsim import maxsim
+from rag.rerank.reranker import LateInteractionReranker
+from rag.rerank.store import TokenVectorWriter, load_token_vectors
+from rag.types import Hit
+
+
+def _unit(rng, *shape):
+    x = rng.standard_normal(shape).astype(np.float32)
+    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+def _brute_maxsim(query, docs):
+    return np.array([np.mean([max(float(q @ t) for t in doc) for q in query]) for doc in docs])
+
+
+def test_maxsim_matches_a_brute_force_reference():
+    rng = np.random.default_rng(7)
+    query = _unit(rng, 9, 16)
+    docs = [_unit(rng, n, 16) for n in (1, 5, 31, 2, 64)]
+    starts = np.concatenate([[0], np.cumsum([len(d) for d in docs])[:-1]])
+    got = maxsim(query, np.concatenate(docs), starts)
+    np.testing.assert_allclose(got, _brute_maxsim(query, docs), rtol=1e-5, atol=1e-6)
+    # One document: the same; a document identical to the query scores 1 (every query token finds itself).
+    assert maxsim(query, query, np.array([0]))[0] == pytest.approx(1.0, abs=1e-5)
+    assert maxsim(query, np.zeros((0, 16), np.float32), np.array([], np.int64)).shape == (0,)
+
+
+def _head(rng, hidden=24, dim=8, weights=(1.0, 0.0, 0.0, 0.0)) -> RerankHead:
+    return RerankHead(rng.standard_normal((hidden, dim)).astype(np.float32), np.array(weights, np.float32))
+
+
+def test_the_head_saves_and_loads_with_its_metadata(tmp_path):
+    rng = np.random.default_rng(1)
+    head = RerankHead(rng.standard_normal((24, 8)).astype(np.float32), np.array([1, 2, 3, 4], np.float32), 0.5,
+                      meta={"seed": 3, "command": "ragheat train-reranker"})
+    loaded = RerankHead.load(head.save(tmp_path / "head"))
+    np.testing.assert_array_equal(loaded.projection, head.projection)
+    assert loaded.meta == head.meta and loaded.projection_sha256 == head.projection_sha256 and loaded.bias == 0.5
+    (tmp_path / "bad.npz").write_bytes(b"not a head")
+    with pytest.raises(ConfigurationError, match="bad.npz"):
+        RerankHead.load(tmp_path / "bad.npz")
+
+
+def test_the_shipped_head_and_the_serving_path_load_without_torch():
+    """Serving is numpy only: with torch made unimportable, the shipped head loads and reranks."""
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "import numpy as np\n"
+            "from rag.rerank.head import DEFAULT_HEAD, RerankHead\n"
+            "import rag.rerank.reranker, rag.rerank.store, rag.rerank.ingest, rag.eval.runner\n"
+            "head = RerankHead.load(DEFAULT_HEAD)\n"
+            "print(head.hidden, head.dim, head.project(np.ones((3, head.hidden), np.float32)).shape, "
+            "sorted(head.meta)[:0], 'torch' in sys.modules and sys.modules['torch'] is not None)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["384", "128", "(3,", "128)", "[]", "False"]
+    meta = RerankHead.load(DEFAULT_HEAD).meta
+    assert {"command", "data", "seed"} <= set(meta), "the shipped head records how it was trained"
+
+
+@pytest.mark.parametrize("dtype,tolerance", [("fp16", 2e-3), ("int8", 1.5e-2)])
+def test_stored_token_vectors_round_trip(tmp_path, dtype, tolerance):
+    rng = np.random.default_rng(2)
+    head = _head(rng)
+    states = [rng.standard_normal((n, 24)).astype(np.float32) for n in (3, 7, 2, 11)]
+    writer = TokenVectorWriter(head, dtype)
+    for i in (2, 0, 3, 1):  # batch order, not chunk order
+        writer.add(i, states[i])
+    block = writer.write(tmp_path, len(states))
+    assert block["tokens"] == 23 and block["dtype"] == dtype and block["bytes"] > 0
+    vectors = load_token_vectors(tmp_path, block, head, len(states))
+    matrix, starts = vectors.gather([3, 1])
+    np.testing.assert_array_equal(starts, [0, 11])
+    np.testing.assert_allclose(matrix, np.concatenate([head.project(states[3]), head.project(states[1])]),
+                               atol=tolerance)
+    with pytest.raises(IndexLoadError, match="another rerank head"):
+        load_token_vectors(tmp_path, block, _head(rng), len(states))
+    with pytest.raises(IndexLoadError, match="do not match"):
+        load_token_vectors(tmp_path, block, head, len(states) + 1)
+    with pytest.raises(IndexLoadError, match="no rerank token vectors"):
+        load_token_vectors(tmp_path, None, head, len(states))
+    with pytest.raises(ValueError, match="missing for 1 chunks"):
+        partial = TokenVectorWriter(head, dtype)
+        partial.add(0, states[0])
+        partial.write(tmp_path / "partial", 2)
+
+
+def test_the_reranker_orders_the_candidates_by_the_combined_score(tmp_path):
+    rng = np.random.default_rng(3)
+    head = _head(rng)  # weights: MaxSim alone
+    states = [rng.standard_normal((n, 24)).astype(np.float32) for n in (4, 6, 5, 3, 8, 2)]
+    writer = TokenVectorWriter(head, "fp16")
+    for i, s in enumerate(states):
+        writer.add(i, s)
+    vectors = load_token_vectors(tmp_path, writer.write(tmp_path, len(states)), head, len(states))
+    reranker = LateInteractionReranker(head, vectors, candidates=4)
+    query_states = rng.standard_normal((5, 24)).astype(np.float32)
+    fused = [Hit(c, 1.0 / (60 + r)) for r, c in enumerate([5, 2, 0, 4, 1, 3], 1)]
+    result = reranker.rerank(RerankQuery(query_states, {}), fused, k=6)
+    expected = _brute_maxsim(head.project(query_states), [head.project(states[h.chunk_id]) for h in fused[:4]])
+    order = [fused[i].chunk_id for i in np.argsort(-expected, kind="stable")]
+    assert [h.chunk_id for h in result.hits] == order + [1, 3]  # past `candidates`, the fused order stays
+    assert [h.chunk_id for h in reranker.rerank(RerankQuery(query_states, {}), fused, k=2).hits] == order[:2]
+    with pytest.raises(ValueError, match="candidates must be greater than 0"):
+        LateInteractionReranker(head, vectors, candidates=0)
+
+
+def test_features_fill_in_what_a_retriever_did_not_return():
+    candidates = [Hit(1, 0.03), Hit(2, 0.015)]
+    first = {"dense": [Hit(1, 0.8), Hit(9, 0.6)], "bm25": [Hit(2, 12.0), Hit(7, 6.0)]}
+    f = candidate_features(np.array([0.5, 0.4]), candidates, first)
+    assert f.shape == (2, len(FEATURES))
+    np.testing.assert_allclose(f, [[0.5, 1.0, 0.8, 0.0], [0.4, 0.5, 0.6, 1.0]], rtol=1e-6)
