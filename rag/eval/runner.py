@@ -10,7 +10,6 @@ embed run).
 
 from __future__ import annotations
 
-import inspect
 import time
 from collections import Counter
 from typing import Mapping, Sequence
@@ -25,9 +24,6 @@ from rag.types import RetrievalRun
 DEPTH = 100  # documents per query, enough for recall@100
 RERANK = "rerank"
 """The suffix (``hybrid+rerank``) and the last element of a set's retrievers that asks for the reranker."""
-_RETRIEVE_RERANKS = "rerank" in inspect.signature(RagPipeline.retrieve).parameters
-"""Whether ``RagPipeline.retrieve`` runs the rerank stage itself (with ``rerank.enabled``): then a set without
-``+rerank`` asks it not to, so ``hybrid`` is scored as plain hybrid whatever the settings."""
 
 
 def parse_retriever_sets(spec: str) -> dict[str, tuple[str, ...]]:
@@ -60,7 +56,6 @@ def run_retrieval(pipeline: RagPipeline, queries: Mapping[str, str], retrievers:
     retrievers, rerank = split_rerank(retrievers)
     if rerank:
         return _run_reranked(pipeline, queries, retrievers, depth, advance, reranker)
-    plain = {"rerank": False} if _RETRIEVE_RERANKS else {}
     run: dict[str, list[str]] = {}
     latencies: list[float] = []
     runs: list[RetrievalRun] = []
@@ -69,7 +64,8 @@ def run_retrieval(pipeline: RagPipeline, queries: Mapping[str, str], retrievers:
     for qid, text in queries.items():
         retrieval = RetrievalRun()
         start = time.perf_counter()
-        fused = pipeline.retrieve(text, chunk_depth, retrievers, run=retrieval, **plain)
+        # rerank=False: a set without ``+rerank`` is scored as itself, whatever rerank.enabled says.
+        fused = pipeline.retrieve(text, chunk_depth, retrievers, run=retrieval, rerank=False)
         latencies.append(time.perf_counter() - start)
         runs.append(retrieval)
         run[qid] = [doc for doc, _ in pipeline.chunk_hits_to_docs(fused.hits)][:depth]
@@ -85,7 +81,6 @@ def _run_reranked(pipeline: RagPipeline, queries: Mapping[str, str], retrievers:
 
     if reranker is None:
         reranker = getattr(pipeline, "reranker", None) or load_reranker(pipeline.index.folder, pipeline.index.manifest)
-    plain = {"rerank": False} if _RETRIEVE_RERANKS else {}  # the first stage alone; reranked once, below
     run: dict[str, list[str]] = {}
     latencies: list[float] = []
     runs: list[RetrievalRun] = []
@@ -94,7 +89,7 @@ def _run_reranked(pipeline: RagPipeline, queries: Mapping[str, str], retrievers:
         for qid, text in queries.items():
             retrieval = RetrievalRun()
             start = time.perf_counter()
-            fused = pipeline.retrieve(text, chunk_depth, retrievers, run=retrieval, **plain)
+            fused = pipeline.retrieve(text, chunk_depth, retrievers, run=retrieval, rerank=False)
             reranked = reranker.rerank(recorder.take(text), fused.hits, chunk_depth)
             latencies.append(time.perf_counter() - start)
             runs.append(retrieval)
