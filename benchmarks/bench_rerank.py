@@ -1,39 +1,50 @@
-"""The late-interaction reranker (stage ``rerank``, rag/rerank): its latency, what it costs the embed stage, the index
-size it adds, and its quality, on an index built with stored token vectors.
+"""The late-interaction reranker (stage ``rerank``, rag/rerank): its quality, held out, and its costs.
 
-    .venv/bin/python benchmarks/bench_rerank.py --index data/index/scifact --beir datasets/scifact   # ~2 min
+    # quality (run_all.sh step `rerank`, ~30 min): the training report of `ragheat train-reranker --cv 5`, and each
+    # --cross set scored hybrid vs hybrid+rerank query by query with a head trained on the other set
+    .venv/bin/python benchmarks/bench_rerank.py --part quality --train-report train.json \
+        --cross hotpotqa-dev=datasets/hotpotqa-dev:dev:data/index/hotpotqa-dev-tokens --json benchmarks/results/rerank.json
+    # costs (step `rerank-latency`, ~3 min, a quiet machine)
+    .venv/bin/python benchmarks/bench_rerank.py --part latency --index data/index/scifact-tokens --beir datasets/scifact \
+        --json benchmarks/results/rerank-latency.json
 
-Measured:
+Measured (latency part):
   rerank stage      ``LateInteractionReranker.rerank`` alone (project the query, gather the candidates' stored
                     vectors, MaxSim, combine) over the real fused candidates of each query: P50 / P99 (ms) at
                     --candidates (default 50), --rounds times per query; wall time, and this thread's CPU time
                     (robust to a busy neighbour, which stretches wall time, not CPU time)
   embed stage       one query's model run asking for the pooled vector alone vs for the token states too (the
                     reranker's query side): P50 / P99 (ms); the difference is all that reranking adds before it
-  index size       bytes of the stored token vectors vs the rest of the generation (dense, BM25, chunks, graph)
-  quality          nDCG@10 of hybrid and hybrid+rerank through ``ragheat eval``'s runner (--quality; a head trained
-                    on these queries scores them optimistically: cross-validated figures come from
-                    ``ragheat train-reranker --cv 5``)
+  /v1/query         concurrency 1 over loopback against two `ragheat serve` processes on the same index, rerank off
+                    and on, query by query alternately (--http-queries per round, --rounds rounds)
+  index size        bytes of the stored token vectors vs the rest of the generation (dense, BM25, chunks, graph)
+Quality part: the k-fold CV of the training report (train on k-1 folds, score the held-out one) and, per --cross
+set, nDCG@10 of hybrid and hybrid+rerank per query (paired: mean gain and its standard error).
 
-Writes a results file (loadgen.resultsfile) to benchmarks/results/rerank.json, or to --json / --results-file.
+Writes a results file (loadgen.resultsfile) with ``doc_tables`` for docs/benchmarks.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import statistics
 import time
 from pathlib import Path
 
+import httpx
 import numpy as np
 
 from loadgen.resultsfile import BenchmarkRun
-from rag.eval.beir import load_qrels, load_queries
-from rag.eval.runner import evaluate
+from rag.eval.beir import load_qrels, load_queries, ndcg_at
+from rag.eval.runner import run_retrieval
 from rag.index.store import resolve_generation
 from rag.pipeline import RagPipeline
 from rag.rerank.firststage import FirstStageRecorder
 from rag.rerank.reranker import load_reranker
 from rag.settings import RagheatSettings
+from stack.servers import ServeProcess
 
 
 def _ms(values) -> dict:
@@ -41,40 +52,31 @@ def _ms(values) -> dict:
     return {"p50": float(np.percentile(ms, 50)), "p99": float(np.percentile(ms, 99)), "n": int(len(ms))}
 
 
-def main() -> None:
-    run = BenchmarkRun("rerank")
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--index", type=Path, required=True, help="an index built with stored token vectors")
-    parser.add_argument("--beir", type=Path, required=True, help="the BEIR folder of its corpus (queries, qrels)")
-    parser.add_argument("--split", default="train")
-    parser.add_argument("--head", type=Path, default=None, help="the head (default: the shipped one)")
-    parser.add_argument("--candidates", type=int, default=50)
-    parser.add_argument("--queries", type=int, default=200, help="queries timed")
-    parser.add_argument("--rounds", type=int, default=3, help="timings per query")
-    parser.add_argument("--quality", action="store_true", help="also score hybrid and hybrid+rerank (nDCG@10)")
-    parser.add_argument("--json", "--results-file", dest="json", type=Path, default=None)
-    args = parser.parse_args()
-
+def _settings() -> RagheatSettings:
     settings = RagheatSettings()
     settings.graph.enabled = False
-    pipeline = RagPipeline(settings, args.index)
-    pipeline.warm_up()
-    reranker = load_reranker(pipeline.index.folder, pipeline.index.manifest, args.head, args.candidates)
-    queries = load_queries(args.beir)
-    qrels = load_qrels(args.beir, args.split)
-    texts = [t for q, t in queries.items() if q in qrels][: args.queries]
+    return settings
 
+
+def stage_costs(index: Path, beir: Path, split: str, head: Path | None, candidates: int, queries: int,
+                rounds: int) -> dict:
+    """The rerank stage alone, the embed stage with and without token states, the stored vectors' size."""
+    pipeline = RagPipeline(_settings(), index)
+    pipeline.warm_up()
+    reranker = load_reranker(pipeline.index.folder, pipeline.index.manifest, head, candidates)
+    qrels = load_qrels(beir, split)
+    texts = [t for q, t in load_queries(beir).items() if q in qrels][:queries]
     rerank_s, rerank_cpu_s, embed_s, embed_tokens_s = [], [], [], []
     with FirstStageRecorder(pipeline) as recorder:
         for text in texts:
-            fused = pipeline.retrieve(text, args.candidates, ("dense", "bm25"))
+            fused = pipeline.retrieve(text, candidates, ("dense", "bm25"))
             query = recorder.take(text)
-            for _ in range(args.rounds):
+            for _ in range(rounds):
                 cpu = time.thread_time()
                 rerank_s.append(reranker.rerank(query, fused.hits, 10).seconds)
                 rerank_cpu_s.append(time.thread_time() - cpu)
     embedder = pipeline.embedder
-    for _ in range(args.rounds):
+    for _ in range(rounds):
         for text in texts:
             start = time.perf_counter()
             embedder.embed_query(text)
@@ -82,30 +84,170 @@ def main() -> None:
             start = time.perf_counter()
             embedder.embed_query_tokens(text)
             embed_tokens_s.append(time.perf_counter() - start)
-
-    folder = resolve_generation(args.index)
+    folder = resolve_generation(index)
     block = pipeline.index.manifest["rerank"]
     total = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
-    data = {"candidates": args.candidates, "queries": len(texts), "rounds": args.rounds,
-            "rerank_ms": _ms(rerank_s), "rerank_cpu_ms": _ms(rerank_cpu_s), "embed_ms": _ms(embed_s), "embed_with_tokens_ms": _ms(embed_tokens_s),
+    pipeline.close()
+    return {"candidates": candidates, "queries": len(texts), "rounds": rounds,
+            "rerank_ms": _ms(rerank_s), "rerank_cpu_ms": _ms(rerank_cpu_s), "embed_ms": _ms(embed_s),
+            "embed_with_tokens_ms": _ms(embed_tokens_s),
             "index": {"rerank_bytes": block["bytes"], "other_bytes": total - block["bytes"], "dtype": block["dtype"],
                       "tokens": block["tokens"], "chunks": block["chunks"], "dim": block["dim"]},
             "head": reranker.head.meta.get("command")}
-    if args.quality:
-        judged = {q: t for q, t in queries.items() if q in qrels}
-        report = evaluate(pipeline, judged, qrels, ["hybrid", "hybrid+rerank"], reranker=reranker)["retrievers"]
-        data["ndcg@10"] = {name: m["ndcg@10"] for name, m in report.items()}
+
+
+def http_costs(index: Path, texts: list[str], rounds: int) -> dict:
+    """/v1/query at concurrency 1, rerank off and on, two servers on the same index, alternating query by query."""
+    base = {**os.environ, "RAGHEAT_RERANK__STORE_TOKENS": "true", "RAGHEAT_GRAPH__ENABLED": "false"}
+    per_round: dict[str, list[dict]] = {"off": [], "on": []}
+    server_rerank: list[float] = []
+    with ServeProcess(index, env={**base, "RAGHEAT_RERANK__ENABLED": "false"}) as off, \
+            ServeProcess(index, env={**base, "RAGHEAT_RERANK__ENABLED": "true"}) as on, \
+            httpx.Client(timeout=60) as client:
+        urls = {"off": off.url, "on": on.url}
+
+        def ask(which: str, text: str) -> float:
+            start = time.perf_counter()
+            body = client.post(urls[which] + "/v1/query", json={"query": text, "top_k": 5}).raise_for_status().json()
+            elapsed = time.perf_counter() - start
+            server_rerank.extend(s["ms"] / 1000 for s in body["stages"] if s["name"] == "rerank")
+            return elapsed
+
+        for text in texts[:30]:  # warm-up: both servers' first requests pay for lazy set-up
+            ask("off", text), ask("on", text)
+        server_rerank.clear()
+        for _ in range(rounds):
+            times = {"off": [], "on": []}
+            for i, text in enumerate(texts):
+                order = ("off", "on") if i % 2 else ("on", "off")  # neither always goes first
+                for which in order:
+                    times[which].append(ask(which, text))
+            for which in times:
+                per_round[which].append(_ms(times[which]))
+    out = {which: {"p50": statistics.median(r["p50"] for r in rounds_), "p99": statistics.median(r["p99"] for r in rounds_),
+                   "rounds_p50": [r["p50"] for r in rounds_], "rounds_p99": [r["p99"] for r in rounds_]}
+           for which, rounds_ in per_round.items()}
+    out["p99_ratio_on_over_off"] = [b["p99"] / a["p99"] for a, b in zip(per_round["off"], per_round["on"])]
+    out["server_rerank_ms"] = _ms(server_rerank) if server_rerank else {"n": 0}
+    out["queries"] = len(texts)
+    return out
+
+
+def cross_quality(name: str, beir: Path, split: str, index: Path, head: Path | None) -> dict:
+    """hybrid vs hybrid+rerank on one set, query by query (paired)."""
+    pipeline = RagPipeline(_settings(), index)
+    pipeline.warm_up()
+    reranker = load_reranker(pipeline.index.folder, pipeline.index.manifest, head)
+    qrels = load_qrels(beir, split)
+    judged = {q: t for q, t in load_queries(beir).items() if q in qrels and any(g > 0 for g in qrels[q].values())}
+    base, _, _ = run_retrieval(pipeline, judged, ("dense", "bm25"))
+    reranked, _, _ = run_retrieval(pipeline, judged, ("dense", "bm25", "rerank"), reranker=reranker)
     pipeline.close()
-    r, e, t, i = data["rerank_ms"], data["embed_ms"], data["embed_with_tokens_ms"], data["index"]
-    c = data["rerank_cpu_ms"]
-    print(f"rerank stage ({args.candidates} candidates): P50 {r['p50']:.2f} ms, P99 {r['p99']:.2f} ms wall; "
-          f"CPU P50 {c['p50']:.2f} ms, P99 {c['p99']:.2f} ms")
-    print(f"embed: P50 {e['p50']:.2f} / P99 {e['p99']:.2f} ms; with token states P50 {t['p50']:.2f} / "
-          f"P99 {t['p99']:.2f} ms")
-    print(f"index: token vectors {i['rerank_bytes'] / 2**20:.1f} MiB ({i['dtype']}, {i['tokens']} tokens) beside "
-          f"{i['other_bytes'] / 2**20:.1f} MiB of the rest (x{(i['rerank_bytes'] + i['other_bytes']) / i['other_bytes']:.1f})")
-    if "ndcg@10" in data:
-        print("nDCG@10: " + ", ".join(f"{k} {v:.4f}" for k, v in data["ndcg@10"].items()))
+    a = np.array([ndcg_at(base.get(q, []), qrels[q], 10) for q in judged])
+    b = np.array([ndcg_at(reranked.get(q, []), qrels[q], 10) for q in judged])
+    gain = b - a
+    return {"name": name, "beir": str(beir), "split": split, "queries": len(judged), "head": reranker.head.meta.get("command"),
+            "hybrid": float(a.mean()), "rerank": float(b.mean()), "gain": float(gain.mean()),
+            "gain_se": float(gain.std(ddof=1) / np.sqrt(len(gain))), "better": int((gain > 0).sum()),
+            "worse": int((gain < 0).sum())}
+
+
+def doc_tables(data: dict) -> list[dict]:
+    tables = []
+    if "cv" in data:
+        cv = data["cv"]
+        rows = [[str(f["fold"]), str(f["queries"]), f"{f['hybrid']:.4f}", f"{f['rerank']:.4f}",
+                 f"{f['rerank'] - f['hybrid']:+.4f}"] for f in cv["folds"]]
+        s = cv["summary"]
+        rows.append(["mean", str(sum(f["queries"] for f in cv["folds"])), f"{s['hybrid']:.4f}",
+                     f"{s['rerank']:.4f} ±{s['rerank_std']:.4f}", f"{s['gain_mean']:+.4f} (smallest {s['gain_min']:+.4f})"])
+        tables.append({"title": f"{len(cv['folds'])}-fold cross-validation on {data.get('cv_set', 'the training set')} "
+                                "(trained on the other folds, scored on the held-out one): nDCG@10",
+                       "align": "rrrrr", "columns": ["fold", "queries", "hybrid", "hybrid+rerank", "gain"], "rows": rows})
+    if data.get("cross"):
+        rows = [[c["name"], str(c["queries"]), f"{c['hybrid']:.4f}", f"{c['rerank']:.4f}",
+                 f"{c['gain']:+.4f} ± {c['gain_se']:.4f}", f"{c['better']} / {c['worse']}",
+                 "noise" if abs(c["gain"]) < 2 * c["gain_se"] else ("gain" if c["gain"] > 0 else "loss")]
+                for c in data["cross"]]
+        tables.append({"title": "A head trained on another set (the head's training command is in the results file): "
+                                "nDCG@10, paired per query (gain ± standard error)",
+                       "align": "lrrrrrl", "columns": ["set", "queries", "hybrid", "hybrid+rerank", "gain",
+                                                       "better / worse queries", "verdict (2 SE)"], "rows": rows})
+    if "rerank_ms" in data:
+        r, c, e, t, i = (data["rerank_ms"], data["rerank_cpu_ms"], data["embed_ms"], data["embed_with_tokens_ms"],
+                         data["index"])
+        rows = [[f"rerank stage, {data['candidates']} candidates (wall)", f"{r['p50']:.2f}", f"{r['p99']:.2f}"],
+                ["rerank stage (this thread's CPU)", f"{c['p50']:.2f}", f"{c['p99']:.2f}"],
+                ["embed, pooled vector only", f"{e['p50']:.2f}", f"{e['p99']:.2f}"],
+                ["embed, with token states (reranking on)", f"{t['p50']:.2f}", f"{t['p99']:.2f}"]]
+        if "http" in data:
+            h = data["http"]
+            for which in ("off", "on"):
+                rows.append([f"/v1/query at concurrency 1, rerank {which} (median of {len(h[which]['rounds_p99'])} "
+                             f"rounds; P99 per round {', '.join(f'{v:.1f}' for v in h[which]['rounds_p99'])})",
+                             f"{h[which]['p50']:.2f}", f"{h[which]['p99']:.2f}"])
+        tables.append({"title": f"Latency in ms ({data['queries']} queries x {data['rounds']} rounds)", "align": "lrr",
+                       "columns": ["what", "P50", "P99"], "rows": rows})
+        growth = (i["rerank_bytes"] + i["other_bytes"]) / i["other_bytes"]
+        tables.append({"title": "Index size", "align": "lrrl",
+                       "columns": ["stored token vectors", "rest of the generation", "growth", "vectors"],
+                       "rows": [[f"{i['rerank_bytes'] / 2**20:.1f} MiB", f"{i['other_bytes'] / 2**20:.1f} MiB",
+                                 f"x{growth:.1f}", f"{i['tokens']} tokens x {i['dim']} ({i['dtype']})"]]})
+    return tables
+
+
+def main() -> None:
+    run = BenchmarkRun("rerank")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--part", choices=("quality", "latency"), required=True)
+    parser.add_argument("--index", type=Path, help="latency: an index built with stored token vectors")
+    parser.add_argument("--beir", type=Path, help="latency: the BEIR folder of its corpus (queries, qrels)")
+    parser.add_argument("--split", default="train")
+    parser.add_argument("--head", type=Path, default=None, help="latency: the head (default: the shipped one)")
+    parser.add_argument("--candidates", type=int, default=50)
+    parser.add_argument("--queries", type=int, default=200, help="latency: queries timed")
+    parser.add_argument("--rounds", type=int, default=3, help="latency: timings per query (and HTTP rounds)")
+    parser.add_argument("--http-queries", type=int, default=200, help="latency: /v1/query requests per round "
+                                                                     "and server (0 = skip)")
+    parser.add_argument("--train-report", type=Path, help="quality: `ragheat train-reranker --cv K --json` output")
+    parser.add_argument("--cross", action="append", default=[], metavar="NAME=BEIR:SPLIT:INDEX[:HEAD]",
+                        help="quality: a set scored with the head its index was built with (HEAD, default shipped)")
+    parser.add_argument("--json", "--results-file", dest="json", type=Path, default=None)
+    args = parser.parse_args()
+
+    if args.part == "latency":
+        if args.index is None or args.beir is None:
+            parser.error("--part latency needs --index and --beir")
+        run.name = "rerank-latency"
+        data = stage_costs(args.index, args.beir, args.split, args.head, args.candidates, args.queries, args.rounds)
+        if args.http_queries:
+            qrels = load_qrels(args.beir, args.split)
+            texts = [t for q, t in load_queries(args.beir).items() if q in qrels][: args.http_queries]
+            data["http"] = http_costs(args.index, texts, args.rounds)
+        r, c, i = data["rerank_ms"], data["rerank_cpu_ms"], data["index"]
+        print(f"rerank stage ({args.candidates} candidates): P50 {r['p50']:.2f} ms, P99 {r['p99']:.2f} ms wall; "
+              f"CPU P50 {c['p50']:.2f} ms, P99 {c['p99']:.2f} ms")
+        for which in ("off", "on") if "http" in data else ():
+            print(f"/v1/query rerank {which}: P50 {data['http'][which]['p50']:.2f} P99 {data['http'][which]['p99']:.2f} ms")
+        print(f"index: token vectors {i['rerank_bytes'] / 2**20:.1f} MiB beside {i['other_bytes'] / 2**20:.1f} MiB")
+    else:
+        data = {"cross": []}
+        if args.train_report:
+            report = json.loads(args.train_report.read_text())
+            data["cv"], data["cv_set"] = report["cv"], f"{report['beir']} ({report['split']}, {report['queries']} queries)"
+            data["train_command"] = report.get("command")
+            print(f"CV: hybrid {data['cv']['summary']['hybrid']:.4f} -> rerank {data['cv']['summary']['rerank']:.4f}")
+        for spec in args.cross:
+            name, _, rest = spec.partition("=")
+            parts = rest.split(":")
+            if len(parts) not in (3, 4):
+                parser.error(f"--cross {spec}: expected NAME=BEIR:SPLIT:INDEX[:HEAD]")
+            head = Path(parts[3]) if len(parts) == 4 else None
+            result = cross_quality(name, Path(parts[0]), parts[1], Path(parts[2]), head)
+            data["cross"].append(result)
+            print(f"{name}: hybrid {result['hybrid']:.4f} -> rerank {result['rerank']:.4f} "
+                  f"({result['gain']:+.4f} ± {result['gain_se']:.4f})")
+    data["doc_tables"] = doc_tables(data)
     print(f"wrote {run.write(data, args.json)}")
 
 

@@ -40,6 +40,7 @@ ANN_ARGS=()
 PROBES_ARGS=(--rounds 12 --round-s 4)
 FUSION_ARGS=()
 GRAPH_ARGS=(--rounds 3 --http-queries 200)
+RERANK_LATENCY_ARGS=(--queries 200 --rounds 3 --http-queries 200)
 EMBEDDING_ARGS=()  # bench_embedding.py's defaults: 4 schemes, 3 rounds, 300 chunks, no nDCG (the eval steps have it)
 TTFT_ARGS=(--queries 40)
 TUNE_ARGS=(--max-num-seqs 1,4,8 --max-model-len 256,512 --block-size 32 --rate 30 --duration 10
@@ -61,6 +62,7 @@ if [ "${SMOKE:-0}" = 1 ]; then
   EMBEDDING_ARGS=(--schemes fp32,int8 --rounds 1 --chunks 20 --probes 5 --mixes 2 --agree 10
                   --queries-per-round 10 --ndcg '')
   TTFT_ARGS=(--queries 3 --max-tokens 8)
+  RERANK_LATENCY_ARGS=(--queries 5 --rounds 1 --http-queries 5)
   TUNE_ARGS=(--max-num-seqs 1,4 --max-model-len 256 --block-size 32 --rate 5 --duration 2
              --prompt-tokens 32 --max-tokens 8 --slo-ttft-ms 500 --slo-e2e-ms 2000)
 fi
@@ -132,7 +134,26 @@ step_graph() {
   "$PY" benchmarks/bench_graph.py --beir "$HOTPOT" --split "$HOTPOT_SPLIT" --index "$index" "${GRAPH_ARGS[@]}" \
     --json "$RESULTS/graph.json"
 }
-step_rerank() { slot bench_rerank.py --json "$RESULTS/rerank.json"; }
+step_rerank() {  # quality, held out (~40 min): SciFact 5-fold CV; each set scored with a head trained on the other
+  local sci=$INDEX_ROOT/$NAME-tokens hot=$INDEX_ROOT/$(basename "$HOTPOT")-tokens
+  local sci_hot=$INDEX_ROOT/$NAME-tokens-$(basename "$HOTPOT")-head hot_head=$LOGS/rerank-head-$(basename "$HOTPOT").npz
+  export RAGHEAT_RERANK__STORE_TOKENS=true
+  "$RH" ingest "$BEIR" --index "$sci" --force        # the shipped head's vectors (also the rerank-latency step's index)
+  "$RH" ingest "$HOTPOT" --index "$hot" --force
+  "$RH" train-reranker --beir "$BEIR" --split "$SPLIT" --index "$sci" --token-cache "$LOGS/rerank-tokens-$NAME" \
+    --epochs 4 --seed 0 --cv 5 --out "$LOGS/rerank-head-$NAME.npz" --json "$LOGS/rerank-train-$NAME.json"
+  "$RH" train-reranker --beir "$HOTPOT" --split "$HOTPOT_SPLIT" --index "$hot" \
+    --token-cache "$LOGS/rerank-tokens-$(basename "$HOTPOT")" --epochs 4 --seed 0 --out "$hot_head"
+  RAGHEAT_RERANK__HEAD="$hot_head" "$RH" ingest "$BEIR" --index "$sci_hot" --force
+  "$PY" benchmarks/bench_rerank.py --part quality --train-report "$LOGS/rerank-train-$NAME.json" \
+    --cross "$(basename "$HOTPOT") ($HOTPOT_SPLIT), head trained on $NAME=$HOTPOT:$HOTPOT_SPLIT:$hot" \
+    --cross "$NAME ($SPLIT), head trained on $(basename "$HOTPOT")=$BEIR:$SPLIT:$sci_hot:$hot_head" \
+    --json "$RESULTS/rerank.json"
+}
+step_rerank-latency() {  # the rerank and embed stages, /v1/query rerank off vs on, index size (~5 min; a quiet machine)
+  "$PY" benchmarks/bench_rerank.py --part latency --index "$INDEX_ROOT/$NAME-tokens" --beir "$BEIR" --split "$SPLIT" \
+    "${RERANK_LATENCY_ARGS[@]}" --json "$RESULTS/rerank-latency.json"
+}
 step_answers() { slot bench_answers.py --json "$RESULTS/answers.json"; }
 step_cache() { slot bench_cache.py --json "$RESULTS/cache.json"; }
 step_capacity() { slot bench_capacity.py --json "$RESULTS/capacity.json"; }
@@ -148,7 +169,7 @@ step_render() {
 }
 
 ALL=(ingest eval eval-fp32 fusion query telemetry telemetry-recording loadgen knee ann probes tune-vllm
-     embedding graph vllm-ttft rerank cache capacity replicas answers hyde judge render)
+     embedding graph vllm-ttft rerank rerank-latency cache capacity replicas answers hyde judge render)
 if [ "${1:-}" = --list ]; then printf '%s\n' "${ALL[@]}"; exit 0; fi
 steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=("${ALL[@]}")

@@ -260,7 +260,8 @@ def train_reranker(
     if not any(ex.labels.max() > 0 for ex in examples):
         _fail(f"no judged query of {beir} ({split}) has a relevant document among its {candidates} candidates")
     fit = {"epochs": epochs, "distill": distill}
-    report: dict = {"beir": str(beir), "split": split, "queries": len(examples), "candidates": candidates}
+    report: dict = {"beir": str(beir), "split": split, "queries": len(examples), "candidates": candidates,
+                    "command": " ".join(["ragheat", *sys.argv[1:]])}
     if folds:
         report["cv"] = cross_validate(examples, raw, qrels, folds=folds, seed=seed, log=out.print, **fit)
     head = fit_head(examples, raw, seed=seed, log=out.print, **fit)
