@@ -14,6 +14,18 @@ GRAPH_STAGES = ("link_entities", "retrieve_graph", "route")
 """The stages of the knowledge-graph path and the router (rag.stages.STAGES), each with a heatmap of its own: they run
 only for requests that ask for the graph or the router, so on the repeated per-stage heatmap they would hide among
 the stages every request runs."""
+OWN_HEATMAP_STAGES = {
+    "queue": ("Queue time", "The wait from a request's arrival to its first stage: for an admission slot and a "
+                            "worker thread, and for an embedding micro-batch. End-to-end latency minus the stages "
+                            "is this."),
+    "cache_lookup": ("Answer cache lookup", "The semantic cache's lookup (cache.enabled): one matrix-vector product "
+                                            "over the answers held; a hit ends the request here."),
+    "rerank": ("Reranker", "Late-interaction rescoring of the fused candidates (rerank.enabled), after fuse."),
+    "hyde": ("HyDE", "The language model writing a hypothetical passage for dense retrieval (hyde.enabled); skipped "
+                     "when the model is slow or down."),
+}
+"""Stages that are not in every request, or that every request has but no stage heatmap shows well: each gets a
+heatmap of its own, with what it is."""
 
 
 def _rate(series: str, selector: str = "") -> str:
@@ -93,6 +105,9 @@ def latency_board(profile: Profile) -> Board:
                    description="Requests per second in each latency bucket of this stage; it runs only for requests "
                                "that use the knowledge graph (graph, hybrid+graph) or the router (routed).")
           for name in GRAPH_STAGES),
+        *(_heatmap(f"{title} latency: {name}", stage, f'stage="{name}", {load}', native=contract.NATIVE_STAGE_DURATION,
+                   width=6, exemplars=True, description=f"Requests per second in each latency bucket. {description}")
+          for name, (title, description) in OWN_HEATMAP_STAGES.items()),
         Panel("Retrieval routes", "timeseries",
               (Query(f"sum by (retrieval_route) ({_rate(contract.RETRIEVAL_ROUTES)})", "{{retrieval_route}}",
                      (contract.RETRIEVAL_ROUTES,)),), unit="reqps",

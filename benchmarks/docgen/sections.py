@@ -16,7 +16,7 @@ STEPS = {
     "query": "query", "telemetry": "telemetry", "telemetry-recording": "telemetry-recording", "loadgen": "loadgen",
     "knee-scifact": "knee", "ann": "ann", "probes": "probes", "tune-vllm": "tune-vllm",
     # slots: benchmarks being written by others (see benchmarks/README.md, "Adopting the results file")
-    "embedding": "embedding", "graph": "graph", "rerank": "rerank", "cache": "cache", "answers": "answers",
+    "embedding": "embedding", "graph": "graph", "rerank": "rerank", "rerank-latency": "rerank-latency", "cache": "cache", "answers": "answers",
     "vllm-ttft": "vllm-ttft", "hyde": "hyde", "judge": "judge", "capacity": "capacity",
     "replicas": "replicas",
 }
@@ -28,6 +28,7 @@ SECTIONS = (
     Section("embedding", ("embedding",), extra.embedding, required=True),
     Section("graph", ("graph",), extra.graph, required=True),
     Section("rerank", ("rerank",), None, required=False),
+    Section("rerank-latency", ("rerank-latency",), None, required=False),
     Section("query", ("query",), latency.query, required=True),
     Section("ingest", ("ingest",), latency.ingest, required=True),
     Section("telemetry", ("telemetry", "telemetry-recording"), latency.telemetry, required=True),

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from dashboards import contract, grafana, render, slo
-from dashboards.boards import GRAPH_STAGES, all_boards
+from dashboards.boards import GRAPH_STAGES, OWN_HEATMAP_STAGES, all_boards
 from dashboards.snapshot import heatmap_from_result
 from dashboards.spec import NATIVE, SCRAPED, SOURCE, Choice, Variable, expand
 from dashboards.verify import selected
@@ -126,7 +126,8 @@ def test_latency_board_observes_the_graph_and_router_stages():
 
     board = all_boards(slo.PRODUCTION)[0]
     assert set(GRAPH_STAGES) <= set(STAGES) and {"link_entities", "retrieve_graph", "route"} <= set(GRAPH_STAGES)
-    for stage in GRAPH_STAGES:
+    assert set(OWN_HEATMAP_STAGES) <= set(STAGES) and {"queue", "rerank", "cache_lookup", "hyde"} <= set(OWN_HEATMAP_STAGES)
+    for stage in (*GRAPH_STAGES, *OWN_HEATMAP_STAGES):
         [heatmap] = [p for p in board.panels if p.kind == "heatmap" and p.title.endswith(f": {stage}")]
         assert [q.histograms for q in heatmap.queries] == [SCRAPED, NATIVE]
         assert all(f'stage="{stage}"' in q.expr for q in heatmap.queries), heatmap.queries

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from dashboards import contract, slo
-from dashboards.boards import GRAPH_STAGES, all_boards
+from dashboards.boards import GRAPH_STAGES, OWN_HEATMAP_STAGES, all_boards
 from dashboards.promapi import PrometheusApi
 from dashboards.spec import NATIVE, SOURCE, SOURCE_VALUES, expand
 from dashboards.verify import check_boards
@@ -44,7 +44,7 @@ def native():
                     n = push * PER_PUSH + i
                     pusher.record(STAGE_DURATION, 0.5, (("stage", "fuse"), *load), TRACES[n])
                     pusher.record(STAGE_DURATION, 0.010, (("stage", "embed"), *load))
-                    for stage in GRAPH_STAGES:  # the graph and router stages' own heatmaps
+                    for stage in (*GRAPH_STAGES, *OWN_HEATMAP_STAGES):  # the stages with heatmaps of their own
                         pusher.record(STAGE_DURATION, 0.002, (("stage", stage), *load))
                     pusher.record(REQUEST_DURATION, 0.6 if i % 10 == 0 else 0.1, (("route", "/v1/query"), *load))
                 assert pusher.push()
