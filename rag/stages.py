@@ -7,12 +7,15 @@ Kept in a module of their own, free of heavy imports, so that processes that onl
 from __future__ import annotations
 
 STAGES = ("embed", "retrieve_dense", "retrieve_bm25", "fuse", "generate", "generate_prefill", "generate_decode",
-          "support_check", "link_entities", "route", "retrieve_graph", "rerank")
+          "support_check", "link_entities", "route", "retrieve_graph", "rerank", "queue", "cache_lookup", "hyde")
 """``generate`` is the extractive answer (and the fallback); an LLM answer is ``generate_prefill`` (to the first
 token), ``generate_decode`` (the rest) and ``support_check`` (each sentence against the passages it cites).
 ``link_entities`` finds the knowledge-graph entities a query names, ``route`` lets the router pick the retrievers,
 ``retrieve_graph`` expands the linked entities in the graph store (rag/graph, rag/routing). ``rerank`` rescores the
-fused candidates by late interaction (rag/rerank), after ``fuse``."""
+fused candidates by late interaction (rag/rerank), after ``fuse``. ``queue`` is the wait from a request's arrival to
+its first stage (admission, the thread pool, a micro-batch); ``cache_lookup`` looks the query's embedding up in the
+semantic answer cache (rag/cache); ``hyde`` has the language model write a hypothetical passage whose embedding
+drives dense retrieval beside the question's own."""
 RETRIEVERS = ("dense", "bm25", "graph")
 RETRIEVER_CHOICES = RETRIEVERS + ("routed",)
 """What a request or ``retrieval.retrievers`` may name: retrievers (fused when several), or ``routed`` alone."""
