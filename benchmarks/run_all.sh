@@ -41,6 +41,12 @@ PROBES_ARGS=(--rounds 12 --round-s 4)
 FUSION_ARGS=()
 GRAPH_ARGS=(--rounds 3 --http-queries 200)
 RERANK_LATENCY_ARGS=(--queries 200 --rounds 3 --http-queries 200)
+HYDE_ARGS=(--queries 40 --seed 16)          # SciFact train + HotpotQA dev (~6 minutes on busy cores)
+JUDGE_ARGS=(--limit 20 --seed 16)           # 200 pairs per set (~7 minutes)
+ANSWERS_ARGS=(--questions 30 --seed 16 --rates 1,4)  # HotpotQA dev answers, then TTFT at 1 and 4 req/s (~10 minutes)
+CACHE_ARGS=(--rates 40,60,80,100,120,140,160,200,240 --duration 6 --warmup 2 --zipf 1.1)
+CAPACITY_ARGS=(--rates 50:400:50 --duration 10 --warmup 2 --burst 3 --rounds 3)  # ~6-8 minutes
+BATCHING_ARGS=()  # bench_batching.py's defaults: off and windows 0/2 ms x 1/2 run slots, side by side (~5.5 minutes)
 EMBEDDING_ARGS=()  # bench_embedding.py's defaults: 4 schemes, 3 rounds, 300 chunks, no nDCG (the eval steps have it)
 TTFT_ARGS=(--queries 40)
 TUNE_ARGS=(--max-num-seqs 1,4,8 --max-model-len 256,512 --block-size 32 --rate 30 --duration 10
@@ -63,6 +69,12 @@ if [ "${SMOKE:-0}" = 1 ]; then
                   --queries-per-round 10 --ndcg '')
   TTFT_ARGS=(--queries 3 --max-tokens 8)
   RERANK_LATENCY_ARGS=(--queries 5 --rounds 1 --http-queries 5)
+  HYDE_ARGS=(--set "$NAME=$BEIR:$SPLIT:$INDEX")
+  JUDGE_ARGS=(--set "$NAME=$BEIR:$SPLIT:$INDEX")
+  ANSWERS_ARGS=()  # needs a folder with questions_full.jsonl (HotpotQA): the defaults, 3 questions
+  CACHE_ARGS=(--rates 5,10 --duration 1 --warmup 0.5 --pause 0.2 --lookups 200 --lookup-sizes 256,1024)
+  CAPACITY_ARGS=(--rates 5,10 --duration 1 --warmup 0.5 --burst 1 --rounds 1)
+  BATCHING_ARGS=(--rates 5,10 --duration 1 --warmup 0.5 --c1-duration 1 --c1-rounds 1 --windows off,0 --runs 2)
   TUNE_ARGS=(--max-num-seqs 1,4 --max-model-len 256 --block-size 32 --rate 5 --duration 2
              --prompt-tokens 32 --max-tokens 8 --slo-ttft-ms 500 --slo-e2e-ms 2000)
 fi
@@ -154,13 +166,17 @@ step_rerank-latency() {  # the rerank and embed stages, /v1/query rerank off vs 
   "$PY" benchmarks/bench_rerank.py --part latency --index "$INDEX_ROOT/$NAME-tokens" --beir "$BEIR" --split "$SPLIT" \
     "${RERANK_LATENCY_ARGS[@]}" --json "$RESULTS/rerank-latency.json"
 }
-step_answers() { slot bench_answers.py --json "$RESULTS/answers.json"; }
-step_cache() { slot bench_cache.py --json "$RESULTS/cache.json"; }
-step_capacity() { slot bench_capacity.py --json "$RESULTS/capacity.json"; }
+step_answers() { slot bench_answers.py "${ANSWERS_ARGS[@]}" --json "$RESULTS/answers.json"; }
+step_cache() { slot bench_cache.py --beir "$BEIR" --split "$SPLIT" --index "$INDEX" "${CACHE_ARGS[@]}" \
+                 --json "$RESULTS/cache.json"; }
+step_capacity() { slot bench_capacity.py --index "$INDEX" --queries "$BEIR" "${CAPACITY_ARGS[@]}" \
+                    --results-file "$RESULTS/capacity.json"; }
+step_batching() { "$PY" benchmarks/bench_batching.py --index "$INDEX" --queries "$BEIR/queries.jsonl" \
+                    "${BATCHING_ARGS[@]}" --results-file "$RESULTS/batching.json"; }
 step_replicas() { slot bench_replicas.py --index "$INDEX" --queries "$BEIR/queries.jsonl" "${REPLICAS_ARGS[@]}" \
                     --work "$LOGS/replicas" --results-file "$RESULTS/replicas.json"; }
-step_hyde() { slot bench_hyde.py --json "$RESULTS/hyde.json"; }
-step_judge() { slot bench_judge.py --json "$RESULTS/judge.json"; }
+step_hyde() { slot bench_hyde.py "${HYDE_ARGS[@]}" --json "$RESULTS/hyde.json"; }    # starts vLLM on SmolLM2 itself
+step_judge() { slot bench_judge.py "${JUDGE_ARGS[@]}" --json "$RESULTS/judge.json"; }
 step_vllm-ttft() { "$PY" benchmarks/bench_vllm_ttft.py --index "$INDEX" --beir "$BEIR" "${TTFT_ARGS[@]}" \
                      --json "$RESULTS/vllm-ttft.json"; }
 step_render() {
@@ -169,7 +185,7 @@ step_render() {
 }
 
 ALL=(ingest eval eval-fp32 fusion query telemetry telemetry-recording loadgen knee ann probes tune-vllm
-     embedding graph vllm-ttft rerank rerank-latency cache capacity replicas answers hyde judge render)
+     embedding graph vllm-ttft rerank rerank-latency cache capacity batching replicas answers hyde judge render)
 if [ "${1:-}" = --list ]; then printf '%s\n' "${ALL[@]}"; exit 0; fi
 steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=("${ALL[@]}")

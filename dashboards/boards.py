@@ -62,6 +62,7 @@ def latency_board(profile: Profile) -> Board:
     load = 'qps_bucket=~"$qps_bucket"'
     answered = f'outcome="ok", {load}'
     selected_stage = 'stage=~"$stage"'
+    hit, consulted, cache_off = 'result="hit"', 'result=~"hit|miss"', 'result="off"'
     quantiles = tuple(query for q in (0.5, 0.95, 0.99)
                       for query in _quantile(q, request, contract.NATIVE_REQUEST_DURATION, answered))
     recorded = stage_quantile_record(0.99, profile)
@@ -117,7 +118,28 @@ def latency_board(profile: Profile) -> Board:
               (Query(f"sum by (stage) ({_rate(contract.STAGE_SKIPPED)})", "{{stage}}", (contract.STAGE_SKIPPED,)),),
               unit="reqps",
               description="Queries answered without a stage because its backend was down (the graph store stopped "
-                          "or restarting); each such answer is flagged degraded."),
+                          "or restarting), or because the request's remaining deadline could not hold its recent "
+                          "time (admission.degrade); each such answer is flagged degraded."),
+        Panel("Requests shed", "timeseries",
+              (Query(f"sum by (reason) ({_rate(contract.SHED)})", "{{reason}}", (contract.SHED,)),), unit="reqps",
+              description="Queries refused at once with 503 and Retry-After by admission control: queue_full (the "
+                          "bounded queue is full), deadline (predicted to finish after its deadline), expired (its "
+                          "deadline passed while it waited). Answered quickly so the admitted ones keep the SLO."),
+        Panel("Answer cache", "timeseries",
+              (Query(f"sum({_rate(contract.CACHE_REQUESTS, hit)}) / "
+                     f"clamp_min(sum({_rate(contract.CACHE_REQUESTS, consulted)}), 1e-9)", "hit ratio",
+                     (contract.CACHE_REQUESTS,)),
+               Query(f"sum({_rate(contract.CACHE_REQUESTS, cache_off)})", "answered with the cache off (req/s)",
+                     (contract.CACHE_REQUESTS,))),
+              unit="short", width=6,
+              description="The semantic answer cache (cache.enabled): hits over the queries that consulted it; a "
+                          "service with it off shows only the second line."),
+        Panel("Answer cache size", "timeseries",
+              (Query(f"sum({contract.CACHE_ENTRIES})", "entries", (contract.CACHE_ENTRIES,)),
+               Query(f"sum({contract.CACHE_BYTES})", "bytes", (contract.CACHE_BYTES,))),
+              unit="short", width=6,
+              description="Answers the served generation's cache holds, and their estimated bytes (bounded by "
+                          "cache.max_entries and cache.max_bytes; emptied when a new generation is swapped in)."),
     )
     variables = (SOURCE_CHOICE,
                  Variable("stage", contract.bucket(stage), "stage"),

@@ -21,6 +21,10 @@ STAGE_ERRORS = SERVICE["stage_errors"]
 TELEMETRY_DROPPED = SERVICE["telemetry_dropped"]
 RETRIEVAL_ROUTES = SERVICE["retrieval_routes"]
 STAGE_SKIPPED = SERVICE["stage_skipped"]
+SHED = SERVICE["shed"]
+CACHE_REQUESTS = SERVICE["cache_requests"]
+CACHE_ENTRIES = SERVICE["cache_entries"]
+CACHE_BYTES = SERVICE["cache_bytes"]
 
 # The same two latencies pushed over OTLP as exponential histograms and remote-written by the OTel Collector: native
 # histograms, one series each, named as the collector's prometheusremotewrite exporter names them.

@@ -1,8 +1,9 @@
 """report.html and its PNG images, rendered from results.json alone (so any stored run can be redrawn).
 
-Images: latency buckets × stage (heatmap), latency over time per stage (heatmaps), and P50/P99 against
-offered load with the SLO line and the knee. Latency buckets are the telemetry bucket edges, so the
-report reads like the Grafana heatmaps of the same service.
+Images: latency buckets × stage (heatmap), latency over time per stage (heatmaps), P50/P99 against
+offered load with the SLO line and the knee, and what became of the offered queries (answered within the SLO,
+answered late, shed by admission control, failed) with the goodput. Latency buckets are the telemetry bucket
+edges, so the report reads like the Grafana heatmaps of the same service.
 """
 
 from __future__ import annotations
@@ -111,9 +112,38 @@ def render_report(results_path: Path, out_dir: Path | None = None) -> Path:
         ax.grid(alpha=0.3)
         images.append(_save(fig, out_dir / "latency_vs_load.png", "P50 and P99 against offered load"))
 
+    if steps:  # 4. outcomes per offered rate: shed apart from errors and from admitted latency
+        images.append(_outcomes_figure(plt, steps, results, out_dir))
+
     page = out_dir / "report.html"
     page.write_text(_html(results, images))
     return page
+
+
+def _outcomes_figure(plt, steps: list[dict], results: dict, out_dir: Path) -> tuple[str, str]:
+    """Per offered rate, stacked: answers within the SLO (goodput), answers past it, shed queries, errors (req/s)."""
+    rates = [s["offered_qps"] for s in steps]
+    per_s = lambda s, n: n / s["duration_s"] if s["duration_s"] else 0.0  # noqa: E731
+    good = [s.get("goodput_qps", 0.0) for s in steps]
+    late = [max(0.0, s["achieved_qps"] - g) for s, g in zip(steps, good)]
+    shed = [per_s(s, s.get("shed", 0)) for s in steps]
+    errors = [per_s(s, s["errors"]) for s in steps]
+    x = np.arange(len(rates))
+    fig, ax = plt.subplots(figsize=(8, 5))
+    bottom = np.zeros(len(rates))
+    for values, label, colour in ((good, f"answered within {results['slo_ms']:g} ms (goodput)", "tab:green"),
+                                  (late, "answered late", "tab:orange"), (shed, "shed (503)", "tab:gray"),
+                                  (errors, "errors", "tab:red")):
+        ax.bar(x, values, bottom=bottom, label=label, color=colour)
+        bottom += np.asarray(values)
+    ax.plot(x, rates, "k_", markersize=30, label="offered")
+    ax.set_xticks(x, [f"{r:g}" for r in rates])
+    ax.set_xlabel("offered load (req/s, open loop)")
+    ax.set_ylabel("requests per second")
+    ax.legend()
+    ax.grid(alpha=0.3, axis="y")
+    return _save(fig, out_dir / "outcomes_vs_load.png",
+                 "Goodput, late answers, shed queries and errors by offered load")
 
 
 def _save(fig, path: Path, title: str) -> tuple[str, str]:
@@ -125,13 +155,28 @@ def _save(fig, path: Path, title: str) -> tuple[str, str]:
     return path.name, title
 
 
+def _cache_line(results: dict) -> str:
+    """A paragraph with the semantic answer cache's hit rate per step (hit / (hit + miss)), when it was consulted."""
+    rates = [(s["offered_qps"] if s["offered_qps"] is not None else f"{s['concurrency']} clients",
+              s.get("cache_hit_rate")) for s in results["steps"]]
+    if all(rate is None for _, rate in rates):
+        return ""
+    zipf = f" (queries drawn from a Zipf law, s = {results['zipf_s']:g})" if results.get("zipf_s") else ""
+    cells = ", ".join(f"{level}: {'-' if rate is None else f'{rate * 100:.1f}%'}" for level, rate in rates)
+    return f"\n<p>Answer cache hit rate per step{zipf}: {html.escape(cells)}.</p>"
+
+
 def _html(results: dict, images: list[tuple[str, str]]) -> str:
     rows = []
     for s in results["steps"]:
         lat = s["latency_ms"]
         cell = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
         level = s["offered_qps"] if s["offered_qps"] is not None else f"{s['concurrency']} clients"
-        rows.append(f"<tr><td>{level}</td><td>{s['achieved_qps']:.1f}</td><td>{s['error_rate'] * 100:.2f}%</td>"
+        shed = ", ".join(f"{reason} {n}" for reason, n in (s.get("shed_reasons") or {}).items()) or "-"
+        rows.append(f"<tr><td>{level}</td><td>{s['achieved_qps']:.1f}</td><td>{s.get('goodput_qps', 0.0):.1f}</td>"
+                    f"<td>{s['error_rate'] * 100:.2f}%</td><td>{s.get('shed_rate', 0.0) * 100:.2f}%</td>"
+                    f"<td>{html.escape(shed)}</td><td>{cell((s.get('refusal_ms') or {}).get('p99'))}</td>"
+                    f"<td>{cell((s.get('refusal_server_ms') or {}).get('p99'))}</td>"
                     + "".join(f"<td>{cell(lat[k])}</td>" for k in ("p50", "p90", "p99", "p99.9")) + "</tr>")
     knee = results.get("knee_qps")
     figures = "".join(f'<figure><img src="{html.escape(src)}" alt="{html.escape(t)}"><figcaption>{html.escape(t)}'
@@ -143,5 +188,8 @@ td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}img{{max-width:10
 <p>{html.escape(results['mode'])} loop, {results['duration_s']:g} s per step after {results['warmup_s']:g} s warm-up;
 SLO: P99 &le; {results['slo_ms']:g} ms with errors &le; {results['max_error_rate'] * 100:g} %.
 <b>Knee: {"none" if knee is None else f"{knee:g} req/s"}</b>{" (sweep interrupted)" if results.get("interrupted") else ""}</p>
-<table><tr><th>offered</th><th>achieved req/s</th><th>errors</th><th>P50 ms</th><th>P90 ms</th><th>P99 ms</th>
-<th>P99.9 ms</th></tr>{"".join(rows)}</table>{figures}</body></html>"""
+<p>Latency percentiles are of answered queries; shed queries (503 from admission control, by reason) are neither
+errors nor latency samples; refusal latency is of those shed at once (queue_full, deadline), as the client saw it
+and as the service timed it (Server-Timing). Goodput: answers within the SLO per second.</p>{_cache_line(results)}
+<table><tr><th>offered</th><th>achieved req/s</th><th>goodput req/s</th><th>errors</th><th>shed</th>
+<th>shed by reason</th><th>refusal P99 ms (client)</th><th>refusal P99 ms (service)</th><th>P50 ms</th><th>P90 ms</th><th>P99 ms</th><th>P99.9 ms</th></tr>{"".join(rows)}</table>{figures}</body></html>"""

@@ -22,6 +22,8 @@ import numpy as np
 
 from loadgen.arrivals import poisson_offsets
 from loadgen.stats import StepResult, percentiles_ms
+from rag.api.admission import SHED_REASONS
+from rag.slo import SLO_MS
 
 
 @dataclass
@@ -31,6 +33,9 @@ class Outcome:
     done: float
     ok: bool
     stages: list | None  # [{"name", "ms"}] from the response, when asked for
+    shed: str | None = None  # a 503 from admission control: its reason (rag.api.admission.SHED_REASONS)
+    server_ms: float | None = None  # a shed query: the service's own time to refuse it (its Server-Timing header)
+    cache: str | None = None  # the response's "cache" field (hit, miss, off), when stages were asked for
 
 
 async def _post(session: aiohttp.ClientSession, url: str, body: bytes, want_stages: bool,
@@ -43,13 +48,38 @@ async def _post(session: aiohttp.ClientSession, url: str, body: bytes, want_stag
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
         return Outcome(intended, sent, _now(), False, None)
     done = _now()
-    stages = None
+    if response.status == 503:
+        return Outcome(intended, sent, done, False, None, _shed_reason(payload),
+                       _server_ms(response.headers.get("Server-Timing")))
+    stages = cache = None
     if ok and want_stages:
         try:
-            stages = json.loads(payload).get("stages")
+            answer = json.loads(payload)
+            stages, cache = answer.get("stages"), answer.get("cache")
         except (ValueError, AttributeError):
-            stages = None
-    return Outcome(intended, sent, done, ok, stages)
+            stages = cache = None
+    return Outcome(intended, sent, done, ok, stages, cache=cache)
+
+
+def _shed_reason(payload: bytes) -> str | None:
+    """The shed reason of a 503 (its body's ``error``), or None for any other 503 (not ready: an error)."""
+    try:
+        kind = json.loads(payload).get("error")
+    except (ValueError, AttributeError):
+        return None
+    return kind if kind in SHED_REASONS else None
+
+
+def _server_ms(header: str | None) -> float | None:
+    """``dur`` of a ``Server-Timing: queue;dur=MS`` header, or None."""
+    for part in (header or "").split(";"):
+        name, _, value = part.strip().partition("=")
+        if name == "dur":
+            try:
+                return float(value)
+            except ValueError:
+                return None
+    return None
 
 
 class StopSignals:
@@ -177,8 +207,10 @@ async def _close(session: aiohttp.ClientSession) -> None:
 
 async def open_loop(url: str, queries: Sequence[str], rate: float, duration_s: float, warmup_s: float, *,
                     seed: int = 0, timeout_s: float = 10.0, top_k: int = 5, want_stages: bool = True,
-                    progress: Callable[[float], None] | None = None) -> StepResult:
-    """Poisson arrivals at ``rate`` for ``warmup_s + duration_s``; only the last ``duration_s`` counts.
+                    progress: Callable[[float], None] | None = None, slo_ms: float = SLO_MS,
+                    zipf_s: float | None = None) -> StepResult:
+    """Poisson arrivals at ``rate`` for ``warmup_s + duration_s``; only the last ``duration_s`` counts. Queries are
+    sent in order, cycling, or with ``zipf_s`` drawn from a Zipf law over them (``zipf_picks``, seeded by ``seed``).
 
     Cancelled (Ctrl-C, see StopSignals), it stops sending, waits for the requests in flight and returns what was
     measured, marked interrupted; cancelled again while it waits, it drops those requests (they count nowhere).
@@ -186,6 +218,7 @@ async def open_loop(url: str, queries: Sequence[str], rate: float, duration_s: f
     rng = np.random.default_rng(seed)
     offsets = poisson_offsets(rate, warmup_s + duration_s, rng)
     bodies = _bodies(queries, top_k)
+    picks = zipf_picks(len(bodies), zipf_s, len(offsets), seed) if zipf_s else range(len(offsets))
     loop = asyncio.get_running_loop()
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
                                     timeout=aiohttp.ClientTimeout(total=timeout_s))
@@ -198,7 +231,7 @@ async def open_loop(url: str, queries: Sequence[str], rate: float, duration_s: f
                 intended = start + offset
                 await _sleep_until(intended)
                 tasks.append(loop.create_task(
-                    _post(session, url, bodies[i % len(bodies)], want_stages, intended)))
+                    _post(session, url, bodies[picks[i] % len(bodies)], want_stages, intended)))
                 if progress is not None and i % 64 == 0:
                     progress(min(1.0, offset / (warmup_s + duration_s)))
         except asyncio.CancelledError:
@@ -211,17 +244,20 @@ async def open_loop(url: str, queries: Sequence[str], rate: float, duration_s: f
     measured = [o for o in outcomes if o.intended >= start + warmup_s]
     if interrupted:  # the step ran short: rates are over the time actually measured
         duration_s = max(0.0, (max((o.intended for o in outcomes), default=start) - start) - warmup_s) or duration_s
-    return _summarise("open", measured, duration_s, rate, None, interrupted)
+    return _summarise("open", measured, duration_s, rate, None, interrupted, slo_ms)
 
 
 async def closed_loop(url: str, queries: Sequence[str], concurrency: int, duration_s: float, warmup_s: float, *,
                       timeout_s: float = 10.0, top_k: int = 5, want_stages: bool = True,
-                      progress: Callable[[float], None] | None = None) -> StepResult:
-    """``concurrency`` clients, each sending its next request when the previous one returns.
+                      progress: Callable[[float], None] | None = None, slo_ms: float = SLO_MS,
+                      zipf_s: float | None = None, seed: int = 0) -> StepResult:
+    """``concurrency`` clients, each sending its next request when the previous one returns (queries in order, or
+    drawn from a Zipf law with ``zipf_s``, as in ``open_loop``).
 
     Cancelled, the clients finish the request they are waiting for and stop (cancelled again, they drop it);
     the step returns what was measured, marked interrupted."""
     bodies = _bodies(queries, top_k)
+    picks = zipf_picks(len(bodies), zipf_s, 1 << 16, seed) if zipf_s else range(len(bodies))
     outcomes: list[Outcome] = []
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
                                     timeout=aiohttp.ClientTimeout(total=timeout_s))
@@ -233,7 +269,7 @@ async def closed_loop(url: str, queries: Sequence[str], concurrency: int, durati
         j = i
         while _now() < stop:
             now = _now()
-            outcome = await _post(session, url, bodies[j % len(bodies)], want_stages, now)
+            outcome = await _post(session, url, bodies[picks[j % len(picks)]], want_stages, now)
             if now >= start + warmup_s:
                 outcomes.append(outcome)
             j += concurrency
@@ -260,12 +296,14 @@ async def closed_loop(url: str, queries: Sequence[str], concurrency: int, durati
             task.result()  # a client's own error surfaces here, as gather would have raised it
     if interrupted:
         duration_s = max(0.0, stop - start - warmup_s) or duration_s
-    return _summarise("closed", outcomes, duration_s, None, concurrency, interrupted)
+    return _summarise("closed", outcomes, duration_s, None, concurrency, interrupted, slo_ms)
 
 
 def _summarise(mode: str, outcomes: list[Outcome], duration_s: float, rate: float | None,
-               concurrency: int | None, interrupted: bool) -> StepResult:
+               concurrency: int | None, interrupted: bool, slo_ms: float = SLO_MS) -> StepResult:
     ok = sorted((o for o in outcomes if o.ok), key=lambda o: o.intended)
+    shed = [o for o in outcomes if o.shed is not None]
+    at_once = [o for o in shed if o.shed != "expired"]  # expired ones waited in the queue until their deadline
     stage_seconds: dict[str, list[float]] = {}
     per_request: list[dict] = []
     for o in ok:
@@ -276,11 +314,19 @@ def _summarise(mode: str, outcomes: list[Outcome], duration_s: float, rate: floa
     origin = ok[0].intended if ok else 0.0
     samples = {"t_s": [round(o.intended - origin, 4) for o in ok],
                "latency_ms": [round((o.done - o.intended) * 1000, 3) for o in ok],
-               "stages_ms": {name: [r.get(name) for r in per_request] for name in stage_seconds}}
+               "stages_ms": {name: [r.get(name) for r in per_request] for name in stage_seconds},
+               "cache": [o.cache for o in ok]}
     return StepResult(
         mode=mode, offered_qps=rate, concurrency=concurrency, duration_s=duration_s,
-        requests=len(outcomes), errors=len(outcomes) - len(ok),
+        requests=len(outcomes), errors=len(outcomes) - len(ok) - len(shed),
         achieved_qps=len(ok) / duration_s if duration_s else 0.0,
+        # Shed queries (503 + a shed reason) are neither errors nor latency samples: counted, and their own latency.
+        shed=len(shed), shed_reasons={r: n for r in SHED_REASONS if (n := sum(o.shed == r for o in shed))},
+        refusal_ms=percentiles_ms([o.done - o.sent for o in at_once]),
+        refusal_server_ms=percentiles_ms([o.server_ms / 1000 for o in at_once if o.server_ms is not None]),
+        expired_ms=percentiles_ms([o.done - o.sent for o in shed if o.shed == "expired"]),
+        goodput_qps=(sum((o.done - o.intended) * 1000 <= slo_ms for o in ok) / duration_s) if duration_s else 0.0,
+        cache={result: n for result in ("hit", "miss", "off") if (n := sum(o.cache == result for o in ok))},
         # Latency from the intended send time; errors count in the error rate, not in the latency.
         latency_ms=percentiles_ms([o.done - o.intended for o in ok]),
         send_error_ms=percentiles_ms([o.sent - o.intended for o in outcomes]) if mode == "open" else {},
@@ -308,6 +354,16 @@ DEFAULT_QUERIES = [
     "When did the Roman Empire fall?", "What is the speed of light?", "How do vaccines train the immune system?",
     "Why is the sky blue?", "What is quantum entanglement?",
 ]
+
+
+def zipf_picks(n: int, s: float, count: int, seed: int) -> np.ndarray:
+    """``count`` indices into ``n`` queries drawn from a Zipf law of exponent ``s`` (index ``i`` has probability
+    proportional to ``(i + 1) ** -s``: the first queries are the popular ones; ``shuffled`` first so that popularity
+    does not follow the file's order), seeded. A finite support, unlike ``numpy``'s ``zipf`` (which needs s > 1)."""
+    if n < 1 or s <= 0:
+        raise ValueError(f"a Zipf draw needs queries and an exponent above 0, got {n} queries and s={s}")
+    weights = np.arange(1, n + 1, dtype=np.float64) ** -float(s)
+    return np.random.default_rng(seed).choice(n, size=count, p=weights / weights.sum())
 
 
 def shuffled(queries: Sequence[str], seed: int) -> list[str]:

@@ -37,23 +37,48 @@ class StepResult:
     # Per successful request, for the report's heatmaps: seconds since the step's measured start,
     # end-to-end ms, and each stage's ms (None where a response carried no such stage).
     samples: dict = field(default_factory=dict)
+    # Admission control: queries refused with 503 and a shed reason (neither errors nor latency samples), by reason;
+    # the latency of those refused at once (queue_full, deadline) from their actual send, loopback included, and as
+    # the service timed it (its Server-Timing header); the latency of those that expired in the queue; goodput =
+    # answers within the SLO per second.
+    shed: int = 0
+    shed_reasons: dict = field(default_factory=dict)
+    refusal_ms: dict = field(default_factory=dict)
+    refusal_server_ms: dict = field(default_factory=dict)
+    expired_ms: dict = field(default_factory=dict)
+    goodput_qps: float = 0.0
+    # The semantic answer cache: answered queries by the response's "cache" field (hit, miss, off).
+    cache: dict = field(default_factory=dict)
 
     @property
     def error_rate(self) -> float:
         return self.errors / self.requests if self.requests else 0.0
 
+    @property
+    def shed_rate(self) -> float:
+        return self.shed / self.requests if self.requests else 0.0
+
     def to_json(self) -> dict:
-        return {**asdict(self), "error_rate": self.error_rate}
+        return {**asdict(self), "error_rate": self.error_rate, "shed_rate": self.shed_rate,
+                "cache_hit_rate": cache_hit_rate(self.cache)}
+
+
+def cache_hit_rate(counts: dict) -> float | None:
+    """hit / (hit + miss) of a step's answered queries; None when the cache was not consulted."""
+    looked = counts.get("hit", 0) + counts.get("miss", 0)
+    return counts.get("hit", 0) / looked if looked else None
 
 
 def find_knee(steps: Sequence[StepResult], slo_ms: float, max_error_rate: float = 0.001) -> float | None:
-    """The highest offered rate that meets the SLO (P99 <= slo_ms, errors <= max_error_rate) with every
+    """The highest offered rate that meets the SLO (P99 <= slo_ms, errors and shed each <= max_error_rate) with every
     lower offered rate meeting it too: a passing step above a failing one is noise, not capacity."""
     knee = None
     for step in sorted((s for s in steps if s.offered_qps is not None and not s.interrupted),
                        key=lambda s: s.offered_qps):
         p99 = step.latency_ms.get("p99")
-        if step.requests == 0 or p99 is None or p99 > slo_ms or step.error_rate > max_error_rate:
+        # A step that sheds more than the error allowance is not served capacity either.
+        if (step.requests == 0 or p99 is None or p99 > slo_ms or step.error_rate > max_error_rate
+                or step.shed_rate > max_error_rate):
             break
         knee = step.offered_qps
     return knee

@@ -37,7 +37,8 @@ def prometheus_stage_percentiles(prometheus_url: str, window_s: float, at: float
 
 def run_sweep(url: str, queries: Sequence[str], *, mode: str, levels: Sequence[float], duration_s: float,
               warmup_s: float, slo_ms: float, max_error_rate: float, seed: int = 0, timeout_s: float = 10.0,
-              progress=None, prometheus_url: str | None = None, stop: StopSignals | None = None) -> dict:
+              progress=None, prometheus_url: str | None = None, stop: StopSignals | None = None,
+              zipf_s: float | None = None) -> dict:
     """Run every step; Ctrl-C (or SIGTERM) ends the sweep and keeps what was measured, the cut step marked
     interrupted (see StopSignals: a second press drops the requests in flight, a third raises KeyboardInterrupt).
     The handlers are in place from before the first step to the end (or, given ``stop``, for as long as the
@@ -56,10 +57,10 @@ def run_sweep(url: str, queries: Sequence[str], *, mode: str, levels: Sequence[f
             tick = (lambda f, t=task: progress.update(t, completed=f)) if progress is not None else None
             if mode == "open":
                 step = run(open_loop(target, queries, level, duration_s, warmup_s, seed=seed + len(steps),
-                                     timeout_s=timeout_s, progress=tick), stop)
+                                     timeout_s=timeout_s, progress=tick, slo_ms=slo_ms, zipf_s=zipf_s), stop)
             else:
                 step = run(closed_loop(target, queries, int(level), duration_s, warmup_s, timeout_s=timeout_s,
-                                       progress=tick), stop)
+                                       progress=tick, slo_ms=slo_ms, zipf_s=zipf_s, seed=seed + len(steps)), stop)
             if step is None:  # a press came before the step began
                 break
             if progress is not None:
@@ -77,6 +78,7 @@ def run_sweep(url: str, queries: Sequence[str], *, mode: str, levels: Sequence[f
             "interrupted": len(steps) < len(levels) or any(s.interrupted for s in steps),
             "knee_qps": find_knee(steps, slo_ms, max_error_rate) if mode == "open" else None,
             "steps": [s.to_json() for s in steps],
+            "zipf_s": zipf_s,  # queries drawn from a Zipf law of this exponent (None: in order)
         }
     return results
 
@@ -105,14 +107,25 @@ def write_results(results: dict, out_dir: Path) -> Path:
 def results_table(results: dict) -> Table:
     table = Table(title=f"{results['mode']}-loop sweep against {results['url']} (SLO P99 <= {results['slo_ms']:g} ms)")
     first = "offered req/s" if results["mode"] == "open" else "clients"
-    for column in (first, "achieved", "errors", "P50 ms", "P90 ms", "P99 ms", "P99.9 ms", "send err P99 ms", "SLO"):
+    cached = any(step.get("cache_hit_rate") is not None for step in results["steps"])  # the service has a cache
+    for column in (first, "achieved", "goodput", "errors", "shed", "refusal P99 ms", "P50 ms", "P90 ms", "P99 ms",
+                   "P99.9 ms", "send err P99 ms", "SLO") + (("cache hits",) if cached else ()):
         table.add_column(column, justify="right")
     fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
     for step in results["steps"]:
         lat = step["latency_ms"]
-        meets = lat["p99"] is not None and lat["p99"] <= results["slo_ms"] and step["error_rate"] <= results["max_error_rate"]
+        allowed = results["max_error_rate"]
+        meets = (lat["p99"] is not None and lat["p99"] <= results["slo_ms"] and step["error_rate"] <= allowed
+                 and step.get("shed_rate", 0.0) <= allowed)
         level = step["offered_qps"] if results["mode"] == "open" else step["concurrency"]
         table.add_row(f"{level:g}" + (" (cut)" if step["interrupted"] else ""), f"{step['achieved_qps']:.1f}",
-                      f"{step['error_rate'] * 100:.2f}%", fmt(lat["p50"]), fmt(lat["p90"]), fmt(lat["p99"]),
-                      fmt(lat["p99.9"]), fmt(step["send_error_ms"].get("p99")), "yes" if meets else "no")
+                      f"{step.get('goodput_qps', 0.0):.1f}", f"{step['error_rate'] * 100:.2f}%",
+                      f"{step.get('shed_rate', 0.0) * 100:.2f}%", fmt((step.get("refusal_ms") or {}).get("p99")),
+                      fmt(lat["p50"]), fmt(lat["p90"]), fmt(lat["p99"]),
+                      fmt(lat["p99.9"]), fmt(step["send_error_ms"].get("p99")), "yes" if meets else "no",
+                      *([_percent(step.get("cache_hit_rate"))] if cached else []))
     return table
+
+
+def _percent(share: float | None) -> str:
+    return "-" if share is None else f"{share * 100:.1f}%"

@@ -18,11 +18,16 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
+import numpy as np
+
+from rag.budget import Budget
+from rag.embedding.batcher import MicroBatchEmbedder
 from rag.embedding.embedder import OnnxEmbedder
 from rag.embedding.model_store import check_index_model
-from rag.errors import IndexLoadError, StageError
+from rag.errors import ConfigurationError, IndexLoadError, StageError
 from rag.generation.extractive import ExtractiveGenerator
 from rag.generation.budget import PassageCompressor
+from rag.generation.hyde import HydeSkipped, HydeWriter
 from rag.generation.llm import GeneratorUnavailable
 from rag.generation.support import SupportChecker
 from rag.graph.store import GraphStoreUnavailable
@@ -37,8 +42,9 @@ from rag.routing.names import ROUTED, expand, route_label
 from rag.settings import GenerationSettings, RagheatSettings
 from rag.stages import RETRIEVERS, STAGES  # noqa: F401  (re-exported: the pipeline's closed sets)
 from rag.threadnames import original_name, set_name, stage_comm
-from rag.types import (UNSUPPORTED_MARK, Chunk, FusionResult, GenerationResult, GenerationStats, Hit, LinkedEntities,
-                       PipelineDescription, QueryResult, RetrievalRun, Source, StageTiming)
+from rag.types import (UNSUPPORTED_MARK, CacheKey, CacheStats, Chunk, FusionResult, GenerationResult,
+                       GenerationStats, Hit, LinkedEntities, PipelineDescription, QueryResult, RetrievalResult, RetrievalRun, Source,
+                       StageTiming)
 
 NO_ENTITIES = LinkedEntities({}, 0.0)
 
@@ -64,13 +70,15 @@ class RagPipeline:
         self.llm: StreamingGenerator | None = None  # a language model; None = extractive only
         self.support: SupportCheck | None = None
         self.compressor: PassageCompressor | None = None  # generation.prompt_budget_tokens (0 = passages whole)
+        self.hyde: HydeWriter | None = None  # the hyde stage's writer: set whenever there is a language model
         # The knowledge graph (an index built with one, graph.enabled) and the router (routed requests).
         self.graph: GraphStore | None = None
         self.linker: EntityLinker | None = None
         self.graph_retriever: GraphRetriever | None = None
         self.router: Router | None = None
         self.reranker: Reranker | None = None  # rerank.enabled: the late-interaction reranker (rag/rerank)
-        # Declared for the stage that comes next (answer cache); not built or called yet.
+        # cache.enabled: the semantic answer cache (rag/cache, stage cache_lookup). One per pipeline, so one per
+        # index generation: a hot swap builds a new pipeline, whose cache starts empty.
         self.cache: AnswerCache | None = None
         self._route_fusers: dict[str, Fuser] = {}
         self._router_error: str | None = None
@@ -121,6 +129,9 @@ class RagPipeline:
         embedder = OnnxEmbedder(embedding)
         embedder.warm_up()
         check_index_model(index.folder, model, embedder.files)  # same weights and int8 scheme, or IndexLoadError
+        if embedding.query_batch_max > 1:  # concurrent requests' queries share model runs (rag/embedding/batcher.py)
+            embedder = MicroBatchEmbedder(embedder, embedding.query_batch_max, embedding.query_batch_wait_ms / 1000,
+                                          embedding.query_batch_runs)
         analyzer = LexicalAnalyzer(index.manifest["lexical"]["stemmer"])
         self.retrievers = {"dense": DenseRetriever(index.faiss_index), "bm25": BM25Retriever(index.bm25, analyzer)}
         self.fuser = WeightedRRF({"dense": s.retrieval.dense_weight, "bm25": s.retrieval.bm25_weight,
@@ -132,11 +143,19 @@ class RagPipeline:
         if s.generation.generator != "extractive" and self.llm is None:
             self.llm = _make_llm(s.generation)
             self.llm.warm_up()
+        if self.llm is not None:
+            self.hyde = HydeWriter(self.llm, s.hyde)
+        elif s.hyde.enabled:
+            raise ConfigurationError("hyde.enabled needs a language model: set generation.generator to openai or vllm")
         self._warm_up_graph(index, analyzer)
         if s.rerank.enabled:  # the generation's stored token vectors and the head that projected them
             from rag.rerank.reranker import load_reranker
 
             self.reranker = load_reranker(index.folder, index.manifest, s.rerank.head, s.rerank.candidates)
+        if s.cache.enabled:
+            from rag.cache import SemanticCache
+
+            self.cache = SemanticCache(s.cache)
         self.embedder = embedder
         self.index = index
 
@@ -201,23 +220,32 @@ class RagPipeline:
 
     def retrieve(self, query: str, k: int, retrievers: Sequence[str] | None = None,
                  stages: list[StageTiming] | None = None, counts: dict[str, int] | None = None,
-                 run: RetrievalRun | None = None, rerank: bool | None = None) -> FusionResult:
+                 run: RetrievalRun | None = None, rerank: bool | None = None,
+                 embedded: tuple[np.ndarray, np.ndarray | None] | None = None,
+                 hyde: bool | None = None) -> FusionResult:
         """Fused top-``k`` chunks; appends one ``StageTiming`` per stage run to ``stages``, each retriever's hit
         count to ``counts``, and the route taken and any stage skipped to ``run``. ``retrievers``: names as
         ``rag.routing.names.expand`` reads them (``dense``, ``hybrid+graph``, ``routed``, ...). ``rerank``: rescore
-        the top ``rerank.candidates`` (None = when the reranker is loaded, i.e. ``rerank.enabled``)."""
+        the top ``rerank.candidates`` (None = when the reranker is loaded, i.e. ``rerank.enabled``). ``embedded``:
+        the query's (vector, token states) from an embed stage already run (``query()`` embeds before the cache
+        lookup), so it is not run again; the states must be there when reranking. ``hyde``: a hypothetical
+        passage's dense run fused into the dense one (None = ``hyde.enabled``; only when dense runs)."""
         rerank = self.reranker is not None if rerank is None else rerank
         if rerank and self.reranker is None:
             raise ValueError("rerank needs rerank.enabled (and an index with stored token vectors)")
+        hyde = self.settings.hyde.enabled if hyde is None else hyde
+        if hyde and self.hyde is None:
+            raise ValueError("hyde needs a language model: set generation.generator to openai or vllm")
         stages = [] if stages is None else stages
         run = RetrievalRun() if run is None else run
         names = expand(retrievers or self.settings.retrieval.retrievers)
         options = self._stage_options
         routed = names == (ROUTED,)
-        vector = states = None  # states: the query's token states, from the embed run itself when reranking
+        # states: the query's token states, from the embed run itself when reranking
+        vector, states = embedded if embedded is not None else (None, None)
         linked = NO_ENTITIES
         if self.linker is not None and (routed or "graph" in names):
-            if self.linker.needs_vector:
+            if self.linker.needs_vector and vector is None:
                 vector, states = self._embed(query, stages, rerank)
             with _stage("link_entities", stages, options):
                 linked = self.linker.link(query, vector)
@@ -236,10 +264,14 @@ class RagPipeline:
             run.route = route_label(names)
         if ("dense" in names or rerank) and vector is None:
             vector, states = self._embed(query, stages, rerank)
+        hyde_vector = self._hyde(query, stages, run) if hyde and "dense" in names and _fits(
+            run, "hyde", ("retrieve_dense", "fuse", "generate")) else None
         fused_k = max(k, self.reranker.candidates) if rerank else k
         depth = fused_k if len(names) == 1 else max(fused_k, self.settings.retrieval.candidates)
         results = []
         for name in names:
+            if name == "graph" and not _fits(run, "retrieve_graph", ("fuse", "generate")):
+                continue  # the deadline cannot hold it: answered without the graph, flagged degraded
             with _stage(f"retrieve_{name}", stages, options) as stage:
                 if name == "graph":
                     try:
@@ -249,6 +281,8 @@ class RagPipeline:
                         continue
                 else:
                     result = self.retrievers[name].retrieve(query, vector, depth)
+                    if name == "dense" and hyde_vector is not None:
+                        result = self._fuse_hyde(result, query, hyde_vector, depth)
                 stage.device = result.device
             results.append(result)
             run.retrieved[name] = len(result.hits)
@@ -259,12 +293,33 @@ class RagPipeline:
         else:
             with _stage("fuse", stages, options):
                 fused = fuser.fuse(results, fused_k)
-        if not rerank:
-            return fused
+        if not rerank or not _fits(run, "rerank", ("generate",)):
+            return FusionResult(fused.hits[:k], fused.seconds) if rerank else fused
         with _stage("rerank", stages, options):
             query_view = RerankQuery(states, {r.retriever: r.hits for r in results})
             reranked = self.reranker.rerank(query_view, fused.hits, k)
         return FusionResult(reranked.hits, fused.seconds)
+
+    def _hyde(self, query: str, stages: list[StageTiming], run: RetrievalRun):
+        """The hypothetical passage's embedding (stage ``hyde``: writing and embedding it), or None when the stage
+        was skipped (model down, slow or unusable: ``run.skipped["hyde"]`` says so)."""
+        with _stage("hyde", stages, self._stage_options) as stage:
+            try:
+                passage = self.hyde.write(query)
+            except HydeSkipped as exc:
+                run.skipped["hyde"] = str(exc)
+                return None
+            result = self.embedder.embed_query(passage)
+            stage.device = result.device
+        return result.vector
+
+    def _fuse_hyde(self, question: RetrievalResult, query: str, hyde_vector, depth: int) -> RetrievalResult:
+        """The question's dense run and the hypothetical passage's, fused by RRF (``hyde.weight``) into one dense
+        run, so fusion with the other retrievers and the route label see ``dense`` as before."""
+        passage = self.retrievers["dense"].retrieve(query, hyde_vector, depth)
+        fuser = WeightedRRF({"dense": 1.0, "hyde": self.settings.hyde.weight}, k=self.settings.retrieval.rrf_k)
+        fused = fuser.fuse([question, dataclasses.replace(passage, retriever="hyde")], depth)
+        return RetrievalResult("dense", fused.hits, question.seconds + passage.seconds, question.device)
 
     def _embed(self, query: str, stages: list[StageTiming], tokens: bool = False):
         """(the query vector, its token states when ``tokens``: one model run for both, else None)."""
@@ -274,39 +329,78 @@ class RagPipeline:
                 result, states = self.embedder.embed_query_tokens(query)
             else:
                 result = self.embedder.embed_query(query)
-            stage.device = result.device
+            stage.device, stage.waited = result.device, result.queued
+        if result.queued:  # the wait for a shared model run is queueing, not embedding
+            add_queue_wait(stages, stage.start, result.queued)
         return result.vector, states
 
     def query(self, query: str, top_k: int, retrievers: Sequence[str] | None = None, *,
               on_sources: Callable[[list[Source]], None] | None = None,
-              on_token: Callable[[str], None] | None = None) -> QueryResult:
+              on_token: Callable[[str], None] | None = None, arrival: float | None = None,
+              budget: Budget | None = None) -> QueryResult:
         """Answer ``query``. ``on_sources`` is called once retrieval is done and ``on_token`` with each piece
-        of a streamed answer as it arrives (both on this thread), for ``/v1/query/stream``."""
+        of a streamed answer as it arrives (both on this thread), for ``/v1/query/stream``. ``arrival``: when the
+        request arrived (``time.perf_counter()``): the wait until now is its ``queue`` stage. ``budget``: its deadline
+        (``rag.budget``): optional stages it cannot hold are skipped and listed in ``skipped``. With the answer cache
+        (``cache.enabled``) the query is embedded first and looked up (stage ``cache_lookup``): a hit is the stored
+        answer with this request's stages; a miss retrieves with that embedding and stores a non-degraded answer."""
         if not self.ready:
             raise RuntimeError("RagPipeline.warm_up() has not run")
         stages: list[StageTiming] = []
-        run = RetrievalRun()
+        if arrival is not None:
+            add_queue_wait(stages, arrival, time.perf_counter() - arrival)
+        run = RetrievalRun(budget=budget)
+        key = embedded = None
         try:
-            fused = self.retrieve(query, top_k, retrievers, stages, run=run)
+            if self.cache is not None:
+                key, embedded, hit = self._cache_lookup(query, top_k, retrievers, stages)
+                if hit is not None:
+                    if on_sources is not None:
+                        on_sources(hit.sources)
+                    return dataclasses.replace(hit, stages=stages, cache="hit")
+            fused = self.retrieve(query, top_k, retrievers, stages, run=run, embedded=embedded)
             sources = [Source(n, self.index.chunks[hit.chunk_id], hit.score) for n, hit in enumerate(fused.hits, 1)]
             if on_sources is not None:
                 on_sources(sources)
             passages = [s.chunk for s in sources[: self.settings.generation.passages]]
-            generation = self._generate(query, passages, stages, on_token)
+            generation = self._generate(query, passages, stages, on_token, run)
         except StageError as exc:
             exc.stages = stages  # what ran before (and including) the failing stage, for telemetry
             raise
-        return QueryResult(generation.answer, generation.generator, sources, stages, generation.sentences,
-                           run.retrieved, generation.stats, generation.support, generation.degraded_reason,
-                           generation.degraded_detail, generation.unsupported_policy, route=run.route,
-                           skipped=run.skipped)
+        result = QueryResult(generation.answer, generation.generator, sources, stages, generation.sentences,
+                             run.retrieved, generation.stats, generation.support, generation.degraded_reason,
+                             generation.degraded_detail, generation.unsupported_policy, route=run.route,
+                             skipped=run.skipped, cache="off" if key is None else "miss")
+        if key is not None and not (result.degraded or result.skipped):
+            # Stored without what only this request did (its timings, retrievers' counts, the model's timing), so a
+            # hit is never counted as retrieval or generation by whoever observes it.
+            self.cache.put(key, dataclasses.replace(result, stages=[], retrieved={}, generation=None))
+        return result
+
+    def _cache_lookup(self, query: str, top_k: int, retrievers: Sequence[str] | None,
+                      stages: list[StageTiming]) -> tuple[CacheKey, tuple, QueryResult | None]:
+        """Embed (with the token states when reranking: a miss retrieves with both), then look the answer up."""
+        rerank = self.reranker is not None  # as retrieve() decides by default
+        names = expand(retrievers or self.settings.retrieval.retrievers)
+        embedded = self._embed(query, stages, rerank)
+        with _stage("cache_lookup", stages, self._stage_options):
+            key = CacheKey(embedded[0], top_k, names, rerank, self.index.manifest["generation"])
+            hit = self.cache.get(key)
+        return key, embedded, hit
+
+    def cache_stats(self) -> CacheStats | None:
+        """The answer cache's entries, bytes and counts (for telemetry's gauges); None without a cache."""
+        return None if self.cache is None else self.cache.stats()
 
     def _generate(self, query: str, passages: list[Chunk], stages: list[StageTiming],
-                  on_token: Callable[[str], None] | None) -> GenerationResult:
+                  on_token: Callable[[str], None] | None, run: RetrievalRun | None = None) -> GenerationResult:
         """The model's answer with its unsupported sentences dropped or marked; the extractive answer, flagged
-        degraded, when the model is down or slow or none of its sentences is supported by the passages."""
+        degraded, when the model is down or slow, or none of its sentences is supported by the passages, or the
+        request's deadline cannot hold it (``run.budget``: then also listed in ``run.skipped``)."""
         written = None
-        if self.llm is not None:
+        if self.llm is not None and run is not None and not _fits(run, "generate_prefill"):
+            reason, detail = "slow", run.skipped["generate_prefill"]
+        elif self.llm is not None:
             try:
                 written = self._generate_streamed(query, passages, stages, on_token)
             except StageError as exc:
@@ -370,6 +464,26 @@ class RagPipeline:
         return list(seen.items())
 
 
+def _fits(run: RetrievalRun, stage: str, then: Sequence[str] = ()) -> bool:
+    """Whether the request's budget (``run.budget``; none = always) holds optional ``stage`` with the mandatory
+    stages ``then`` after it; when not, ``run.skipped`` says why."""
+    budget = run.budget
+    if budget is None or budget.allows(stage, then):
+        return True
+    run.skipped[stage] = budget.skipped[stage]
+    return False
+
+
+def add_queue_wait(stages: list[StageTiming], start: float, seconds: float) -> None:
+    """Count ``seconds`` spent waiting (from the request's arrival for a worker thread, for an embedding micro-batch)
+    as the request's one ``queue`` stage: the first wait starts it (placed first), later waits add to it."""
+    for i, stage in enumerate(stages):
+        if stage.name == "queue":
+            stages[i] = dataclasses.replace(stage, seconds=stage.seconds + seconds)
+            return
+    stages.insert(0, StageTiming("queue", seconds, start))
+
+
 def _apply_unsupported_policy(written: GenerationResult, policy: str) -> GenerationResult:
     """A partly supported written answer with its unsupported sentences left out (``drop``) or followed by
     ``UNSUPPORTED_MARK`` (``mark``); a fully supported one verbatim."""
@@ -408,7 +522,7 @@ class _stage:
         self.name, self.stages, self.options = name, stages, options
 
     def __enter__(self) -> "_stage":
-        self.device = None
+        self.device, self.waited = None, 0.0  # waited: seconds of the block spent queueing (reported as ``queue``)
         if self.options.thread_names:
             self.restore_name = original_name()  # read before the first rename, cached per thread
             set_name(stage_comm(self.name))
@@ -419,7 +533,7 @@ class _stage:
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         device = self.device
-        self.stages.append(StageTiming(self.name, time.perf_counter() - self.start, self.start,
+        self.stages.append(StageTiming(self.name, time.perf_counter() - self.start - self.waited, self.start,
                                        None if device is None else device.device_seconds,
                                        None if device is None else device.clock))
         if self.options.thread_names:

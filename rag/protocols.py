@@ -8,8 +8,7 @@ The stages that run today: ``Embedder``, ``Retriever``, ``Fuser``, ``Generator``
 ``StreamingGenerator`` (a language model, token by token), ``SupportCheck``, and for the knowledge graph
 ``EntityLinker`` (stage ``link_entities``), ``Router`` (stage ``route``: which retrievers run, with which weights) and
 ``GraphRetriever`` (stage ``retrieve_graph``) over a ``GraphStore`` (the embedded FalkorDB or Neo4j, one Cypher for
-both), and ``Reranker`` (stage ``rerank``, rag/rerank). Declared for the stage that comes next, so it plugs into a
-typed seam: ``AnswerCache``.
+both), ``Reranker`` (stage ``rerank``, rag/rerank) and ``AnswerCache`` (stage ``cache_lookup``, rag/cache).
 docs/architecture.md says how a new stage plugs in.
 """
 
@@ -21,8 +20,8 @@ from typing import Any, Iterator, Mapping, Protocol, Sequence, runtime_checkable
 import numpy as np
 
 from rag.rerank.features import RerankQuery
-from rag.types import (CacheKey, Chunk, EmbeddingResult, FusionResult, GenerationResult, Hit, LinkedEntities,
-                       QueryResult, RerankResult, RetrievalResult, Route, SentenceSupport)
+from rag.types import (CacheKey, CacheStats, Chunk, EmbeddingResult, FusionResult, GenerationResult, Hit,
+                       LinkedEntities, QueryResult, RerankResult, RetrievalResult, Route, SentenceSupport)
 
 
 @runtime_checkable
@@ -159,11 +158,14 @@ class GraphRetriever(Protocol):
 
 @runtime_checkable
 class AnswerCache(Protocol):
-    """Answers already given, looked up before any stage runs; a miss is ``None``."""
+    """Answers already given (stage ``cache_lookup``, rag/cache), looked up by the query's embedding right after the
+    embed stage, before retrieval; a miss is ``None``. Thread-safe; bounded; ``stats()`` is read by telemetry."""
 
     def get(self, key: CacheKey) -> QueryResult | None: ...
 
     def put(self, key: CacheKey, result: QueryResult) -> None: ...
+
+    def stats(self) -> CacheStats: ...
 
 
 @runtime_checkable

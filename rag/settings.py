@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from rag.slo import SLO_MS
 from rag.stages import RETRIEVER_CHOICES, STAGES
 
 RetrieverName = Literal["dense", "bm25", "graph", "routed"]
@@ -40,6 +41,23 @@ class EmbeddingSettings(_Section):
     query_threads: int = Field(1, ge=1, le=64, description="ONNX Runtime threads for one query")
     bulk_threads: int = Field(0, ge=0, le=256, description="threads for ingestion; 0 = all cores")
     batch_tokens: int = Field(8192, ge=256, description="padded tokens per ingestion batch")
+    query_batch_max: int = Field(1, ge=1, le=256, description="queries of concurrent requests that share one model "
+                                                              "run (rag/embedding/batcher.py); 1 = no batching, the "
+                                                              "default: on the CPU a batch saves no time per query "
+                                                              "(padding costs what a run's overhead saves; "
+                                                              "benchmarks/bench_batching.py)")
+    query_batch_wait_ms: float = Field(0.0, ge=0.0, le=50.0, description="how long a batch waits for more queries "
+                                       "when requests queued behind the previous run; a request arriving with no "
+                                       "run in flight never waits (benchmarks/bench_batching.py)")
+    query_batch_runs: int = Field(2, ge=1, le=64, description="query model runs in flight at once; queries arriving "
+                                                              "while all are busy queue and share the next run")
+
+    @model_validator(mode="after")
+    def _check(self) -> "EmbeddingSettings":
+        if self.query_batch_max == 1 and self.query_batch_wait_ms > 0:
+            raise ValueError(f"embedding.query_batch_wait_ms ({self.query_batch_wait_ms:g}) waits for a batch, but "
+                             "embedding.query_batch_max is 1 (no batching): set it above 1, or the wait to 0")
+        return self
 
 
 class RerankSettings(_Section):
@@ -134,7 +152,10 @@ class GenerationSettings(_Section):
     base_url: str = Field("http://127.0.0.1:8001/v1", description="openai: the server's /v1 URL")
     model: str = Field("", description="openai: served model name (empty = the server's first); vllm: model folder")
     api: Literal["chat", "completions"] = Field("chat", description="openai: /v1/chat/completions or /v1/completions")
-    max_tokens: int = Field(256, ge=1, le=32768, description="most tokens in a written answer")
+    max_tokens: int = Field(
+        96, ge=1, le=32768, description="most tokens in a written answer. 96 fits the 1-3 cited sentences "
+                                        "constrain_citations allows (SmolLM2-135M's constrained answers: "
+                                        "docs/vllm.md) and bounds decode at ~3 s on two CPU cores")
     prompt_budget_tokens: int = Field(
         600, ge=0, le=131072, description="most tokens of passages in a written answer's prompt (estimated); over it "
                                           "each passage is cut to its most query-relevant sentences, so prefill stays "
@@ -295,6 +316,76 @@ class GraphSettings(_Section):
     load_batch: int = Field(5000, ge=1, le=1_000_000, description="rows per UNWIND statement at ingest")
 
 
+class CacheSettings(_Section):
+    """The semantic answer cache (rag/cache, stage ``cache_lookup``): an answer given before is served again for a
+    query whose embedding is close enough, with the same top_k, retrievers and rerank flag, from the same index
+    generation (the cache lives in the generation's pipeline: a swap starts an empty one). Bounded by entries and
+    bytes (least recently used out first) and by age."""
+
+    enabled: bool = Field(False, description="look answers up in the semantic cache after embedding, before "
+                                             "retrieving. Off by default: a hit serves the answer given to another "
+                                             "wording of the question (cosine >= threshold), every query is then "
+                                             "embedded even when no dense retrieval runs, and it pays only where "
+                                             "questions repeat (measured at Zipf s=1.1: benchmarks/bench_cache.py)")
+    threshold: float = Field(0.97, ge=0.5, le=1.0, description="least cosine between the query's embedding and a "
+                                                               "stored one for a hit (1.0 = the same text, up to case "
+                                                               "and spacing)")
+    max_entries: int = Field(4096, ge=1, le=1_000_000, description="answers held; the lookup is one matrix-vector "
+                                                                   "product over all of them")
+    max_bytes: int = Field(64 * 2**20, ge=4096, description="estimated bytes of the answers held (the passages "
+                                                            "they cite are the index's own, not counted)")
+    ttl_s: float = Field(600.0, gt=0, le=7 * 86400, description="an answer older than this is not served again")
+
+
+class AdmissionSettings(_Section):
+    """Admission control and deadlines (rag/api/admission.py): a bounded number of requests in flight and a bounded
+    queue; a request that could not finish within its deadline is refused at once (503 + Retry-After)."""
+
+    enabled: bool = Field(True, description="bound the requests in flight and shed what cannot meet its deadline")
+    max_in_flight: int = Field(4, ge=1, le=256, description="queries running on worker threads at once (per "
+                                                            "process); more only contend for the cores and the GIL")
+    max_queue: int = Field(128, ge=0, le=100_000, description="queries waiting for a slot; one more is refused "
+                                                              "(queue_full) whatever its deadline")
+    deadline_ms: float = Field(SLO_MS, gt=0, le=600_000, description="a query's deadline from its arrival when it "
+                                                                     "names none (default: the SLO, rag/slo.py)")
+    max_timeout_ms: int = Field(10_000, ge=1, le=600_000, description="the largest deadline a request may ask for "
+                                                                        "(body timeout_ms or X-Request-Timeout-Ms); "
+                                                                        "more is a 422")
+    degrade: bool = Field(True, description="skip optional stages (rerank, retrieve_graph, hyde, the language model) "
+                                            "whose recent time the remaining budget cannot hold; the answer lists them "
+                                            "in skipped_stages and is degraded")
+    headroom: float = Field(0.15, ge=0, lt=1, description="share of a deadline kept free when predicting: what the "
+                                                          "service cannot see (the kernel's accept queue, parsing, the "
+                                                          "way back to the client) must fit in it")
+    ewma_alpha: float = Field(0.2, gt=0, le=1, description="weight of the newest request in the recent service and "
+                                                           "stage times the predictions use")
+    estimate_ttl_s: float = Field(5.0, gt=0, le=3600, description="a stage skipped for its recent time runs again "
+                                                                  "once that estimate is this old, so a stage that "
+                                                                  "got faster is not skipped for ever")
+
+    @model_validator(mode="after")
+    def _check(self) -> "AdmissionSettings":
+        if self.deadline_ms > self.max_timeout_ms:
+            raise ValueError(f"admission.deadline_ms ({self.deadline_ms:g}) must not exceed admission.max_timeout_ms "
+                             f"({self.max_timeout_ms:g})")
+        return self
+
+
+class HydeSettings(_Section):
+    """HyDE (stage ``hyde``): the language model writes a short hypothetical passage for the question; its embedding
+    drives dense retrieval beside the question's own (fused). Skipped, and said so, when the model is slow or down."""
+
+    enabled: bool = Field(False, description="write a hypothetical passage for dense retrieval (needs "
+                                             "generation.generator openai or vllm); off by default: see docs/vllm.md "
+                                             "for where it wins and what it costs")
+    max_tokens: int = Field(64, ge=8, le=1024, description="most tokens in the hypothetical passage")
+    deadline_ms: float = Field(2500.0, gt=0, le=600_000, description="the passage not written within this: the stage "
+                                                                      "is skipped (and said so), retrieval goes on "
+                                                                      "with the question's own embedding")
+    weight: float = Field(1.0, ge=0.0, le=10.0, description="the passage's dense run in the RRF that fuses it with "
+                                                            "the question's own dense run (weight 1)")
+
+
 class ProbeSettings(_Section):
     """eBPF kernel probes (``ragheat probes``, or in-process with ``ragheat serve --probes``)."""
 
@@ -327,6 +418,9 @@ class RagheatSettings(BaseSettings):
     index: IndexSettings = Field(default_factory=IndexSettings)
     retrieval: RetrievalSettings = Field(default_factory=RetrievalSettings)
     rerank: RerankSettings = Field(default_factory=RerankSettings)
+    cache: CacheSettings = Field(default_factory=CacheSettings)
+    admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
+    hyde: HydeSettings = Field(default_factory=HydeSettings)
     generation: GenerationSettings = Field(default_factory=GenerationSettings)
     server: ServerSettings = Field(default_factory=ServerSettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)

@@ -23,6 +23,10 @@ UnsupportedPolicy = Literal["drop", "mark"]
 """What happens to the unsupported sentences of a partly supported written answer (``generation.unsupported``)."""
 UNSUPPORTED_MARK = "[unsupported]"
 """Written after each unsupported sentence of an answer when ``generation.unsupported`` is ``mark``."""
+CacheOutcome = Literal["hit", "miss", "off"]
+"""What the semantic answer cache did for a query (``QueryResult.cache``, the ``result`` label of
+``ragheat_cache_requests_total``): served a stored answer, looked and stored the new one, or was not consulted."""
+CACHE_OUTCOMES: tuple[str, ...] = get_args(CacheOutcome)
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,7 @@ class EmbeddingResult:
     tokens: int
     seconds: float
     device: DeviceTiming | None = None  # the model run alone (rag.devicetime), tokenising excluded
+    queued: float = 0.0  # seconds waiting for a shared model run (rag.embedding.batcher); not in ``seconds``
 
 
 @dataclass(frozen=True)
@@ -182,6 +187,7 @@ class QueryResult:
     unsupported_policy: UnsupportedPolicy | None = None  # set when a model wrote (part of) the text
     route: str = "none"  # the retrievers that ran, as a closed label (rag.stages.RETRIEVAL_ROUTES)
     skipped: dict[str, str] = field(default_factory=dict)  # stage -> why it was skipped (its backend was down)
+    cache: CacheOutcome = "off"  # the semantic answer cache: hit (a stored answer), miss (looked, stored), off
 
     @property
     def degraded(self) -> bool:
@@ -227,17 +233,37 @@ class RetrievalRun:
     route: str = "none"
     retrieved: dict[str, int] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
+    budget: object | None = None  # the request's rag.budget.Budget: optional stages its deadline cannot hold are skipped
+
+
+@dataclass(frozen=True, eq=False)
+class CacheKey:
+    """What makes two requests the same question for the semantic answer cache (rag/cache): a query embedding within
+    the cosine threshold of a stored one, and exactly the same ``scope``: how many sources, which retrievers
+    (expanded, ``rag.routing.names.expand``), whether reranked, and the index generation that answered."""
+
+    vector: np.ndarray
+    top_k: int
+    retrievers: tuple[str, ...]
+    rerank: bool
+    generation: str
+
+    @property
+    def scope(self) -> tuple:
+        return self.top_k, self.retrievers, self.rerank, self.generation
 
 
 @dataclass(frozen=True)
-class CacheKey:
-    """What makes two requests the same question for an answer cache: the normalised query, how many sources and
-    which retrievers were asked for, and the index generation that answered."""
+class CacheStats:
+    """An answer cache's state, read by whoever exports it (telemetry's gauges, benchmarks): entries held, their
+    estimated bytes, and counts since it was made (lookups that hit or missed, entries evicted for room, expired)."""
 
-    query: str
-    top_k: int
-    retrievers: tuple[str, ...]
-    generation: str
+    entries: int
+    bytes: int
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0
+    expirations: int = 0
 
 
 @dataclass(frozen=True)

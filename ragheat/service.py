@@ -86,12 +86,13 @@ def prepare_vllm_engine(settings: RagheatSettings, environ: MutableMapping[str, 
 def build_service(settings: RagheatSettings, pipeline: RagPipeline | None = None, *, telemetry: bool = True,
                   probes: bool = False, probe_ports: Sequence[int] | None = None,
                   registry: CollectorRegistry | None = None, span_exporter=None,
-                  environ: Mapping[str, str] | None = None) -> Service:
+                  environ: Mapping[str, str] | None = None, multiprocess_dir: str | None = None) -> Service:
     """Warm up ``pipeline`` (default: a new one over ``server.index_dir``; a missing or corrupt index raises
     ``IndexLoadError`` here, before anything binds), create its app and, with ``telemetry``, instrument it (metrics
     on ``registry``, spans to ``span_exporter``, OTLP settings from ``environ``). ``probes`` attaches the eBPF probes
     to this process and exports them on telemetry's registry (``probe_ports``: the TCP ports to watch; default
-    ``server.port``); without privileges they log why and the service runs without them."""
+    ``server.port``); without privileges they log why and the service runs without them. ``multiprocess_dir``: this
+    is one worker of ``ragheat serve --workers N`` and ``/metrics`` sums every worker's values from that folder."""
     if pipeline is None:
         settings = prepare_vllm_engine(settings)
         pipeline = RagPipeline(settings, settings.server.index_dir)
@@ -109,7 +110,15 @@ def build_service(settings: RagheatSettings, pipeline: RagPipeline | None = None
         service.telemetry = build_telemetry(settings, pipeline, **options)
         service._closing.callback(service.telemetry.shutdown)
         metrics_port = settings.server.metrics_port if service.telemetry.metrics is not None else None
-        instrument_app(service.app, service.telemetry, metrics_route=metrics_port is None)
+        aggregate = multiprocess_dir is not None and service.telemetry.metrics is not None
+        instrument_app(service.app, service.telemetry, metrics_route=metrics_port is None and not aggregate)
+        if aggregate:  # a worker of `ragheat serve --workers N`: every scrape sums all workers (ragheat/workers.py)
+            from ragheat.workers import ScrapeRegistry
+            from telemetry.asgi import metrics_endpoint
+
+            service.app.add_route("/metrics", metrics_endpoint(ScrapeRegistry(service.telemetry.registry,
+                                                                              multiprocess_dir)),
+                                  methods=["GET"], include_in_schema=False)
         if metrics_port is not None:
             service.metrics_url = _serve_metrics(service, metrics_port)
         _observe(service)
@@ -125,10 +134,12 @@ def build_service(settings: RagheatSettings, pipeline: RagPipeline | None = None
 
 def _observe(service: Service) -> None:
     """Telemetry hears every refusal and reload, and follows the generation served (its corpus and model name the
-    spans' data source)."""
+    spans' data source; its answer cache's size is read at each scrape)."""
     telemetry, switch = service.telemetry, service.generations
     service.app.state.access.rejections.listeners.append(telemetry.rejected)
+    service.app.state.admission.listeners.append(telemetry.shed)
     switch.on_reload.append(telemetry.reloaded)
+    telemetry.watch_cache(lambda: switch.current.cache_stats())  # the served generation's cache, at scrape time
 
     def follow(old: RagPipeline, new: RagPipeline) -> None:
         described = new.describe()

@@ -16,6 +16,8 @@ from typing import Literal, Sequence
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from rag.api.access import REJECTION_REASONS
+from rag.api.admission import SHED_REASONS
+from rag.budget import OPTIONAL_STAGES
 from rag.stages import DEGRADED_REASONS, RETRIEVAL_ROUTES, RETRIEVERS, SKIPPABLE_STAGES, STAGES
 from telemetry.buckets import (KERNEL_LOG2_SECONDS, LATENCY_SECONDS, RETRIEVED_DOCUMENTS, VLLM_STEP_BLOCKS,
                                VLLM_STEP_TOKENS)
@@ -26,6 +28,7 @@ REQUEST_OUTCOMES = ("ok", "rejected", "error")  # 2xx/3xx, 4xx (bad input, not r
 SIGNALS = ("spans", "metrics")
 DROP_REASONS = ("queue_full", "export_failed")
 RELOAD_OUTCOMES = ("swapped", "unchanged", "failed")  # rag.generations.RELOAD_OUTCOMES (tested equal)
+CACHE_RESULTS = ("hit", "miss", "off")  # rag.types.CACHE_OUTCOMES (tested equal)
 KERNEL_STAGES = STAGES + ("http", "other")
 """Stage label values of the kernel metrics: a pipeline stage while a thread carries its ``rh:<stage>`` name
 (``rag.threadnames``), ``http`` for the server's event-loop thread, ``other`` for any other thread."""
@@ -82,7 +85,8 @@ METRICS: tuple[MetricSpec, ...] = (
                ("retrieval_route",)),
     MetricSpec("service", "stage_skipped", "ragheat_stage_skipped_total", "counter",
                "Queries answered without a stage because its backend was unavailable (the graph store down or "
-               "restarting); each such answer is degraded.", ("stage",)),
+               "restarting) or their deadline could not hold it (rag.budget); each such answer is degraded.",
+               ("stage",)),
     MetricSpec("service", "stage_errors", "ragheat_stage_errors_total", "counter",
                "Requests that failed in a pipeline stage, by stage.", ("stage",)),
     MetricSpec("service", "stage_device", "ragheat_stage_device_seconds", "histogram",
@@ -95,9 +99,22 @@ METRICS: tuple[MetricSpec, ...] = (
                "Requests turned away before a route ran, by reason: no or a wrong API key, an admin call without keys, "
                "over the key's rate limit, a body or request head too large, a head or body too slow to arrive.",
                ("reason",)),
+    MetricSpec("service", "shed", "ragheat_requests_shed_total", "counter",
+               "Queries refused by admission control (503 with Retry-After), by reason: the queue was full, the "
+               "query would have finished after its deadline (predicted at arrival), or its deadline passed while "
+               "it waited for a slot (expired).", ("reason",)),
     MetricSpec("service", "index_reloads", "ragheat_index_reloads_total", "counter",
                "Attempts to serve a newer index generation without a restart, by outcome: swapped, unchanged (the "
                "served one was the newest), failed (it could not be loaded; the old one kept serving).", ("outcome",)),
+    MetricSpec("service", "cache_requests", "ragheat_cache_requests_total", "counter",
+               "Answered queries by what the semantic answer cache did: hit (a stored answer was served), miss "
+               "(answered afresh, stored unless degraded), off (cache.enabled is off). Hit ratio = hit / (hit + miss).",
+               ("result",)),
+    MetricSpec("service", "cache_entries", "ragheat_cache_entries", "gauge",
+               "Answers held by the semantic answer cache of the index generation served (0 when it is off)."),
+    MetricSpec("service", "cache_bytes", "ragheat_cache_bytes", "gauge",
+               "Estimated bytes held by the semantic answer cache of the generation served: vectors, answer texts "
+               "and per-object overhead (the cited passages are the index's own, not counted)."),
     # -- generation: the same service, about its language model as it saw it (client side) ------------------
     MetricSpec("generation", "ttft", "ragheat_generation_ttft_seconds", "histogram",
                "Time to the first generated token as the service saw it (streamed generators).", (), LATENCY_SECONDS),
@@ -195,7 +212,11 @@ class PrometheusMetrics:
         self.stage_device = create_metric(service["stage_device"], registry)
         self.telemetry_dropped = create_metric(service["telemetry_dropped"], registry)
         self.rejected = create_metric(service["rejected"], registry)
+        self.shed = create_metric(service["shed"], registry)
         self.index_reloads = create_metric(service["index_reloads"], registry)
+        self.cache_requests = create_metric(service["cache_requests"], registry)
+        self.cache_entries = create_metric(service["cache_entries"], registry)
+        self.cache_bytes = create_metric(service["cache_bytes"], registry)
         self.generation_ttft = create_metric(generation["ttft"], registry)
         self.generation_inter_token = create_metric(generation["inter_token"], registry)
         self.unsupported_sentences = create_metric(generation["unsupported_sentences"], registry)
@@ -212,7 +233,7 @@ class PrometheusMetrics:
             self.retrieved.labels(retriever)
         for retrieval_route in RETRIEVAL_ROUTES:
             self.retrieval_routes.labels(retrieval_route)
-        for stage in SKIPPABLE_STAGES:
+        for stage in dict.fromkeys(SKIPPABLE_STAGES + OPTIONAL_STAGES):  # backend down, or the deadline too near
             self.stage_skipped.labels(stage)
         for reason in DEGRADED_REASONS:
             self.generation_degraded.labels(reason)
@@ -221,8 +242,12 @@ class PrometheusMetrics:
                 self.telemetry_dropped.labels(signal, reason)
         for reason in REJECTION_REASONS:
             self.rejected.labels(reason)
+        for reason in SHED_REASONS:
+            self.shed.labels(reason)
         for outcome in RELOAD_OUTCOMES:
             self.index_reloads.labels(outcome)
+        for result in CACHE_RESULTS:
+            self.cache_requests.labels(result)
 
     def child(self, metric, *label_values):
         """``metric.labels(*label_values)``, cached: ``labels()`` validates and locks on every call, which

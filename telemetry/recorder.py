@@ -13,7 +13,7 @@ import os
 import random
 import time
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Callable, Mapping
 
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry
 
 from rag import __version__
 from rag.settings import TelemetrySettings
-from rag.types import RequestRecord, StageTiming
+from rag.types import CacheStats, RequestRecord, StageTiming
 from telemetry.metrics import PrometheusMetrics, request_outcome, status_class
 from telemetry.qps import QpsBuckets, SlidingWindowRate
 from telemetry.tracing import BoundedSpanProcessor, otlp_configured
@@ -108,10 +108,32 @@ class Telemetry:
         if self.metrics:
             self.metrics.child(self.metrics.rejected, reason).inc()
 
+    def shed(self, reason: str) -> None:
+        """A query refused by admission control (``rag.api.admission.AdmissionController`` calls this)."""
+        if self.metrics:
+            self.metrics.child(self.metrics.shed, reason).inc()
+
     def reloaded(self, outcome: str) -> None:
         """An index reload attempt ended (``rag.generations.GenerationSwitch.on_reload`` calls this)."""
         if self.metrics:
             self.metrics.child(self.metrics.index_reloads, outcome).inc()
+
+    def watch_cache(self, stats: Callable[[], CacheStats | None]) -> None:
+        """Export the answer cache's size at scrape time: ``stats`` returns the served generation's
+        ``CacheStats`` (``RagPipeline.cache_stats``), or None without a cache (the gauges then read 0)."""
+        if not self.metrics:
+            return
+
+        def read(field: str) -> float:
+            try:
+                current = stats()
+            except Exception:  # a scrape must not fail because of it
+                log.exception("reading the answer cache's size failed")
+                return 0.0
+            return 0.0 if current is None else float(getattr(current, field))
+
+        self.metrics.cache_entries.set_function(lambda: read("entries"))
+        self.metrics.cache_bytes.set_function(lambda: read("bytes"))
 
     def _dropped(self, signal: str, reason: str, count: int) -> None:
         if self.metrics:
@@ -179,6 +201,8 @@ class Telemetry:
                 m.stage_errors.labels(failed).inc()
             result = record.result
             if result:
+                m.child(m.cache_requests, result.cache).inc()
+            if result and result.cache != "hit":  # a cached answer ran no retriever, model or support check now
                 for retriever, count in result.retrieved.items():
                     m.child(m.retrieved, retriever).observe(count)
                 m.child(m.retrieval_routes, result.route).inc()

@@ -176,8 +176,9 @@ def _doc_tables(section: Section, name: str, doc: dict) -> str:
         raise RenderError(f"section {section.name}: {name}.json exists, but the section has no builder (docgen.sections)"
                           f" and the file no data['doc_tables'] to show; write one of the two")
     out = []
-    for t in tables:
-        block = stats.table(t["columns"], [[str(c) for c in row] for row in t["rows"]], t.get("align", ""))
+    for t in tables:  # a table (columns, rows, align) or a block the benchmark wrote from its own figures (markdown)
+        block = t["markdown"].strip() if "markdown" in t else \
+            stats.table(t["columns"], [[str(c) for c in row] for row in t["rows"]], t.get("align", ""))
         out.append((f"{t['title']}\n\n" if t.get("title") else "") + block)
     return "\n\n".join(out)
 

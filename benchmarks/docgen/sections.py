@@ -17,7 +17,7 @@ STEPS = {
     "knee-scifact": "knee", "ann": "ann", "probes": "probes", "tune-vllm": "tune-vllm",
     # slots: benchmarks being written by others (see benchmarks/README.md, "Adopting the results file")
     "embedding": "embedding", "graph": "graph", "rerank": "rerank", "rerank-latency": "rerank-latency", "cache": "cache", "answers": "answers",
-    "vllm-ttft": "vllm-ttft", "hyde": "hyde", "judge": "judge", "capacity": "capacity",
+    "vllm-ttft": "vllm-ttft", "hyde": "hyde", "judge": "judge", "capacity": "capacity", "batching": "batching",
     "replicas": "replicas",
 }
 
@@ -36,6 +36,7 @@ SECTIONS = (
     Section("loadgen", ("loadgen",), capacity.loadgen, required=True),
     Section("knee", ("knee-scifact",), capacity.knee, required=True),
     Section("capacity", ("capacity",), None, required=False),
+    Section("batching", ("batching",), None, required=False),
     Section("replicas", ("replicas",), None, required=False),  # renders the file's data["doc_tables"]
     Section("ann", ("ann",), capacity.ann, required=True),
     Section("probes", ("probes",), capacity.probes, required=True),

@@ -8,7 +8,8 @@ low-entropy secrets from offline guessing, would cost every request milliseconds
 or echoed in errors; a key is known by its name from the file, else ``key-`` and the first 8 hex digits of its digest.
 
 ``AccessPolicy.check`` runs before a request's body is read: authentication, then each ``RequestGate`` (the rate limit
-is one; admission control is meant to be another). Every refusal is counted by reason (``Rejections``), from the closed
+is one). Admission control is not a gate: it needs the body's deadline and holds a slot until the query is done
+(``rag.api.admission``; its refusals are counted apart, ``ragheat_requests_shed_total``). Every refusal is counted by reason (``Rejections``), from the closed
 set ``REJECTION_REASONS``, which telemetry exports as ``ragheat_requests_rejected_total{reason}``.
 
 Standard library only: telemetry imports ``REJECTION_REASONS`` from here.
@@ -33,8 +34,8 @@ REJECTION_REASONS = ("unauthenticated", "forbidden", "rate_limited", "body_too_l
                      "request_timeout")
 """Why a request was turned away before a route ran, each also the error kind of its response: no or a wrong key
 (401), an admin call on a service without keys (403), over the key's rate (429), a body over server.max_body_bytes
-(413), a request head over server.max_header_bytes (431), a head or body that did not arrive in time (408). Load
-shedding adds its reason here."""
+(413), a request head over server.max_header_bytes (431), a head or body that did not arrive in time (408). Queries
+shed under load are counted apart (``rag.api.admission.SHED_REASONS``)."""
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
 """Served without a key: the probes an orchestrator needs, and the API's description (it holds no data)."""

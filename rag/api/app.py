@@ -16,6 +16,7 @@ from fastapi.concurrency import run_in_threadpool
 
 from rag import __version__
 from rag.api.access import AccessPolicy
+from rag.api.admission import AdmissionController, ArrivalMiddleware
 from rag.api.errors import install_error_handlers
 from rag.api.middleware import AccessMiddleware, BodyLimitMiddleware, GenerationMiddleware
 from rag.api.openapi import install_openapi
@@ -55,10 +56,12 @@ def create_app(settings: RagheatSettings, index_dir: Path | None = None,
     switch = GenerationSwitch(pipeline or RagPipeline(settings, index_dir or settings.server.index_dir))
     access = AccessPolicy.from_settings(settings.server)  # a bad keys file fails here, before anything binds
     app.state.generations, app.state.access, app.state.server = switch, access, settings.server
+    app.state.admission = AdmissionController.from_settings(settings.admission)
     # Starlette runs the last added outermost: access (before any body is read), body limit, generation lease.
     app.add_middleware(GenerationMiddleware, switch=switch)
     app.add_middleware(BodyLimitMiddleware, limit=settings.server.max_body_bytes, rejections=access.rejections)
     app.add_middleware(AccessMiddleware, policy=access)
+    app.add_middleware(ArrivalMiddleware)  # outermost of the app's own: a query's queue stage starts here
     install_error_handlers(app)
     app.include_router(router)
     install_openapi(app, settings.server, access.keys.enabled,

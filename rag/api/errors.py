@@ -36,6 +36,9 @@ STATUS = {
     "stage_failed": 500,       # a pipeline stage raised; the body names the stage
     "reload_failed": 500,      # POST /admin/reload: the new generation cannot be loaded (the old one still serves)
     "not_ready": 503,          # the index is still loading
+    "queue_full": 503,         # shed: admission.max_queue queries already wait (rag.api.admission); with Retry-After
+    "deadline": 503,           # shed: it would finish after its deadline, predicted at arrival; with Retry-After
+    "expired": 503,            # shed: its deadline passed while it waited for a slot; with Retry-After
 }
 """Error kind (the ``error`` field of the body) -> HTTP status."""
 HTTP_KINDS = {status: kind for kind, status in STATUS.items() if kind in ("bad_request", "not_found",
@@ -45,9 +48,9 @@ HTTP_KINDS = {status: kind for kind, status in STATUS.items() if kind in ("bad_r
 class ApiError(Exception):
     """A request the API refuses: ``kind`` is a key of ``STATUS``, ``reason`` a sentence saying what was wrong."""
 
-    def __init__(self, kind: str, reason: str) -> None:
+    def __init__(self, kind: str, reason: str, headers: Mapping[str, str] | None = None) -> None:
         super().__init__(reason)
-        self.status, self.error, self.reason = STATUS[kind], kind, reason
+        self.status, self.error, self.reason, self.headers = STATUS[kind], kind, reason, headers
 
 
 def error_response(kind: str, reason: str, stage: str | None = None, status: int | None = None,
@@ -92,7 +95,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ApiError)
     async def _api(request: Request, exc: ApiError):
-        return error_response(exc.error, exc.reason)
+        return error_response(exc.error, exc.reason, headers=exc.headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):

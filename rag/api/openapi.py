@@ -47,6 +47,9 @@ def install_openapi(app: FastAPI, server: ServerSettings, keys_enabled: bool,
             base.update(FastAPI.openapi(app))
         schema = copy.deepcopy(base)
         complete(schema, server, keys_enabled, pipeline())
+        # The deadline's bound is a setting too (admission.max_timeout_ms, rag.api.admission).
+        schema["components"]["schemas"]["QueryRequest"]["properties"]["timeout_ms"]["anyOf"][0]["maximum"] = int(
+            app.state.admission.max_timeout_ms)
         return schema
 
     app.openapi = openapi

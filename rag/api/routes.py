@@ -6,11 +6,14 @@ telemetry."""
 
 from __future__ import annotations
 
+import time
+
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from fastapi.concurrency import run_in_threadpool
 
+from rag.api.admission import TIMEOUT_HEADER, AdmissionController, Shed, Slot, arrival_of
 from rag.api.errors import ApiError
 from rag.errors import ConfigurationError
 from rag.api.middleware import LEASE_KEY
@@ -23,6 +26,7 @@ from rag.types import REQUEST_RECORD_KEY, QueryResult, RequestRecord
 
 # Every status a query can get (408 and 431 come from the connection layer, rag.api.connections).
 ERROR_RESPONSES = {status: {"model": ErrorBody} for status in (400, 401, 408, 413, 422, 429, 431, 500, 503)}
+# 503 also sheds a query that cannot be answered within its deadline (rag.api.admission), with Retry-After.
 ADMIN_RESPONSES = {status: {"model": ErrorBody} for status in (401, 403, 429, 500)}
 
 router = APIRouter()
@@ -58,16 +62,49 @@ def _start_record(request: QueryRequest, http: Request) -> RequestRecord:
     return record
 
 
-def _run(request: QueryRequest, http: Request, record: RequestRecord, **callbacks) -> QueryResult:
-    record.result = _pipeline(http).query(record.query, record.top_k, request.retrievers, **callbacks)
+async def _admit(request: QueryRequest, http: Request) -> tuple[Slot, float, float]:
+    """A slot among the queries in flight (``rag.api.admission``), or the 503 that sheds the query, decided on the
+    event loop before any thread-pool hop; with the query's arrival and deadline (seconds)."""
+    admission: AdmissionController = http.app.state.admission
+    try:
+        deadline_s = admission.deadline_s(request.timeout_ms, http.headers.get(TIMEOUT_HEADER))
+    except ValueError as exc:
+        raise ApiError("invalid_request", str(exc)) from None
+    arrival = arrival_of(http.state)
+    outcome = await admission.acquire(arrival, deadline_s)
+    if isinstance(outcome, Shed):
+        raise ApiError(outcome.reason, outcome.sentence, outcome.headers)
+    return outcome, arrival, deadline_s
+
+
+def _run(request: QueryRequest, http: Request, record: RequestRecord, arrival: float, deadline_s: float,
+         **callbacks) -> QueryResult:
+    """On the worker thread: the pipeline, timed from its start (the queue stage ends here) for admission's
+    predictions."""
+    admission: AdmissionController = http.app.state.admission
+    start = time.perf_counter()
+    record.result = _pipeline(http).query(record.query, record.top_k, request.retrievers, arrival=arrival,
+                                          budget=admission.budget(arrival, deadline_s), **callbacks)
+    admission.observe(record.result.stages, time.perf_counter() - start)
     return record.result
 
 
+def _answer(request: QueryRequest, http: Request, record: RequestRecord, arrival: float, deadline_s: float) -> bytes:
+    # The response is encoded on the worker thread too, keeping the event loop free to admit and shed.
+    return QueryResponse.from_result(_run(request, http, record, arrival, deadline_s)).model_dump_json().encode()
+
+
 @router.post("/v1/query", response_model=QueryResponse, responses=ERROR_RESPONSES)
-def query(request: QueryRequest, http: Request) -> QueryResponse:
-    """Retrieve, fuse and answer; the answer's ``[n]`` markers refer to ``citations[n-1]``."""
+async def query(request: QueryRequest, http: Request) -> QueryResponse:
+    """Retrieve, fuse and answer; the answer's ``[n]`` markers refer to ``citations[n-1]``. Refused with 503 and
+    Retry-After when the service cannot answer it within its deadline (``timeout_ms``, X-Request-Timeout-Ms)."""
     record = _start_record(request, http)
-    return QueryResponse.from_result(_run(request, http, record))
+    slot, arrival, deadline_s = await _admit(request, http)
+    try:
+        body = await run_in_threadpool(_answer, request, http, record, arrival, deadline_s)
+    finally:
+        slot.release()
+    return Response(body, media_type="application/json")
 
 
 @router.post("/v1/query/stream", responses={200: {"content": {"text/event-stream": {}}}, **ERROR_RESPONSES})
@@ -76,8 +113,12 @@ async def query_stream(request: QueryRequest, http: Request):
     as it arrives (and ``degraded`` if the model failed and the extractive answer follows); then one
     ``answer`` event per sentence; then ``done`` with the generator, stage timings and flags."""
     record = _start_record(request, http)
-    stream = QueryStream(lambda **callbacks: _run(request, http, record, **callbacks), record)
-    first = await stream.start()
+    slot, arrival, deadline_s = await _admit(request, http)
+    stream = QueryStream(lambda **callbacks: _run(request, http, record, arrival, deadline_s, **callbacks), record)
+    try:
+        first = await stream.start()
+    finally:  # the slot is held until the pipeline's worker is done (the stream may outlive this call)
+        slot.release_when_done(getattr(stream, "worker", None))
     if first[0] == "error":
         raise first[1]  # nothing sent yet: the usual JSON error and status
     return StreamingResponse(stream.events(first), media_type="text/event-stream",

@@ -34,6 +34,13 @@ class QueryRequest(BaseModel):
                     "dense+bm25, hybrid+graph), or routed alone (the router picks per query); no spaces, no name "
                     "twice; default: retrieval.retrievers")
 
+    timeout_ms: int | None = Field(
+        None, ge=1, le=600_000, description="this query's deadline in milliseconds from its arrival, at most "
+                                            "admission.max_timeout_ms (default admission.deadline_ms, the SLO; the "
+                                            "X-Request-Timeout-Ms header may set it too: the tighter wins). A query "
+                                            "that cannot finish in time is refused (503, Retry-After); optional stages "
+                                            "the time left cannot hold are skipped (skipped_stages)")
+
     @field_validator("query")
     @classmethod
     def _not_blank(cls, value: str) -> str:
@@ -47,7 +54,7 @@ class QueryRequest(BaseModel):
             raise ValueError("query must be valid Unicode text (it contains an unpaired surrogate)") from None
         return value
 
-    @field_validator("top_k", mode="before")
+    @field_validator("top_k", "timeout_ms", mode="before")
     @classmethod
     def _json_integer(cls, value):
         # As JSON Schema reads "integer": 5 and 5.0 are, "5" and true are not (pydantic would accept both).
@@ -112,7 +119,8 @@ class GenerationStatsOut(BaseModel):
 
 
 class SkippedStageOut(BaseModel):
-    """A stage the answer was served without, because its backend was unavailable (the graph store, say)."""
+    """A stage the answer was served without: its backend was unavailable (the graph store, say), or the query's
+    deadline could not hold it."""
 
     stage: str
     reason: str
@@ -145,8 +153,14 @@ class QueryResponse(BaseModel):
     route: str = Field("none", description="the retrievers that ran, or the router's choice (hybrid, hybrid+graph, "
                                            "bm25-heavy, ...)")
     skipped_stages: list[SkippedStageOut] = Field(
-        default_factory=list, description="stages skipped because their backend was unavailable (the answer is then "
-                                          "degraded: retrieved without them)")
+        default_factory=list, description="stages skipped because their backend was unavailable, or because the "
+                                          "query's deadline could not hold them (reason 'deadline: ...'; rerank, "
+                                          "retrieve_graph, hyde, generate_prefill = the language model); the answer "
+                                          "is then degraded")
+    cache: Literal["hit", "miss", "off"] = Field(
+        "off", description="the semantic answer cache (cache.enabled): hit = the answer stored for a query this close "
+                           "(same top_k, retrievers, index generation), its stages only embed and cache_lookup; miss = "
+                           "answered afresh (and stored unless degraded); off = the cache is not in use")
 
     @classmethod
     def from_result(cls, result: QueryResult) -> "QueryResponse":
@@ -166,6 +180,7 @@ class QueryResponse(BaseModel):
             generation=generation_out(result),
             route=result.route,
             skipped_stages=[SkippedStageOut(stage=stage, reason=reason) for stage, reason in result.skipped.items()],
+            cache=result.cache,
         )
 
 

@@ -115,7 +115,7 @@ def final_events(result: QueryResult, tokens_sent: int):
                        "degraded_detail": result.degraded_detail,
                        "unsupported_sentences": result.unsupported_sentences,
                        "dropped_sentences": result.dropped_sentences, "unsupported_policy": result.unsupported_policy,
-                       "generation": generation.model_dump() if generation else None})
+                       "generation": generation.model_dump() if generation else None, "cache": result.cache})
 
 
 def sse(event: str, data) -> bytes:

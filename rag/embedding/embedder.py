@@ -118,6 +118,15 @@ class OnnxEmbedder:
                                  seconds=time.perf_counter() - start, device=device)
         return result, outputs[1][0]
 
+    def run_query_batch(self, encodings: Sequence, tokens: bool = False):
+        """One run of the query session over ``encodings`` (padded to the longest): (sentence vectors (n, d), token
+        states (n, width, hidden) or None, the run's ``DeviceTiming``). ``rag.embedding.batcher`` serves several
+        requests' queries with one such run; a row's values do not depend on its neighbours (int8: quantize.py)."""
+        self.warm_up()
+        names = [SENTENCE_OUTPUT, TOKEN_OUTPUT] if tokens else [SENTENCE_OUTPUT]
+        outputs, device = self.device_timer.call(self._query_session.run, names, self._feed(encodings))
+        return outputs[0], (outputs[1] if tokens else None), device
+
     def embed_many(self, texts: Sequence[str], progress=None,
                    on_tokens: Callable[[int, np.ndarray], None] | None = None) -> np.ndarray:
         """Embed many texts on all cores; batches are formed from texts of similar length. ``on_tokens(i, states)``

@@ -5,7 +5,10 @@ Names (``--retrievers``): ``dense``, ``bm25``, ``graph``, ``hybrid`` (= dense+bm
 ``RagPipeline.retrieve``, exactly as a request would be, so what is scored is what is served. Any of them followed
 by ``+rerank`` (``hybrid+rerank``) also runs the late-interaction reranker (``rag.rerank``) over the fused
 candidates, from the first stage recorded while ``retrieve`` ran (the query's token states come from its one
-embed run).
+embed run). ``+hyde`` (``hybrid+hyde``, before ``+rerank``: ``hybrid+hyde+rerank``) runs the ``hyde`` stage: the
+language model's hypothetical passage searched beside the question in the dense run (``rag.generation.hyde``; the
+pipeline needs ``generation.generator`` openai or vllm). Sets without it are scored without HyDE, whatever
+``hyde.enabled`` says.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from rag.types import RetrievalRun
 DEPTH = 100  # documents per query, enough for recall@100
 RERANK = "rerank"
 """The suffix (``hybrid+rerank``) and the last element of a set's retrievers that asks for the reranker."""
+HYDE = "hyde"
+"""The suffix (``hybrid+hyde``) and the element of a set's retrievers (before ``rerank``) that asks for HyDE."""
 
 
 def parse_retriever_sets(spec: str) -> dict[str, tuple[str, ...]]:
@@ -34,17 +39,32 @@ def parse_retriever_sets(spec: str) -> dict[str, tuple[str, ...]]:
         if not name:
             continue
         base, rerank = (name[: -len(RERANK) - 1], True) if name.endswith(f"+{RERANK}") else (name, False)
+        base, hyde = (base[: -len(HYDE) - 1], True) if base.endswith(f"+{HYDE}") else (base, False)
         if RERANK in base.split("+"):
             raise ValueError(f"--retrievers {name}: rerank comes last, after the retrievers (e.g. hybrid+rerank)")
+        if HYDE in base.split("+"):
+            raise ValueError(f"--retrievers {name}: hyde comes after the retrievers (e.g. hybrid+hyde, "
+                             f"hybrid+hyde+rerank)")
         expanded = parse_eval_names(base)[base]  # a sentence naming --retrievers when base is empty or unknown
-        named[name] = expanded + ((RERANK,) if rerank else ())
+        if hyde and "dense" not in expanded:
+            raise ValueError(f"--retrievers {name}: hyde adds a dense query, so the set must include dense")
+        named[name] = expanded + ((HYDE,) if hyde else ()) + ((RERANK,) if rerank else ())
     return named or parse_eval_names(spec)
 
 
 def split_rerank(retrievers: Sequence[str]) -> tuple[tuple[str, ...], bool]:
-    """(the retrievers, whether the set asks for the reranker)."""
+    """(the retrievers, whether the set asks for the reranker); a ``hyde`` element is dropped (``split_options``)."""
+    names, _, rerank = split_options(retrievers)
+    return names, rerank
+
+
+def split_options(retrievers: Sequence[str]) -> tuple[tuple[str, ...], bool, bool]:
+    """(the retrievers, whether the set asks for HyDE, whether it asks for the reranker)."""
     names = tuple(retrievers)
-    return (names[:-1], True) if names and names[-1] == RERANK else (names, False)
+    rerank = bool(names) and names[-1] == RERANK
+    names = names[:-1] if rerank else names
+    hyde = bool(names) and names[-1] == HYDE
+    return (names[:-1] if hyde else names), hyde, rerank
 
 
 def run_retrieval(pipeline: RagPipeline, queries: Mapping[str, str], retrievers: Sequence[str],
@@ -52,10 +72,13 @@ def run_retrieval(pipeline: RagPipeline, queries: Mapping[str, str], retrievers:
                   reranker=None) -> tuple[dict[str, list[str]], list[float], list[RetrievalRun]]:
     """Ranked document ids per query, the per-query retrieval latency (seconds) and what each query ran.
     ``retrievers`` ending in ``rerank`` reranks the fused candidates with ``reranker`` (default: the index's
-    stored token vectors with the shipped head, ``rag.rerank.reranker.load_reranker``)."""
-    retrievers, rerank = split_rerank(retrievers)
+    stored token vectors with the shipped head, ``rag.rerank.reranker.load_reranker``); ``hyde`` before it runs
+    the pipeline's HyDE stage (a query whose passage was not written in time is counted in ``RetrievalRun.skipped``)."""
+    retrievers, hyde, rerank = split_options(retrievers)
+    if hyde and getattr(pipeline, "hyde", None) is None:
+        raise ValueError("+hyde needs a language model: set generation.generator to openai or vllm (and its server)")
     if rerank:
-        return _run_reranked(pipeline, queries, retrievers, depth, advance, reranker)
+        return _run_reranked(pipeline, queries, retrievers, depth, advance, reranker, hyde)
     run: dict[str, list[str]] = {}
     latencies: list[float] = []
     runs: list[RetrievalRun] = []
@@ -64,8 +87,8 @@ def run_retrieval(pipeline: RagPipeline, queries: Mapping[str, str], retrievers:
     for qid, text in queries.items():
         retrieval = RetrievalRun()
         start = time.perf_counter()
-        # rerank=False: a set without ``+rerank`` is scored as itself, whatever rerank.enabled says.
-        fused = pipeline.retrieve(text, chunk_depth, retrievers, run=retrieval, rerank=False)
+        # rerank=False, hyde as asked: a set is scored as itself, whatever rerank.enabled and hyde.enabled say.
+        fused = pipeline.retrieve(text, chunk_depth, retrievers, run=retrieval, rerank=False, hyde=hyde)
         latencies.append(time.perf_counter() - start)
         runs.append(retrieval)
         run[qid] = [doc for doc, _ in pipeline.chunk_hits_to_docs(fused.hits)][:depth]
@@ -75,7 +98,7 @@ def run_retrieval(pipeline: RagPipeline, queries: Mapping[str, str], retrievers:
 
 
 def _run_reranked(pipeline: RagPipeline, queries: Mapping[str, str], retrievers: Sequence[str], depth: int,
-                  advance, reranker) -> tuple[dict[str, list[str]], list[float], list[RetrievalRun]]:
+                  advance, reranker, hyde: bool = False) -> tuple[dict[str, list[str]], list[float], list[RetrievalRun]]:
     from rag.rerank.firststage import FirstStageRecorder
     from rag.rerank.reranker import load_reranker
 
@@ -89,7 +112,7 @@ def _run_reranked(pipeline: RagPipeline, queries: Mapping[str, str], retrievers:
         for qid, text in queries.items():
             retrieval = RetrievalRun()
             start = time.perf_counter()
-            fused = pipeline.retrieve(text, chunk_depth, retrievers, run=retrieval, rerank=False)
+            fused = pipeline.retrieve(text, chunk_depth, retrievers, run=retrieval, rerank=False, hyde=hyde)
             reranked = reranker.rerank(recorder.take(text), fused.hits, chunk_depth)
             latencies.append(time.perf_counter() - start)
             runs.append(retrieval)
@@ -122,5 +145,7 @@ def evaluate(pipeline: RagPipeline, queries: Mapping[str, str], qrels: Qrels,
         routes = Counter(r.route for r in runs)
         metrics["routes"] = {route: count / len(runs) for route, count in sorted(routes.items())} if runs else {}
         metrics["skipped"] = sum(1 for r in runs if r.skipped)
+        metrics["hyde_skipped"] = sum(1 for r in runs if "hyde" in r.skipped)  # no passage in time: question only
+        metrics["graph_skipped"] = sum(1 for r in runs if "retrieve_graph" in r.skipped)  # the store was down
         report["retrievers"][name] = metrics
     return report

@@ -145,6 +145,41 @@ class OpenAIStreamGenerator:
         return _HttpTokenStream(self, build_messages(query, passages),
                                 citation_regex(len(passages)) if self.settings.constrain_citations else None)
 
+    def complete(self, messages: Sequence[dict], max_tokens: int, timeout_s: float, regex: str | None = None) -> str:
+        """One whole completion of ``messages`` (not streamed), for HyDE and the judge: ``GeneratorTooSlow`` when it
+        is not done within ``timeout_s``, ``GeneratorUnavailable`` when the server is down or errs. ``regex``
+        constrains the text (vLLM's structured outputs, when ``constrain_citations`` says the server has them)."""
+        if self.client is None:
+            raise RuntimeError("OpenAIStreamGenerator.warm_up() has not run")
+        s = self.settings
+        deadline = time.monotonic() + timeout_s
+        if not self.model:
+            self.model = self._served_model()
+        body = {"model": self.model, "max_tokens": max_tokens, "temperature": s.temperature}
+        if regex and s.constrain_citations:
+            body["structured_outputs"] = {"regex": regex}
+        if s.api == "completions":
+            path, body = "/completions", {**body, "prompt": completion_prompt(messages)}
+        else:
+            path, body = "/chat/completions", {**body, "messages": list(messages)}
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise GeneratorTooSlow(f"no time left within {timeout_s:g} s to ask {self.base_url}{path}")
+        try:
+            response = self.client.post(self.base_url + path, json=body,
+                                        timeout=httpx.Timeout(left, connect=min(s.connect_timeout_s, left)))
+        except httpx.HTTPError as exc:
+            slow = isinstance(exc, httpx.TimeoutException) and not isinstance(exc, httpx.ConnectTimeout)
+            raise (GeneratorTooSlow if slow else GeneratorUnavailable)(f"{self.base_url}{path}: {_why(exc)}") from exc
+        if response.status_code != 200:
+            raise GeneratorUnavailable(f"{self.base_url}{path} answered HTTP {response.status_code}: "
+                                       f"{response.text[:200]}")
+        try:
+            choice = response.json()["choices"][0]
+            return (choice["message"]["content"] if "message" in choice else choice["text"]) or ""
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            raise GeneratorUnavailable(f"{self.base_url}{path} sent a malformed completion: {exc!r}") from exc
+
     def close(self) -> None:
         if self.client is not None:
             self.client.close()

@@ -89,6 +89,43 @@ class InProcessVllmGenerator:
             prompt = completion_prompt(messages)
         return _EngineTokenStream(self, prompt, f"ragheat-{next(self._ids)}", citation_regex(len(passages)))
 
+    def complete(self, messages: Sequence[dict], max_tokens: int, timeout_s: float, regex: str | None = None) -> str:
+        """One whole completion of ``messages``, for HyDE and the judge: ``GeneratorTooSlow`` (the request aborted)
+        when not done within ``timeout_s``, ``GeneratorUnavailable`` when the engine fails."""
+        import concurrent.futures
+
+        from vllm import SamplingParams
+
+        if self.engine is None:
+            raise RuntimeError("InProcessVllmGenerator.warm_up() has not run")
+        s = self.settings
+        if self.chat_template:
+            prompt = self._tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+        else:
+            prompt = completion_prompt(messages)
+        constrained = {}
+        if regex and s.constrain_citations:
+            from vllm.sampling_params import StructuredOutputsParams
+
+            constrained["structured_outputs"] = StructuredOutputsParams(regex=regex)
+        params = SamplingParams(max_tokens=max_tokens, temperature=s.temperature, **constrained)
+        request_id = f"ragheat-{next(self._ids)}"
+
+        async def run() -> str:
+            final = None
+            async for output in self.engine.generate(prompt, params, request_id):
+                final = output
+            return final.outputs[0].text if final is not None else ""
+
+        future = asyncio.run_coroutine_threadsafe(run(), self.loop)
+        try:
+            return future.result(timeout=timeout_s)
+        except concurrent.futures.TimeoutError:
+            asyncio.run_coroutine_threadsafe(self.engine.abort(request_id), self.loop)
+            raise GeneratorTooSlow(f"the in-process vLLM engine did not finish within {timeout_s:g} s") from None
+        except Exception as exc:
+            raise GeneratorUnavailable(f"the in-process vLLM engine failed: {type(exc).__name__}: {exc}") from exc
+
     def close(self) -> None:
         """Stop the engine (its core process included) and its event loop; idempotent."""
         if self.engine is not None:

@@ -6,7 +6,9 @@ default; the weights let one retriever count more (tuned on SciFact train, docs/
 
 from __future__ import annotations
 
+import heapq
 import time
+from itertools import starmap
 from typing import Mapping, Sequence
 
 from rag.types import FusionResult, Hit, RetrievalResult
@@ -28,10 +30,13 @@ class WeightedRRF:
     def fuse(self, results: Sequence[RetrievalResult], k: int) -> FusionResult:
         start = time.perf_counter()
         scores: dict[int, float] = {}
+        get = scores.get
         for result in results:
             weight = self.weights.get(result.retriever, 1.0)
             for rank, hit in enumerate(result.hits, 1):
-                scores[hit.chunk_id] = scores.get(hit.chunk_id, 0.0) + weight / (self.k + rank)
-        # Ties (same fused score) keep a stable order by chunk id so results are reproducible.
-        ranked = sorted(scores.items(), key=lambda item: (-item[1], item[0]))[:k]
-        return FusionResult([Hit(cid, score) for cid, score in ranked], time.perf_counter() - start)
+                chunk_id = hit.chunk_id
+                scores[chunk_id] = get(chunk_id, 0.0) + weight / (self.k + rank)
+        # Ties (same fused score) keep a stable order by chunk id so results are reproducible; only the top k
+        # become Hits (heapq.nsmallest: no full sort of every candidate).
+        ranked = heapq.nsmallest(k, scores.items(), key=lambda item: (-item[1], item[0]))
+        return FusionResult(list(starmap(Hit, ranked)), time.perf_counter() - start)

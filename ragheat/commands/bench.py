@@ -28,6 +28,9 @@ def bench(
     max_error_rate: float = typer.Option(0.001, help="error share allowed at the knee"),
     timeout: float = typer.Option(10.0, help="per-request timeout, seconds"),
     seed: int = typer.Option(0, help="seed for arrivals and query order"),
+    zipf: Optional[float] = typer.Option(None, "--zipf", min=0.01, help="draw queries from a Zipf law of this exponent "
+                                         "over the (shuffled) query file, e.g. 1.1, so that popular questions repeat "
+                                         "(the answer cache's hit rate per step is reported); default: in order"),
     out_dir: Path = typer.Option(Path("out/bench"), "--out", help="results.json, report.html and its PNGs go here"),
     prometheus_url: Optional[str] = typer.Option(None, "--prometheus", help="take per-stage percentiles from this "
                                                  "Prometheus (scraping the service) instead of the responses"),
@@ -56,7 +59,7 @@ def bench(
         results, path, report = sweep_and_report(out_dir, url, shuffled(texts, seed), mode=mode, levels=levels,
                                                  duration_s=duration, warmup_s=warmup, slo_ms=slo_ms,
                                                  max_error_rate=max_error_rate, seed=seed, timeout_s=timeout,
-                                                 progress=progress, prometheus_url=prometheus_url)
+                                                 progress=progress, prometheus_url=prometheus_url, zipf_s=zipf)
     out.print(results_table(results))
     knee = results["knee_qps"]
     if mode == "open":

@@ -52,6 +52,24 @@ def resolve_model(vllm_model: str) -> tuple[Path, bool]:
     return folder, False
 
 
+def default_llm_model(generator: str | None, environ=None) -> str | None:
+    """``ragheat serve --llm-model``'s default: for the in-process ``vllm`` generator (flag or
+    ``RAGHEAT_GENERATION__GENERATOR``) with no model named (flag or ``RAGHEAT_GENERATION__MODEL``), the real model's
+    folder when ``scripts/install_vllm.sh`` converted it; otherwise None (the settings decide: ``openai`` asks the
+    server for its first model, and ``vllm`` without a folder is refused with a sentence naming the setting)."""
+    import os
+
+    from stack.smollm import installed_model
+
+    environ = os.environ if environ is None else environ
+    if (generator or environ.get("RAGHEAT_GENERATION__GENERATOR", "")) != "vllm":
+        return None
+    if environ.get("RAGHEAT_GENERATION__MODEL"):
+        return None
+    folder = installed_model()
+    return None if folder is None else str(folder)
+
+
 @contextlib.contextmanager
 def served_model(settings: RagheatSettings, vllm_model: str, console: Console) -> Iterator[RagheatSettings]:
     """Start vLLM's OpenAI server on the model; yields ``settings`` with the ``openai`` generator pointed at it."""
@@ -73,7 +91,12 @@ def served_model(settings: RagheatSettings, vllm_model: str, console: Console) -
                                           "passages": min(g.passages, 3),
                                           "first_token_timeout_s": max(g.first_token_timeout_s, 60.0),
                                           "deadline_s": max(g.deadline_s, 120.0)})
-        yield settings.model_copy(update={"generation": generation})
+        # A deadline the model on two cores fits in: the default (the 420 ms SLO) would skip it for the budget.
+        deadline_ms = generation.deadline_s * 1000
+        admission = settings.admission.model_copy(update={"deadline_ms": deadline_ms,
+                                                          "max_timeout_ms": max(settings.admission.max_timeout_ms,
+                                                                                deadline_ms)})
+        yield settings.model_copy(update={"generation": generation, "admission": admission})
 
 
 def ask_streamed(client: httpx.Client, question: str, console: Console) -> dict:

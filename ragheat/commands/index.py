@@ -120,7 +120,12 @@ def evaluate(
         if name == "routed" or len(m["routes"]) > 1:
             out.print(f"{name} routes: " + ", ".join(f"{r} {share:.1%}" for r, share in m["routes"].items()))
         if m["skipped"]:
-            out.print(f"[yellow]{name}: the graph stage was skipped for {m['skipped']} queries (store unavailable)[/]")
+            if m.get("graph_skipped"):
+                out.print(f"[yellow]{name}: the graph stage was skipped for {m['graph_skipped']} queries (store "
+                          f"unavailable)[/]")
+            if m.get("hyde_skipped"):
+                out.print(f"[yellow]{name}: hyde was skipped for {m['hyde_skipped']} queries (the model was slow, down "
+                          f"or wrote nothing usable: dense ran on the question alone)[/]")
     if json_out:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(report, indent=2, sort_keys=True))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -36,6 +37,10 @@ def serve(
     reload_poll_s: Optional[float] = typer.Option(
         None, "--reload-poll", help="seconds between checks for a newer index generation, swapped in without a "
                                     "restart (0 = only on POST /admin/reload)"),
+    workers: int = typer.Option(1, "--workers", min=1, max=64,
+                                help="server processes on the one port (SO_REUSEPORT); their metrics are summed in "
+                                     "every scrape (ragheat/workers.py)"),
+    worker: Optional[int] = typer.Option(None, "--worker", hidden=True, help="set by --workers in each worker"),
 ) -> None:
     """Serve the HTTP API (OpenAPI docs at /docs, metrics at /metrics)."""
     import contextlib
@@ -43,11 +48,13 @@ def serve(
 
     import uvicorn
 
+    from ragheat.commands.demo_llm import default_llm_model  # the installed real model, for --generator vllm
     from ragheat.service import build_service
 
     settings = load_settings(server={"host": host, "port": port, "index_dir": index, "api_keys_file": api_keys_file,
                                      "metrics_port": metrics_port, "reload_poll_s": reload_poll_s},
-                             generation={"generator": generator, "base_url": llm_url, "model": llm_model})
+                             generation={"generator": generator, "base_url": llm_url,
+                                         "model": llm_model or default_llm_model(generator)})
     metrics_on = telemetry_on and settings.telemetry.metrics
     if prometheus and not metrics_on:
         _fail("--prometheus needs metrics: drop --no-telemetry and keep telemetry.metrics on")
@@ -58,10 +65,23 @@ def serve(
         _fail("--prometheus scrapes without a key: with API keys set, give /metrics its own --metrics-port")
     if probes_on and not metrics_on:
         _fail("--probes needs metrics: drop --no-telemetry and keep telemetry.metrics on")
+    if workers > 1:  # this process only supervises: each worker is a `ragheat serve --worker i` of its own
+        if problem := _workers_problem(settings, probes_on):
+            _fail(problem)
+        _supervise(settings, workers, prometheus)
+        return
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # A missing or corrupt index stops here, with its path, before anything binds. The probes never fail the
     # service: without privileges they log what is missing and it serves without them.
-    with build_service(settings, telemetry=telemetry_on, probes=probes_on) as service, \
+    multiprocess_dir = None
+    if worker is not None:
+        from ragheat.workers import MULTIPROC_ENV
+
+        multiprocess_dir = os.environ.get(MULTIPROC_ENV)
+        if not multiprocess_dir:
+            _fail(f"--worker is set by --workers, which also sets {MULTIPROC_ENV}; run `ragheat serve --workers N`")
+    with build_service(settings, telemetry=telemetry_on, probes=probes_on,
+                       multiprocess_dir=multiprocess_dir) as service, \
             contextlib.ExitStack() as stack:
         if prometheus:
             from stack.prometheus import LocalPrometheus
@@ -75,8 +95,48 @@ def serve(
         # ExitStack stop the local Prometheus and the service its telemetry exporters instead of dying mid-way.
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
         # Slow and oversized clients are cut off by the server settings' limits (rag.api.connections).
-        uvicorn.Server(service.uvicorn_config(host=settings.server.host, port=settings.server.port,
-                                              log_level=log_level)).run()
+        server = uvicorn.Server(service.uvicorn_config(host=settings.server.host, port=settings.server.port,
+                                                       log_level=log_level))
+        if worker is None:
+            server.run()
+        else:  # bound only now, with the index loaded: the kernel never hands this worker a connection before
+            from ragheat.workers import worker_socket
+
+            server.run(sockets=[worker_socket(settings.server.host, settings.server.port)])
+
+
+def _workers_problem(settings, probes_on: bool) -> str | None:
+    """Why ``--workers`` > 1 cannot serve these settings (a sentence naming the option), or None."""
+    if settings.server.port == 0:
+        return "--workers > 1 needs a fixed --port: every worker binds the same one"
+    if settings.server.metrics_port is not None:
+        return "--workers > 1 serves /metrics on the API port (each scrape sums all workers); drop --metrics-port"
+    if probes_on:
+        return "--probes with --workers > 1 is not supported yet: the probes attach to one process"
+    if settings.generation.generator == "vllm":
+        return "--generator vllm with --workers > 1 would start one engine per worker on the GPU; use one worker"
+    return None
+
+
+def _supervise(settings, workers: int, prometheus: bool) -> None:
+    """The parent of ``--workers``: a local Prometheus (``--prometheus``) and the workers, until stopped."""
+    import contextlib
+
+    from ragheat.workers import supervise
+
+    argv = sys.argv[sys.argv.index("serve") + 1:] if "serve" in sys.argv else []
+    with contextlib.ExitStack() as stack:
+        if prometheus:
+            from stack.prometheus import LocalPrometheus
+
+            scrape_host = "127.0.0.1" if settings.server.host in ("0.0.0.0", "::") else settings.server.host
+            url = stack.enter_context(LocalPrometheus(f"{scrape_host}:{settings.server.port}"))
+            out.print(f"prometheus: {url}  (scraping http://{scrape_host}:{settings.server.port}/metrics: "
+                      f"{workers} workers summed)")
+        out.print(f"ragheat serve: {workers} workers on {settings.server.host}:{settings.server.port}")
+        code = supervise(argv, workers)
+    if code:
+        raise typer.Exit(code)
 
 
 @_guard

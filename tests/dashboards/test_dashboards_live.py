@@ -197,9 +197,17 @@ def quiet(settings):
 @pytest.fixture(scope="module")
 def panels(quiet, subset_index, vllm_server, mixed_bodies, rules, tmp_path_factory) -> PanelsRun:
     # Answers come from the real (tiny) vLLM, so the vLLM board's panels have data too.
-    written = quiet.model_copy(update={"generation": quiet.generation.model_copy(update={
-        "generator": "openai", "base_url": vllm_server.url, "model": vllm_server.served_name, "max_tokens": 16,
-        "passages": 1})})
+    # Every optional stage on, so each has data: the reranker, the answer cache (the bodies repeat: hits after the
+    # first round), HyDE (the tiny model's passage), and a deadline the tiny model on a busy CPU fits in, so the
+    # language model is not skipped for the budget.
+    written = quiet.model_copy(update={
+        "generation": quiet.generation.model_copy(update={
+            "generator": "openai", "base_url": vllm_server.url, "model": vllm_server.served_name, "max_tokens": 16,
+            "passages": 1}),
+        "rerank": quiet.rerank.model_copy(update={"enabled": True}),
+        "cache": quiet.cache.model_copy(update={"enabled": True}),
+        "hyde": quiet.hyde.model_copy(update={"enabled": True, "max_tokens": 16}),
+        "admission": quiet.admission.model_copy(update={"deadline_ms": 10_000.0})})
     pipeline = RagPipeline(written, subset_index)
     pipeline.warm_up()
     run, port = PanelsRun(), free_port()

@@ -173,7 +173,7 @@ def test_query_against_a_server_matches_in_process(server_url, pipeline, tmp_pat
     expected = pipeline.query(QUERY, 3, ["bm25"])
     assert data["answer"] == expected.answer
     assert [c["doc_id"] for c in data["citations"]] == [s.chunk.doc_id for s in expected.sources]
-    assert [s["name"] for s in data["stages"]] == ["retrieve_bm25", "generate"]
+    assert [s["name"] for s in data["stages"]] == ["queue", "retrieve_bm25", "generate"]
 
 
 def test_query_against_a_server_prints_a_readable_answer(server_url, tmp_path):

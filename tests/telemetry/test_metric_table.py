@@ -11,7 +11,8 @@ from prometheus_client import CollectorRegistry
 from telemetry.metrics import (EXPECTED_METRICS, GENERATION_METRICS, KERNEL_METRICS, METRICS, SERVICE_METRICS,
                                VLLM_METRICS, PrometheusMetrics, specs)
 
-UNITS = ("_seconds", "_total", "_ratio", "_documents", "_tokens", "_blocks", "_allocated", "_freed", "_flight", "_qps")
+UNITS = ("_seconds", "_total", "_ratio", "_documents", "_tokens", "_blocks", "_allocated", "_freed", "_flight", "_qps",
+         "_bytes", "_entries")
 
 
 def families(registry: CollectorRegistry) -> dict[str, tuple[str, str]]:

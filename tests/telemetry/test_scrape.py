@@ -164,7 +164,7 @@ def test_one_request_span_with_one_child_per_stage(svc, pipeline):
         assert span.attributes["http.response.status_code"] == 200
         assert span.attributes["rag.qps_bucket"] in svc.telemetry.buckets.labels
         kids = sorted(children(exporter, span), key=lambda s: s.start_time)
-        assert [k.attributes["rag.stage"] for k in kids] == list(EXTRACTIVE_STAGES)
+        assert [k.attributes["rag.stage"] for k in kids] == ["queue", *EXTRACTIVE_STAGES]
         timings = {st["name"]: st["ms"] for st in response.json()["stages"]}
         for kid in kids:
             stage = kid.attributes["rag.stage"]
@@ -233,7 +233,7 @@ def test_a_failing_stage_is_visible_in_metrics_and_spans(svc, pipeline):
     assert span.status.status_code == StatusCode.ERROR
     assert span.attributes["http.response.status_code"] == 500
     kids = {k.attributes["rag.stage"]: k for k in children(svc.exporter, span)}
-    assert set(kids) == {"embed", "retrieve_dense", "retrieve_bm25"}
+    assert set(kids) == {"queue", "embed", "retrieve_dense", "retrieve_bm25"}
     assert kids["retrieve_bm25"].status.status_code == StatusCode.ERROR
     assert any(e.name == "exception" and e.attributes["exception.type"] == "RuntimeError"
                for e in kids["retrieve_bm25"].events)
@@ -253,7 +253,7 @@ def test_stream_route_is_recorded_under_its_own_label(svc):
         assert delta(before, after, STAGE_H + "_count", stage=stage, outcome="ok") == 1, stage
     (span,) = wait_for_request_spans(svc.exporter, t0, 1, route="/v1/query/stream")
     assert span.attributes["http.route"] == "/v1/query/stream"
-    assert len(children(svc.exporter, span)) == len(EXTRACTIVE_STAGES)
+    assert len(children(svc.exporter, span)) == len(EXTRACTIVE_STAGES) + 1  # and the queue stage
     assert request_spans(svc.exporter, t0, "/v1/query") == []
 
 

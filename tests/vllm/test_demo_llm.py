@@ -38,3 +38,17 @@ def test_stack_up_auto_keeps_the_operators_choice():
     assert _auto_model("auto", generation, None, {"RAGHEAT_GENERATION__GENERATOR": "extractive"}) == "off"
     served = installed_model() is not None and DEFAULT_VLLM_PYTHON.is_file()
     assert _auto_model("auto", generation, None, {}) == (str(DEFAULT_MODEL_DIR) if served else "off")
+
+
+def test_serve_generator_vllm_defaults_to_the_installed_model():
+    from ragheat.commands.demo_llm import default_llm_model
+
+    if installed_model() is None:
+        pytest.fail(f"the real model is not installed at {DEFAULT_MODEL_DIR}: run `bash scripts/install_vllm.sh`")
+    assert default_llm_model("vllm", {}) == str(DEFAULT_MODEL_DIR)
+    assert default_llm_model(None, {"RAGHEAT_GENERATION__GENERATOR": "vllm"}) == str(DEFAULT_MODEL_DIR)
+    # The operator's model wins; the other generators keep theirs (openai: the server's first model).
+    assert default_llm_model("vllm", {"RAGHEAT_GENERATION__MODEL": "/models/mine"}) is None
+    assert default_llm_model("openai", {}) is None and default_llm_model(None, {}) is None
+    generation = RagheatSettings(generation={"generator": "vllm", "model": default_llm_model("vllm", {})}).generation
+    assert generation.model == str(DEFAULT_MODEL_DIR) and generation.max_tokens == 96

@@ -120,6 +120,61 @@ def test_the_support_check_flags_what_the_passages_do_not_say(api):
         assert body["generator"] == "extractive" and body["degraded_reason"] == "unsupported", body
 
 
+def test_hyde_writes_an_on_topic_passage_that_drives_dense_retrieval(settings, subset_index, real_server):
+    from rag.generation.hyde import HydeWriter
+    from rag.types import RetrievalRun
+
+    # A question, not a SciFact claim: given a bare claim the 135M model often restates it (then the stage is
+    # skipped, "repeated the question"; benchmarks/bench_hyde.py counts how often).
+    claim = "How does vitamin D deficiency affect the risk of bone fractures in older adults?"
+
+    gen = settings.generation.model_copy(update={"generator": "openai", "base_url": real_server.url, "model": ""})
+    hyde = settings.hyde.model_copy(update={"deadline_ms": 120_000})  # two shared cores: seconds per passage
+    pipeline = RagPipeline(settings.model_copy(update={"generation": gen, "hyde": hyde}), subset_index)
+    pipeline.warm_up()
+    try:
+        passage = HydeWriter(pipeline.llm, hyde).write(claim)
+        terms = {w.lower().strip(".,;:()") for w in claim.split() if len(w) > 4}
+        assert len(passage.split()) >= 5 and terms & {w.lower().strip(".,;:()") for w in passage.split()}, passage
+        stages, run = [], RetrievalRun()
+        with_hyde = pipeline.retrieve(claim, 10, ["dense"], stages, run=run, hyde=True)
+        assert run.skipped == {} and [s.name for s in stages] == ["embed", "hyde", "retrieve_dense"]
+        assert with_hyde.hits != pipeline.retrieve(claim, 10, ["dense"], hyde=False).hits  # a second query, fused
+    finally:
+        pipeline.close()
+
+
+def test_judge_labels_retrieved_pairs_writes_qrels_and_resumes(real_server, scifact_subset, subset_index, claim,
+                                                              tmp_path):
+    from typer.testing import CliRunner
+
+    from rag.eval.judge import HEADER, Judge, YesNoClient, read_judged, read_margins
+    from ragheat.cli import app
+
+    out = tmp_path / "judged.tsv"
+    argv = ["judge", "--beir", str(scifact_subset), "--split", "train", "--index", str(subset_index),
+            "--retrievers", "hybrid", "--top-k", "3", "--limit", "2", "--llm-url", real_server.url,
+            "--out", str(out), "--json", str(tmp_path / "report.json")]
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 0, result.output
+    lines = out.read_text().splitlines()
+    assert lines[0] == HEADER and len(lines) == 7 and all(line.split("\t")[2] in ("0", "1") for line in lines[1:])
+    assert len(read_margins(out.with_name("judged.tsv.margins.tsv"))) == 6  # the model's log-probs, every pair
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["agreement"]["pairs"] == 6 and report["run"]["asked"] == 6
+    again = CliRunner().invoke(app, argv)
+    assert again.exit_code == 0 and "6 resumed" in again.output, again.output
+    assert len(read_judged(out)) == 6 and len(out.read_text().splitlines()) == 7
+    # What the margin can say with this model: an on-topic passage against an off-topic one (it cannot rank a
+    # query's retrieved, all on-topic, documents by relevance: benchmarks/bench_judge.py, docs/vllm.md).
+    judge = Judge(YesNoClient(real_server.url), tmp_path / "unused.tsv")
+    _, _, on_topic = judge.label("What causes tides?", "Tides", "Tides are caused by the gravitational pull of the "
+                                                                "moon on the oceans.")
+    _, _, off_topic = judge.label("What causes tides?", "Aspirin", "Aspirin inhibits the enzyme COX-1, lowering "
+                                                                   "platelet aggregation.")
+    assert on_topic is not None and off_topic is not None and on_topic > off_topic, (on_topic, off_topic)
+
+
 def test_a_model_killed_mid_stream_degrades_to_the_extractive_answer(api, claim, real_server):
     # Runs last: the module's server does not survive it.
     events, killed_at = [], None

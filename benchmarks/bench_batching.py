@@ -1,0 +1,241 @@
+"""Micro-batched query embedding: which batching window, if any, serves the most at the SLO?
+
+One ``ragheat serve`` per configuration, all over the same index and running for the whole benchmark, measured side
+by side with the project's open-loop generator (Poisson arrivals, latency from the intended send time,
+loadgen/runner.py): ``off`` (``embedding.query_batch_max=1``: every request runs its own query, as before the
+batcher) and ``r<n>w<ms>`` (up to <n> model runs in flight, ``embedding.query_batch_runs``; queries arriving while all
+are busy queue and share the next run, up to ``--max-batch``; a runner promoted under load waits up to <ms> for the
+batch to fill; ``w0``: only what queued behind the previous run). Every rate is offered to each configuration in turn,
+the order rotating from rate to rate, so the machine's drift lands on all alike; a configuration past ``--stop-factor``
+SLOs is not offered more. Then the quiet case: one closed-loop client per configuration (``--c1-rounds`` rounds,
+rotated), whose P99 batching must not make worse.
+
+Reported per configuration and rate: P50/P99, the median ``embed`` and ``queue`` stage (from the responses' stage
+timings: the batch wait is in ``queue``), and the knee.
+
+    .venv/bin/python benchmarks/bench_batching.py --index data/index/scifact \\
+        --queries datasets/scifact/queries.jsonl --results-file benchmarks/results/batching.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from loadgen.arrivals import parse_rates  # noqa: E402
+from loadgen.resultsfile import BenchmarkRun  # noqa: E402
+from loadgen.runner import (DEFAULT_QUERIES, StopSignals, closed_loop, load_queries, open_loop,  # noqa: E402
+                            run, shuffled)
+from loadgen.stats import find_knee  # noqa: E402
+from rag.childproc import ChildProcess, free_port  # noqa: E402
+from rag.slo import SLO_MS  # noqa: E402
+
+MAX_ERROR_RATE = 0.001  # the knee's error allowance, as `ragheat bench`
+SATURATED_ERRORS = 0.10
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--index", type=Path, default=Path("data/index/scifact"), help="index folder to serve")
+    p.add_argument("--queries", type=Path, default=None, help="plain lines or a BEIR queries.jsonl "
+                                                              "(default datasets/scifact/queries.jsonl if present)")
+    p.add_argument("--rates", default="50,100,150,200,250,300", help="offered req/s, '50,100' or 'start:stop:step'")
+    p.add_argument("--windows", default="off,0,2", help="configurations: off, and max waits in ms")
+    p.add_argument("--max-batch", type=int, default=8, help="embedding.query_batch_max of the batched configurations")
+    p.add_argument("--runs", default="1,2", help="embedding.query_batch_runs values (model runs in flight) to combine "
+                                                 "with each window")
+    p.add_argument("--duration", type=float, default=5.0, help="measured seconds per step")
+    p.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds before each step")
+    p.add_argument("--c1-duration", type=float, default=8.0, help="measured seconds of each concurrency-1 round")
+    p.add_argument("--c1-rounds", type=int, default=2, help="concurrency-1 rounds per configuration")
+    p.add_argument("--slo-ms", type=float, default=SLO_MS, help="P99 objective for the knee")
+    p.add_argument("--stop-factor", type=float, default=5.0, help="stop offering a configuration more past this "
+                                                                   "many SLOs at P99")
+    p.add_argument("--timeout", type=float, default=10.0, help="per-request timeout, seconds")
+    p.add_argument("--ready-timeout", type=float, default=300.0, help="seconds each server may take to load")
+    p.add_argument("--work", type=Path, default=None, help="server logs (default: a temporary folder)")
+    p.add_argument("--results-file", "--json", dest="results_file", type=Path, default=None,
+                   help="write a benchmark results file (loadgen/resultsfile.py) here")
+    args = p.parse_args(argv)
+    args.configs = []
+    for item in (w.strip() for w in args.windows.split(",") if w.strip()):
+        if item == "off":
+            args.configs.append(("off", 1, 0.0, 1))
+            continue
+        try:
+            wait = float(item)
+        except ValueError:
+            p.error(f"--windows takes off and numbers of milliseconds, not {item!r}")
+        if not 0 <= wait <= 50:
+            p.error(f"--windows: {item} ms is outside 0..50 (embedding.query_batch_wait_ms)")
+        for runs in (int(r) for r in args.runs.split(",") if r.strip()):
+            args.configs.append((f"r{runs}w{wait:g}", args.max_batch, wait, runs))
+    if not args.configs:
+        p.error("--windows names no configuration")
+    if not (args.index / "current").exists():
+        p.error(f"--index {args.index} is not an index folder (no 'current'); build one with `ragheat ingest`")
+    return args
+
+
+class Servers:
+    """One server per configuration, loading side by side, stopped at the end."""
+
+    def __init__(self, args: argparse.Namespace, work: Path) -> None:
+        self.args, self.work = args, work
+        self.children: list[ChildProcess] = []
+        self.urls: dict[str, str] = {}
+
+    def __enter__(self) -> "Servers":
+        try:
+            ragheat = str(Path(sys.executable).parent / "ragheat")
+            for name, batch, wait, runs in self.args.configs:
+                port = free_port()
+                env = {**os.environ, "RAGHEAT_EMBEDDING__QUERY_BATCH_MAX": str(batch),
+                       "RAGHEAT_EMBEDDING__QUERY_BATCH_WAIT_MS": str(wait),
+                       "RAGHEAT_EMBEDDING__QUERY_BATCH_RUNS": str(runs)}
+                child = ChildProcess(f"api-{name}", [ragheat, "serve", "--index", str(self.args.index.resolve()),
+                                                     "--host", "127.0.0.1", "--port", str(port), "--log-level",
+                                                     "warning"],
+                                     env=env, log_path=self.work / f"api-{name}.log", die_with_parent=True).start()
+                self.children.append(child)
+                self.urls[name] = f"http://127.0.0.1:{port}"
+            for child, url in zip(self.children, self.urls.values()):
+                child.wait_until_ok(f"{url}/readyz", self.args.ready_timeout)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for child in reversed(self.children):
+            child.stop()
+
+
+def _stage_p50(step, name: str) -> float | None:
+    value = (step.stages_ms.get(name) or {}).get("p50")
+    return None if value is None else round(value, 3)
+
+
+def summary_row(step) -> dict:
+    return {"offered_qps": step.offered_qps, "concurrency": step.concurrency,
+            "achieved_qps": round(step.achieved_qps, 2), "requests": step.requests, "errors": step.errors,
+            "shed": step.shed, "error_rate": round(step.error_rate, 5), "interrupted": step.interrupted,
+            "latency_ms": step.latency_ms, "embed_p50_ms": _stage_p50(step, "embed"),
+            "queue_p50_ms": _stage_p50(step, "queue")}
+
+
+def _print(name: str, label: str, step) -> None:
+    lat = step.latency_ms
+    print(f"{name:6s} {label:>10s}  achieved {step.achieved_qps:7.1f}  P50 {lat.get('p50') or float('nan'):8.1f} ms  "
+          f"P99 {lat.get('p99') or float('nan'):8.1f} ms  embed {_stage_p50(step, 'embed')} ms  queue "
+          f"{_stage_p50(step, 'queue')} ms  errors {step.errors}  shed {step.shed}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    record = BenchmarkRun("batching")
+    args = parse_args(argv)
+    queries_file = args.queries or (Path("datasets/scifact/queries.jsonl")
+                                    if Path("datasets/scifact/queries.jsonl").is_file() else None)
+    texts = shuffled(load_queries(queries_file) if queries_file else DEFAULT_QUERIES, 0)
+    rates = parse_rates(args.rates)
+    names = [c[0] for c in args.configs]
+    work = args.work or Path(tempfile.mkdtemp(prefix="bench-batching-"))
+    work.mkdir(parents=True, exist_ok=True)
+    steps: dict[str, list] = {n: [] for n in names}
+    c1: dict[str, list] = {n: [] for n in names}
+    stopped: dict[str, str] = {}
+    with Servers(args, work) as servers, StopSignals() as stop:
+        for r in range(args.c1_rounds):  # the quiet case first, on a machine the sweep has not yet heated
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                step = run(closed_loop(servers.urls[name] + "/v1/query", texts, 1, args.c1_duration, 1.0,
+                                       timeout_s=args.timeout), stop)
+                if step is None or stop.presses:
+                    break
+                c1[name].append(step)
+                _print(name, "c=1", step)
+        for i, rate in enumerate(rates):
+            for name in names[i % len(names):] + names[:i % len(names)]:
+                if name in stopped or stop.presses:
+                    continue
+                step = run(open_loop(servers.urls[name] + "/v1/query", texts, rate, args.duration, args.warmup,
+                                     seed=i, timeout_s=args.timeout), stop)
+                if step is None:
+                    break
+                steps[name].append(step)
+                _print(name, f"{rate:g}/s", step)
+                p99 = step.latency_ms.get("p99")
+                if p99 is None or p99 > args.stop_factor * args.slo_ms or step.error_rate > SATURATED_ERRORS:
+                    stopped[name] = f"saturated at {rate:g} req/s (P99 {p99} ms, error rate {step.error_rate:.3f})"
+    results = {
+        "slo_ms": args.slo_ms, "max_error_rate": MAX_ERROR_RATE, "duration_s": args.duration, "warmup_s": args.warmup,
+        "rates": rates, "max_batch": args.max_batch, "queries_file": str(queries_file) if queries_file else None,
+        "queries": len(texts), "index": str(args.index), "cores": os.cpu_count(),
+        "configs": {name: {"query_batch_max": batch, "query_batch_wait_ms": wait, "query_batch_runs": runs,
+                           "knee_qps": find_knee(steps[name], args.slo_ms, MAX_ERROR_RATE),
+                           "stopped": stopped.get(name), "steps": [summary_row(s) for s in steps[name]],
+                           "concurrency1": [summary_row(s) for s in c1[name]]}
+                    for name, batch, wait, runs in args.configs},
+        "interrupted": bool(stop.presses),
+    }
+    results["doc_tables"] = doc_tables(results)
+    for table in results["doc_tables"]:
+        print(f"\n{table['title']}\n" + "\n".join(" | ".join(str(c) for c in row) for row in [table["columns"]]
+                                                   + table["rows"]))
+    if args.results_file is not None:
+        print(f"wrote {record.write(results, args.results_file)}")
+    return 0
+
+
+def _ms(value) -> str:
+    return "–" if value is None else f"{value:.1f}"
+
+
+def doc_tables(results: dict) -> list[dict]:
+    """For docs/benchmarks.md: P50 / P99 per offered rate side by side; the knees; the concurrency-1 case."""
+    configs = list(results["configs"])
+    by_rate: dict[float, dict] = {}
+    for c in configs:
+        for s in results["configs"][c]["steps"]:
+            by_rate.setdefault(s["offered_qps"], {})[c] = s
+    rows = []
+    for rate in sorted(by_rate):
+        row = [f"{rate:g}"]
+        for c in configs:
+            s = by_rate[rate].get(c)
+            row.append("not offered (saturated)" if s is None else
+                       f"{_ms(s['latency_ms'].get('p50'))} / {_ms(s['latency_ms'].get('p99'))} "
+                       f"({s['achieved_qps']:.0f}/s; embed {_ms(s['embed_p50_ms'])}, queue {_ms(s['queue_p50_ms'])})"
+                       + (f", {s['errors']} errors" if s["errors"] else "") + (f", {s['shed']} shed" if s["shed"]
+                                                                              else ""))
+        rows.append(row)
+    knees, quiet = [], []
+    for c in configs:
+        conf = results["configs"][c]
+        knees.append([c, f"{conf['query_batch_max']}", f"{conf['query_batch_wait_ms']:g}",
+                      f"{conf['query_batch_runs']}",
+                      "none" if conf["knee_qps"] is None else f"{conf['knee_qps']:g}", conf["stopped"] or "–"])
+        rounds = conf["concurrency1"]
+        p99s = [s["latency_ms"].get("p99") for s in rounds if s["latency_ms"].get("p99") is not None]
+        p50s = [s["latency_ms"].get("p50") for s in rounds if s["latency_ms"].get("p50") is not None]
+        quiet.append([c, _ms(statistics.median(p50s)) if p50s else "–",
+                      _ms(statistics.median(p99s)) if p99s else "–",
+                      f"{min(p99s):.1f}–{max(p99s):.1f}" if p99s else "–", str(len(p99s))])
+    slo = f"{results['slo_ms']:g}"
+    return [{"title": "P50 / P99 latency in ms (answered req/s; median embed and queue stage, ms), per offered rate",
+             "align": "r" + "r" * len(configs), "columns": ["offered req/s", *configs], "rows": rows},
+            {"title": f"Knee: the highest offered rate with P99 ≤ {slo} ms and errors ≤ "
+                      f"{results['max_error_rate'] * 100:g} %, every lower rate meeting it too",
+             "align": "lrrrrl", "columns": ["configuration", "max batch", "wait ms", "runs", "knee req/s", "stopped"],
+             "rows": knees},
+            {"title": "Concurrency 1 (one closed-loop client): latency in ms, median of rounds and spread of P99",
+             "align": "lrrrr", "columns": ["configuration", "P50", "P99", "P99 range", "rounds"], "rows": quiet}]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,278 @@
+"""Capacity under overload: admission control on vs off, side by side.
+
+Two ``ragheat serve`` processes over the same index, identical but for ``admission.enabled`` and
+``admission.degrade`` (``on``: the defaults, a bounded number of queries in flight and a bounded queue, queries that
+cannot meet their deadline shed with 503; ``off``: every query queued, today's behaviour). Both run for the whole
+benchmark; every step is measured on each in turn (the order alternating), with the project's open-loop generator
+(Poisson arrivals, latency from the intended send time, loadgen/runner.py), SciFact train claims as queries.
+
+1. The knee: ascending rates until a configuration's P99 passes ``--stop-factor`` SLOs (or it sheds or fails more
+   than 10 %); the knee is the highest rate meeting the SLO with every lower rate meeting it (``find_knee``: shed
+   queries count against it like errors). The overload steps are multiples of admission-on's knee.
+2. Steady overload: 2x the knee for ``--duration``.
+3. A short burst: 4x the knee for ``--burst`` seconds, measured from its first request (no warm-up).
+
+Per step: P99 of the answered (admitted) queries, goodput (answers within the SLO per second), shed queries by
+reason and their refusal latency as the client saw it (loopback included), errors. The generator shares the machine's
+cores with both services: on two cores it costs the service capacity, as it would any load test on one machine.
+
+    .venv/bin/python benchmarks/bench_capacity.py --index data/index/scifact \\
+        --queries datasets/scifact --results-file benchmarks/results/capacity.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from loadgen.arrivals import parse_rates  # noqa: E402
+from loadgen.resultsfile import BenchmarkRun  # noqa: E402
+from loadgen.runner import StopSignals, open_loop, run, shuffled  # noqa: E402
+from loadgen.stats import find_knee  # noqa: E402
+from rag.childproc import ChildProcess, free_port  # noqa: E402
+from rag.slo import SLO_MS  # noqa: E402
+
+CONFIGS = {"on": {}, "off": {"RAGHEAT_ADMISSION__ENABLED": "false", "RAGHEAT_ADMISSION__DEGRADE": "false"}}
+MAX_ERROR_RATE = 0.001  # the knee's allowance, as `ragheat bench`
+SATURATED = 0.10  # past this share of errors or shed queries a configuration is not offered higher knee rates
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--index", type=Path, default=Path("data/index/scifact"), help="index folder to serve")
+    p.add_argument("--queries", type=Path, default=Path("datasets/scifact"),
+                   help="a BEIR folder (its train claims: qrels/train.tsv) or a queries file")
+    p.add_argument("--rates", default="50:400:50", help="knee search: offered req/s, '50,100' or 'start:stop:step'")
+    p.add_argument("--duration", type=float, default=10.0, help="measured seconds per knee and 2x step")
+    p.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds before each knee and 2x step")
+    p.add_argument("--burst", type=float, default=3.0, help="seconds of the 4x burst (all measured)")
+    p.add_argument("--rounds", type=int, default=1, help="repeat the 2x and 4x steps this many times")
+    p.add_argument("--slo-ms", type=float, default=SLO_MS, help="P99 objective for the knee and goodput")
+    p.add_argument("--stop-factor", type=float, default=3.0,
+                   help="stop the knee search for a configuration once its P99 passes this many SLOs")
+    p.add_argument("--timeout", type=float, default=10.0, help="per-request timeout, seconds (a timeout is an error)")
+    p.add_argument("--ready-timeout", type=float, default=240.0, help="seconds each service may take to load")
+    p.add_argument("--work", type=Path, default=None, help="service logs (default: a temporary folder)")
+    p.add_argument("--results-file", "--json", dest="results_file", type=Path, default=None,
+                   help="write a benchmark results file (loadgen/resultsfile.py) here")
+    args = p.parse_args(argv)
+    if not (args.index / "current").exists():
+        p.error(f"--index {args.index} is not an index folder (no 'current'); build one with `ragheat ingest`")
+    if args.rounds < 1:
+        p.error("--rounds must be at least 1")
+    return args
+
+
+def train_claims(path: Path) -> list[str]:
+    """SciFact's train claims (the queries in qrels/train.tsv) from a BEIR folder; a plain queries file as it is."""
+    from loadgen.runner import load_queries
+
+    if path.is_dir():
+        ids = {line.split("\t")[0] for line in (path / "qrels" / "train.tsv").read_text().splitlines()[1:] if line}
+        rows = [json.loads(line) for line in (path / "queries.jsonl").read_text().splitlines() if line.strip()]
+        texts = [r["text"] for r in rows if r["_id"] in ids]
+        if not texts:
+            raise SystemExit(f"{path}: no train claims (qrels/train.tsv ids absent from queries.jsonl)")
+        return texts
+    return load_queries(path)
+
+
+class Services:
+    """One ``ragheat serve`` per configuration, loaded side by side."""
+
+    def __init__(self, args: argparse.Namespace, work: Path) -> None:
+        self.args, self.work = args, work
+        self.children: list[ChildProcess] = []
+        self.urls: dict[str, str] = {}
+
+    def __enter__(self) -> "Services":
+        try:
+            ragheat = str(Path(sys.executable).parent / "ragheat")
+            for name, env in CONFIGS.items():
+                port = free_port()
+                child = ChildProcess(f"api-{name}", [ragheat, "serve", "--index", str(self.args.index.resolve()),
+                                                     "--host", "127.0.0.1", "--port", str(port), "--log-level",
+                                                     "warning"],
+                                     log_path=self.work / f"api-{name}.log", env={**os.environ, **env},
+                                     die_with_parent=True).start()
+                self.children.append(child)
+                self.urls[name] = f"http://127.0.0.1:{port}"
+            for child, url in zip(self.children, self.urls.values()):
+                child.wait_until_ok(url + "/readyz", self.args.ready_timeout)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for child in reversed(self.children):
+            child.stop()
+
+
+def row(step, phase: str) -> dict:
+    return {"phase": phase, "offered_qps": step.offered_qps, "duration_s": step.duration_s,
+            "requests": step.requests, "achieved_qps": round(step.achieved_qps, 2),
+            "goodput_qps": round(step.goodput_qps, 2), "errors": step.errors, "error_rate": round(step.error_rate, 5),
+            "shed": step.shed, "shed_rate": round(step.shed_rate, 5), "shed_reasons": step.shed_reasons,
+            "refusal_ms": step.refusal_ms, "refusal_server_ms": step.refusal_server_ms, "expired_ms": step.expired_ms,
+            "latency_ms": step.latency_ms, "send_error_ms": step.send_error_ms,
+            "queue_ms": step.stages_ms.get("queue"), "interrupted": step.interrupted}
+
+
+def main(argv: list[str] | None = None) -> int:
+    record = BenchmarkRun("capacity")
+    args = parse_args(argv)
+    texts = shuffled(train_claims(args.queries), 0)
+    rates = parse_rates(args.rates)
+    work = args.work or Path(tempfile.mkdtemp(prefix="bench-capacity-"))
+    work.mkdir(parents=True, exist_ok=True)
+    configs = list(CONFIGS)
+    knee_steps: dict[str, list] = {c: [] for c in configs}
+    overload: dict[str, list[dict]] = {c: [] for c in configs}
+    stopped: dict[str, str] = {}
+    load_before = os.getloadavg()
+    with Services(args, work) as services, StopSignals() as stop:
+        def measure(config: str, rate: float, duration: float, warmup: float, seed: int):
+            step = run(open_loop(services.urls[config] + "/v1/query", texts, rate, duration, warmup, seed=seed,
+                                 timeout_s=args.timeout, slo_ms=args.slo_ms), stop)
+            if step is not None:
+                p99 = step.latency_ms.get("p99")
+                nan = float("nan")
+                print(f"{config:3s} {rate:7g} req/s  answered {step.achieved_qps:7.1f}/s  goodput "
+                      f"{step.goodput_qps:7.1f}/s  P99 {p99 or nan:8.1f} ms  shed {step.shed:5d} {step.shed_reasons} "
+                      f"(refusal P50/P99 {step.refusal_ms.get('p50') or nan:.2f}/{step.refusal_ms.get('p99') or nan:.2f}"
+                      f" ms, in the service {step.refusal_server_ms.get('p99') or nan:.2f} ms)  errors "
+                      f"{step.errors}", flush=True)
+            return step
+
+        for i, rate in enumerate(rates):  # 1. the knee
+            for config in configs[i % 2:] + configs[:i % 2]:
+                if config in stopped or stop.presses:
+                    continue
+                step = measure(config, rate, args.duration, args.warmup, i)
+                if step is None:
+                    break
+                knee_steps[config].append(step)
+                p99 = step.latency_ms.get("p99")
+                if (p99 is None or p99 > args.stop_factor * args.slo_ms or step.error_rate > SATURATED
+                        or step.shed_rate > SATURATED):
+                    stopped[config] = f"saturated at {rate:g} req/s"
+            if len(stopped) == len(configs):
+                break
+        knees = {c: find_knee(knee_steps[c], args.slo_ms, MAX_ERROR_RATE) for c in configs}
+        reference = knees["on"] or rates[0]
+        for r in range(args.rounds):  # 2. and 3. overload, alternating which configuration goes first
+            for config in configs[r % 2:] + configs[:r % 2]:
+                for phase, factor, duration, warmup in (("2x", 2, args.duration, args.warmup),
+                                                        ("4x burst", 4, args.burst, 0.0)):
+                    if stop.presses:
+                        continue
+                    step = measure(config, factor * reference, duration, warmup, 1000 + r)
+                    if step is not None:
+                        overload[config].append(row(step, phase))
+    results = {
+        "slo_ms": args.slo_ms, "max_error_rate": MAX_ERROR_RATE, "duration_s": args.duration, "warmup_s": args.warmup,
+        "burst_s": args.burst, "rounds": args.rounds, "rates": rates, "queries": len(texts),
+        "queries_source": str(args.queries), "index": str(args.index), "cores": os.cpu_count(),
+        "load_average_before": load_before, "load_average_after": os.getloadavg(), "reference_knee_qps": reference,
+        "configs": {c: {"env": CONFIGS[c], "knee_qps": knees[c], "stopped": stopped.get(c),
+                        "knee_steps": [row(s, "knee") for s in knee_steps[c]], "overload": overload[c]}
+                    for c in configs},
+        "interrupted": bool(stop.presses),
+    }
+    results["doc_tables"] = doc_tables(results)
+    for table in results["doc_tables"]:
+        print(f"\n{table['title']}\n" + " | ".join(table["columns"]))
+        for cells in table["rows"]:
+            print(" | ".join(cells))
+    if args.results_file is not None:
+        print(f"wrote {record.write(results, args.results_file)}")
+    return 0
+
+
+def _ms(value) -> str:
+    return "–" if value is None else f"{value:.1f}"
+
+
+def _median(values: list) -> float | None:
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return None
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+
+def _spread(values: list, fmt=_ms) -> str:
+    """``M (L–H)`` over rounds, or the single value."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return "–"
+    if len(values) == 1:
+        return fmt(values[0])
+    return f"{fmt(_median(values))} ({fmt(min(values))}–{fmt(max(values))})"
+
+
+def doc_tables(results: dict) -> list[dict]:
+    """For docs/benchmarks.md: the knee per configuration, then the overload steps side by side."""
+    configs = list(results["configs"])
+    slo = f"{results['slo_ms']:g}"
+    knee_rows = []
+    for c in configs:
+        data = results["configs"][c]
+        steps = {s["offered_qps"]: s for s in data["knee_steps"]}
+        cells = "; ".join(f"{rate:g}: {_ms(s['latency_ms'].get('p99'))}" + (f" (shed {s['shed_rate'] * 100:.0f} %)"
+                                                                             if s["shed"] else "")
+                          for rate, s in sorted(steps.items()))
+        knee_rows.append([c, "none" if data["knee_qps"] is None else f"{data['knee_qps']:g}", cells or "–"])
+    overload_rows = []
+    reference = results["reference_knee_qps"]
+    for phase in ("2x", "4x burst"):
+        for c in configs:
+            steps = [s for s in results["configs"][c]["overload"] if s["phase"] == phase]
+            if not steps:
+                continue
+            goodput = [s["goodput_qps"] for s in steps]
+            reasons: dict[str, int] = {}
+            for s in steps:
+                for reason, n in s["shed_reasons"].items():
+                    reasons[reason] = reasons.get(reason, 0) + n
+            overload_rows.append([
+                phase, f"{steps[0]['offered_qps']:g}", c,
+                _spread([s["latency_ms"].get("p99") for s in steps]),
+                _spread(goodput) + f" ({_median(goodput) / reference:.2f}× knee)" if reference else _spread(goodput),
+                _spread([s["shed_rate"] * 100 for s in steps], lambda v: f"{v:.0f} %")
+                + (f" ({', '.join(f'{r} {n}' for r, n in reasons.items())})" if reasons else ""),
+                _spread([s["refusal_ms"].get("p50") for s in steps], lambda v: f"{v:.1f}") + " / "
+                + _spread([s["refusal_ms"].get("p99") for s in steps], lambda v: f"{v:.1f}"),
+                _spread([s["refusal_server_ms"].get("p99") for s in steps], lambda v: f"{v:.2f}"),
+                str(sum(s["errors"] for s in steps))])
+    note = (f"Admission on = the defaults (bounded in-flight queries and queue, deadline = the SLO); off = every query "
+            f"queued. The overload steps offer multiples of admission-on's knee ({reference:g} req/s). P99 is of "
+            f"answered queries only; goodput = answers within {slo} ms per second; refusal = the latency of a query "
+            f"shed at once (queue_full, deadline; expired ones waited until their deadline), as the client saw it "
+            f"(loopback and the generator's own scheduling included) and as the service timed it (arrival stamp to "
+            f"decision, its Server-Timing header); errors = failures and timeouts ({results['rounds']} round(s), "
+            f"median (low–high) when more; load average {results['load_average_before'][0]:.2f} before, "
+            f"{results['load_average_after'][0]:.2f} after).")
+    return [{"title": f"Knee: the highest offered rate with P99 ≤ {slo} ms, errors and shed queries ≤ "
+                      f"{results['max_error_rate'] * 100:g} %, every lower rate meeting it too",
+             "align": "lrl", "columns": ["admission", "knee req/s", "P99 ms per offered rate"], "rows": knee_rows},
+            {"title": f"Overload: admitted P99, goodput, shed queries and refusal latency. {note}",
+             "align": "lrlrrrrrr", "columns": ["step", "offered req/s", "admission", "P99 ms (answered)",
+                                               "goodput req/s", "shed", "refusal P50 / P99 ms (client)",
+                                               "refusal P99 ms (service)", "errors"],
+             "rows": overload_rows}]
+
+
+if __name__ == "__main__":
+    started = time.monotonic()
+    code = main()
+    print(f"took {time.monotonic() - started:.0f} s")
+    sys.exit(code)

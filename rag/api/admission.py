@@ -1,0 +1,256 @@
+"""Admission control: a bounded number of queries in flight, a bounded queue, and deadlines.
+
+A query runs on a worker thread only while it holds one of ``admission.max_in_flight`` slots; up to
+``admission.max_queue`` more wait for one, in arrival order. The decision is taken on the event loop as soon as the
+query's body is parsed, before any thread-pool hop, so a refusal is answered in well under a millisecond of server
+work even when every worker is busy:
+
+- ``queue_full``: the queue is at its bound;
+- ``deadline``: no slot is free and its predicted completion (its wait: the queries ahead of it x the recent time a
+  query holds a slot, per slot; plus its own least time) lies past its deadline (less ``admission.headroom``);
+- ``expired``: it was admitted to the queue but its deadline came before a slot (the prediction was wrong).
+
+Each is a 503 with ``Retry-After`` (the per-key rate limit stays a 429, ``rag.api.access``) and counted by reason
+(``SHED_REASONS``, exported as ``ragheat_requests_shed_total{reason}``). A deadline is ``admission.deadline_ms`` (the
+SLO) from the request's arrival, or tighter: the body's ``timeout_ms`` or the ``X-Request-Timeout-Ms`` header.
+
+Arrival is stamped by ``ArrivalMiddleware`` (the app's outermost), and the time from it to the pipeline's start on
+its worker thread (parsing, the queue, the thread-pool hop) is the ``queue`` stage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import math
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from rag.budget import Budget, ServiceTimes
+from rag.slo import SLO_MS
+
+SHED_REASONS = ("queue_full", "deadline", "expired")
+"""Why a query was shed (closed set; each is also the error kind of its 503)."""
+ARRIVAL_KEY = "arrival_perf"
+"""Where ``ArrivalMiddleware`` leaves the request's arrival (a ``time.perf_counter()`` reading) in the ASGI scope's
+``state``; an outer layer that stamped it first (the connection layer) wins."""
+TIMEOUT_HEADER = "x-request-timeout-ms"
+
+
+class ArrivalMiddleware:
+    """Stamps each HTTP request's arrival as early as the app sees it (the queue stage starts there)."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            scope.setdefault("state", {}).setdefault(ARRIVAL_KEY, time.perf_counter())
+        return await self.app(scope, receive, send)
+
+
+def arrival_of(state) -> float:
+    """The request's arrival from Starlette's ``request.state`` (now, if nothing stamped it)."""
+    return getattr(state, ARRIVAL_KEY, None) or time.perf_counter()
+
+
+def parse_timeout_header(value: str | None, max_ms: float) -> float | None:
+    """``X-Request-Timeout-Ms`` in milliseconds; None when absent. ``ValueError`` with a sentence when it is not a
+    whole number of milliseconds in 1..``max_ms``."""
+    if value is None:
+        return None
+    text = value.strip()
+    if not text.isascii() or not text.isdigit():
+        raise ValueError(f"X-Request-Timeout-Ms: {text[:32]!r} is not a whole number of milliseconds")
+    ms = int(text)
+    if not 1 <= ms <= max_ms:
+        raise ValueError(f"X-Request-Timeout-Ms: {ms} is outside 1..{max_ms:g} ms (admission.max_timeout_ms)")
+    return float(ms)
+
+
+@dataclass(frozen=True)
+class Shed:
+    """A query refused by admission control: ``reason`` (one of ``SHED_REASONS``), a sentence, ``Retry-After``, and
+    how long the service had held it when it decided (from its arrival stamp): sent as ``Server-Timing: queue``,
+    so a client (the load generator) can tell the service's refusal time from the network's and its own."""
+
+    reason: str
+    sentence: str
+    retry_after_s: int
+    held_s: float = 0.0
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after_s), "Server-Timing": f"queue;dur={self.held_s * 1000:.3f}"}
+
+
+class Slot:
+    """A query's place among those in flight; ``release()`` (idempotent, from any thread) hands it to the next."""
+
+    def __init__(self, controller: "AdmissionController | None") -> None:
+        self._controller, self._released = controller, False
+        self.granted = time.perf_counter()
+
+    def release(self) -> None:
+        if self._released or self._controller is None:
+            return
+        self._released = True
+        self._controller._release_threadsafe(self.granted)
+
+    def release_when_done(self, future: asyncio.Future | None) -> None:
+        """Release once ``future`` (a worker running the pipeline) is done; now if there is none."""
+        if future is None:
+            self.release()
+        else:
+            future.add_done_callback(lambda _: self.release())
+
+
+class AdmissionController:
+    """Slots, the queue and the shedding decision (see the module). Its state is touched on the event loop only;
+    ``Slot.release`` from a worker thread hops there. ``listeners`` (telemetry) hear each shed reason."""
+
+    def __init__(self, max_in_flight: int, max_queue: int, times: ServiceTimes, *, enabled: bool = True,
+                 deadline_ms: float = SLO_MS, max_timeout_ms: float = 10_000, degrade: bool = True,
+                 headroom: float = 0.0) -> None:
+        if max_in_flight < 1 or max_queue < 0:
+            raise ValueError(f"admission needs max_in_flight >= 1 and max_queue >= 0, got {max_in_flight} and "
+                             f"{max_queue}")
+        self.max_in_flight, self.max_queue, self.times, self.enabled = max_in_flight, max_queue, times, enabled
+        self.deadline_ms, self.max_timeout_ms = deadline_ms, max_timeout_ms
+        self.degrade, self.headroom = degrade, headroom
+        self.hold_s: float | None = None  # recent time a query held its slot (grant to release, on the event loop)
+        self.in_flight = 0
+        self._waiting: collections.deque[asyncio.Future] = collections.deque()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.counts = dict.fromkeys(SHED_REASONS, 0)
+        self.listeners: list[Callable[[str], None]] = []
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_settings(cls, admission) -> "AdmissionController":
+        return cls(admission.max_in_flight, admission.max_queue,
+                   ServiceTimes(admission.ewma_alpha, admission.estimate_ttl_s), enabled=admission.enabled,
+                   deadline_ms=admission.deadline_ms, max_timeout_ms=admission.max_timeout_ms,
+                   degrade=admission.degrade, headroom=admission.headroom)
+
+    def deadline_s(self, timeout_ms: int | None, header: str | None) -> float:
+        """A query's deadline in seconds: the tighter of the body's ``timeout_ms`` and the ``X-Request-Timeout-Ms``
+        header, else ``admission.deadline_ms``. ``ValueError`` with a sentence when either is out of bounds."""
+        asked = parse_timeout_header(header, self.max_timeout_ms)
+        if timeout_ms is not None:
+            if not 1 <= timeout_ms <= self.max_timeout_ms:
+                raise ValueError(f"timeout_ms: {timeout_ms} is outside 1..{self.max_timeout_ms:g} ms "
+                                 f"(admission.max_timeout_ms)")
+            asked = timeout_ms if asked is None else min(asked, timeout_ms)
+        return (self.deadline_ms if asked is None else asked) / 1000.0
+
+    def observe(self, stages, service_s: float) -> None:
+        """A finished query's stage timings and service time (its worker's, queue excluded)."""
+        self.times.observe(stages, service_s)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def own_s(self) -> float:
+        """What a query will hold its slot for at the least: the recent hold time without the optional stages (which
+        its budget may skip); 0 before anything was measured."""
+        hold = self.hold_s or self.times.service_s or 0.0
+        optional = max(0.0, (self.times.service_s or 0.0) - (self.times.core_s or 0.0))
+        return max(self.times.core_s or 0.0, hold - optional)
+
+    def predicted_s(self, ahead: int) -> float:
+        """Seconds until a query with ``ahead`` queries waiting before it would finish: a slot frees every
+        ``hold / max_in_flight`` on average (hold: the recent time a query held its slot, which counts what the
+        worker's own timing misses: encoding, the hops to and from the event loop), then its own time."""
+        hold = self.hold_s or self.times.service_s or 0.0
+        wait = 0.0 if self.in_flight < self.max_in_flight and ahead == 0 else (ahead + 1) * hold / self.max_in_flight
+        return wait + self.own_s()
+
+    def _shed(self, reason: str, sentence: str, wait_s: float, arrival: float) -> Shed:
+        with self._lock:
+            self.counts[reason] += 1
+        for listener in self.listeners:
+            try:
+                listener(reason)
+            except Exception:  # an observer never fails a request
+                pass
+        return Shed(reason, sentence, max(1, math.ceil(wait_s)), time.perf_counter() - arrival)
+
+    async def acquire(self, arrival: float, deadline_s: float) -> Slot | Shed:
+        """A slot for a query that arrived at ``arrival`` (perf_counter) with ``deadline_s`` to finish, or why not.
+        Returns at once, except while the query waits in the queue."""
+        if not self.enabled:
+            return Slot(None)
+        self._loop = self._loop or asyncio.get_running_loop()
+        while self._waiting and self._waiting[0].done():  # expired or gone: no longer ahead of anyone
+            self._waiting.popleft()
+        # What the service sees of the deadline: less the headroom kept for what it cannot see (the client's side,
+        # the kernel's accept queue, parsing before the arrival stamp).
+        left = deadline_s * (1.0 - self.headroom) - (time.perf_counter() - arrival)
+        if self.in_flight < self.max_in_flight and not self._waiting:
+            # A free slot: nothing to wait for, so nothing to predict; a deadline tighter than the query's own time
+            # is met as well as it can be, by the budget skipping its optional stages.
+            self.in_flight += 1
+            return Slot(self)
+        ahead = len(self._waiting)
+        predicted = self.predicted_s(ahead)
+        if ahead >= self.max_queue:
+            return self._shed("queue_full", f"overloaded: {self.in_flight} queries in flight and {ahead} waiting "
+                                            f"(admission.max_queue); retry later", predicted, arrival)
+        if predicted > left:
+            return self._shed("deadline", self._deadline_sentence(left, ahead), predicted, arrival)
+        waiter = self._loop.create_future()
+        self._waiting.append(waiter)
+        try:
+            # Waits at most until the deadline, less the least it then needs to run.
+            await asyncio.wait_for(asyncio.shield(waiter), max(0.0, left - self.own_s()))
+        except asyncio.TimeoutError:
+            if waiter.done() and not waiter.cancelled():  # granted just as it expired: keep it
+                return Slot(self)
+            waiter.cancel()
+            return self._shed("expired", f"overloaded: the deadline of {deadline_s * 1000:.0f} ms passed while "
+                                         f"the query waited for a slot; retry later",
+                              self.predicted_s(len(self._waiting)), arrival)
+        except BaseException:  # cancelled (the client left): give the slot on if it was granted meanwhile
+            if waiter.done() and not waiter.cancelled():
+                self._release()
+            else:
+                waiter.cancel()
+            raise
+        return Slot(self)
+
+    def _deadline_sentence(self, left: float, ahead: int) -> str:
+        service = (self.hold_s or self.times.service_s or 0.0) * 1000
+        return (f"overloaded: {ahead} queries are waiting for {self.max_in_flight} slots at ~{service:.0f} ms each, so "
+                f"this one would finish after its deadline ({max(left, 0.0) * 1000:.0f} ms left); retry later")
+
+    def _release(self, granted: float | None = None) -> None:
+        """On the event loop: hand the slot to the first query still waiting, or free it."""
+        if granted is not None:
+            held = time.perf_counter() - granted
+            alpha = self.times.alpha
+            self.hold_s = held if self.hold_s is None else self.hold_s + alpha * (held - self.hold_s)
+        while self._waiting:
+            waiter = self._waiting.popleft()
+            if not waiter.done():  # a waiter that expired or left was cancelled
+                waiter.set_result(None)
+                return
+        self.in_flight -= 1
+
+    def _release_threadsafe(self, granted: float | None = None) -> None:
+        loop = self._loop
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if loop is None or running is loop:
+            self._release(granted)
+        else:
+            loop.call_soon_threadsafe(self._release, granted)
+
+    def budget(self, arrival: float, deadline_s: float) -> Budget:
+        """The request's budget for optional stages (all allowed with ``admission.degrade`` off)."""
+        return Budget(arrival + deadline_s, self.times, self.degrade)

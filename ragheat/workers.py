@@ -1,0 +1,128 @@
+"""``ragheat serve --workers N``: N server processes on one port, their metrics aggregated in every scrape.
+
+Each worker is a fresh ``ragheat serve`` process (``--worker i``; not a fork: the model, the index and the telemetry
+start clean in each) whose listening socket is bound with ``SO_REUSEPORT``, so the kernel spreads new connections over
+the workers. The parent only supervises: it makes an empty ``PROMETHEUS_MULTIPROC_DIR`` before any worker starts
+(each worker's ``prometheus_client`` then keeps its values in files there), stops every worker when one dies or when
+it is told to stop, and removes the folder afterwards.
+
+A scrape reaches one worker; that worker answers with a ``MultiProcessCollector`` over the folder, i.e. every worker's
+counters and histograms summed, gauges per worker (``pid`` label), plus its own scrape-time collectors.
+prometheus_client does not keep exemplars in multiprocess mode, so with N > 1 the scrape carries none (OTLP still
+does).
+
+    supervise(["--index", "data/index/scifact", "--port", "8000"], workers=2)   # returns when stopped
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Sequence
+
+from rag.childproc import ChildProcess
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def worker_socket(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port`` that the other workers' sockets share (``SO_REUSEPORT``)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    return sock
+
+
+def worker_argv(argv: Sequence[str]) -> list[str]:
+    """``ragheat serve``'s own arguments without ``--workers`` and ``--prometheus`` (the parent's business)."""
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg == "--workers":
+            skip = True
+            continue
+        if arg.startswith("--workers=") or arg == "--prometheus":
+            continue
+        out.append(arg)
+    return out
+
+
+def supervise(argv: Sequence[str], workers: int, log_dir: Path | None = None) -> int:
+    """Run ``workers`` ``ragheat serve`` workers with ``argv`` until SIGTERM/SIGINT or until one exits; returns the
+    exit code (0 when stopped, else the first failed worker's). A worker binds the port once its index is loaded,
+    so the kernel sends connections only to workers that can answer."""
+    folder = Path(tempfile.mkdtemp(prefix="ragheat-metrics-"))
+    env = {**os.environ, MULTIPROC_ENV: str(folder)}
+    ragheat = str(Path(sys.executable).parent / "ragheat")
+    children = [ChildProcess(f"worker-{i}", [ragheat, "serve", *worker_argv(argv), "--worker", str(i)], env=env,
+                             log_path=None if log_dir is None else log_dir / f"worker-{i}.log",
+                             die_with_parent=True, stop_timeout_s=30)
+                for i in range(1, workers + 1)]
+    stopping: dict = {"signal": None}
+
+    def stop(signum, frame) -> None:
+        stopping["signal"] = signum
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    code = 0
+    try:
+        for child in children:
+            child.start()
+        while stopping["signal"] is None:
+            dead = [c for c in children if not c.alive()]
+            if dead:
+                code = dead[0].process.returncode or 1
+                print(f"ragheat serve: {dead[0].name} exited with code {code}; stopping the other workers",
+                      file=sys.stderr)
+                break
+            time.sleep(0.2)
+    finally:
+        for child in children:
+            child.stop()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        shutil.rmtree(folder, ignore_errors=True)
+    return code
+
+
+class ScrapeRegistry:
+    """What a worker's ``/metrics`` serves: every worker's values from the multiprocess folder (counters and histograms
+    summed, gauges one series per worker with a ``pid`` label), plus what this worker computes at scrape time: its
+    collectors that are not plain metric objects (probes, the engine's folder) and its gauges read through a function
+    (``set_function``: the qps window, the answer cache's size), which report this worker alone."""
+
+    def __init__(self, registry, folder: str) -> None:
+        from prometheus_client import CollectorRegistry
+        from prometheus_client.metrics import Gauge, MetricWrapperBase
+        from prometheus_client.multiprocess import MultiProcessCollector
+
+        self.registry = CollectorRegistry(auto_describe=False)
+        # prometheus_client has no public list of a registry's collectors; this map is what ``unregister`` uses.
+        collectors = list(registry._collector_to_names)
+        functions = [c for c in collectors if isinstance(c, Gauge) and "_child_samples" in vars(c)]
+        own = [c for c in collectors if not isinstance(c, MetricWrapperBase)] + functions
+        self.registry.register(_Without(MultiProcessCollector(None, path=folder), {g._name for g in functions}))
+        for collector in own:
+            self.registry.register(collector)
+
+
+class _Without:
+    """A collector's families except ``names`` (served by this worker's own function gauges instead: one family
+    must not appear twice in a scrape)."""
+
+    def __init__(self, inner, names: set[str]) -> None:
+        self.inner, self.names = inner, names
+
+    def collect(self):
+        return (family for family in self.inner.collect() if family.name not in self.names)

@@ -1,0 +1,75 @@
+"""``ragheat serve --workers 2``: two processes on one port, and every scrape sums both workers' counters."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from prometheus_client.mmap_dict import MmapedDict
+from prometheus_client.parser import text_string_to_metric_families
+
+from rag.childproc import ChildProcess, free_port
+from ragheat.workers import worker_argv
+
+
+def _requests_total(text: str) -> float:
+    return sum(s.value for f in text_string_to_metric_families(text) if f.name == "ragheat_requests"
+               for s in f.samples if s.name == "ragheat_requests_total" and s.labels.get("route") == "/v1/query")
+
+
+def _per_worker(folder: Path) -> dict[str, float]:
+    """Each worker's own count of answered /v1/query requests, read from its file in the multiprocess folder."""
+    counts: dict[str, float] = {}
+    for path in folder.glob("counter_*.db"):
+        total = sum(value for key, value, *_ in MmapedDict.read_all_values_from_file(str(path))
+                    if key.startswith('["ragheat_requests", "ragheat_requests_total"') and '/v1/query' in key)
+        counts[path.stem.removeprefix("counter_")] = total
+    return counts
+
+
+def test_worker_argv_drops_what_the_parent_handles():
+    assert worker_argv(["--index", "x", "--workers", "2", "--prometheus", "--port", "9"]) == ["--index", "x", "--port",
+                                                                                               "9"]
+    assert worker_argv(["--workers=3", "--port", "9"]) == ["--port", "9"]
+
+
+def test_workers_need_a_fixed_port(subset_index):
+    from typer.testing import CliRunner
+
+    from ragheat.cli import app
+
+    result = CliRunner().invoke(app, ["serve", "--index", str(subset_index), "--port", "0", "--workers", "2"])
+    assert result.exit_code != 0 and "--workers > 1 needs a fixed --port" in result.output
+
+
+def test_two_workers_counters_sum_in_one_scrape(subset_index, tmp_path):
+    port = free_port()
+    ragheat = str(Path(sys.executable).parent / "ragheat")
+    url = f"http://127.0.0.1:{port}"
+    with ChildProcess("serve-workers", [ragheat, "serve", "--index", str(subset_index), "--host", "127.0.0.1",
+                                        "--port", str(port), "--workers", "2", "--log-level", "warning"],
+                      log_path=tmp_path / "serve.log", die_with_parent=True,
+                      env={**os.environ, "TMPDIR": str(tmp_path)}) as parent:  # the metrics folder lands here
+        parent.wait_until_ok(f"{url}/readyz", 300)
+        folders = []
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:  # both workers loaded: each has bound the port and made its files
+            folders = list(tmp_path.glob("ragheat-metrics-*"))
+            if folders and len(list(folders[-1].glob("counter_*.db"))) >= 2:
+                break
+            time.sleep(0.5)
+        folder = folders[-1]
+        time.sleep(3)  # a worker makes its files before it binds the port
+        sent = 40
+        for i in range(sent):  # a new connection each time: the kernel spreads connections, not requests
+            with httpx.Client(timeout=30) as client:
+                assert client.post(f"{url}/v1/query", json={"query": f"vitamin D and bone {i}"}).status_code == 200
+        per_worker = _per_worker(folder)
+        assert sum(per_worker.values()) == sent
+        assert sum(1 for n in per_worker.values() if n > 0) == 2, f"one worker served everything: {per_worker}"
+        for _ in range(6):  # whichever worker answers the scrape, it reports both workers' requests
+            with httpx.Client(timeout=30) as client:
+                assert _requests_total(client.get(f"{url}/metrics").text) == sent
