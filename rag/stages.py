@@ -16,6 +16,10 @@ fused candidates by late interaction (rag/rerank), after ``fuse``. ``queue`` is 
 its first stage (admission, the thread pool, a micro-batch); ``cache_lookup`` looks the query's embedding up in the
 semantic answer cache (rag/cache); ``hyde`` has the language model write a hypothetical passage whose embedding
 drives dense retrieval beside the question's own."""
+CONDITIONAL_STAGES = ("link_entities", "route", "retrieve_graph", "cache_lookup", "rerank", "hyde")
+"""Stages only some requests run (the graph, the router, the answer cache, the reranker, HyDE), each with a heatmap of
+its own: their latency series are created at zero, so a board reads "none yet" rather than "no data" where the
+feature is off or idle."""
 RETRIEVERS = ("dense", "bm25", "graph")
 RETRIEVER_CHOICES = RETRIEVERS + ("routed",)
 """What a request or ``retrieval.retrievers`` may name: retrievers (fused when several), or ``routed`` alone."""

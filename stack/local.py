@@ -119,6 +119,7 @@ def _resolve_ports(wanted: dict[str, int], components: list[str]) -> dict[str, i
 
 
 CPU_FIRST_TOKEN_S = 20.0  # generation.first_token_timeout_s for a real model vLLM serves here on the CPU
+CPU_DEADLINE_MS = 30_000.0  # admission.deadline_ms (and max_timeout_ms) for it: generation.deadline_s's default
 WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf")
 DUMMY_WARNING = ("WARNING: --vllm-model dummy: vLLM serves a tiny Llama with RANDOM weights. Its text is noise: the "
                  "support check rejects it and every answer falls back to the extractive one (degraded_reason "
@@ -167,6 +168,10 @@ def answer_plan(options: StackOptions, folder: Path) -> AnswerPlan:
     # A real model on two shared CPU cores takes seconds to prefill a few passages: the API's default first-token
     # wait (sized for a GPU server) would degrade nearly every answer to "slow". The operator's own value wins.
     env.setdefault(gen + "FIRST_TOKEN_TIMEOUT_S", os.environ.get(gen + "FIRST_TOKEN_TIMEOUT_S", str(CPU_FIRST_TOKEN_S)))
+    # Likewise a request's deadline: the SLO would have admission control skip the model for the budget on every
+    # request after the first (docs/reliability.md). The operator's own values win.
+    for field, value in (("DEADLINE_MS", CPU_DEADLINE_MS), ("MAX_TIMEOUT_MS", CPU_DEADLINE_MS)):
+        env.setdefault("RAGHEAT_ADMISSION__" + field, os.environ.get("RAGHEAT_ADMISSION__" + field, str(value)))
     return AnswerPlan(env, f"answers: written by vLLM serving {model} (extractive when it is down or slow, or "
                            f"writes nothing the passages support)", vllm_python=python, vllm_model=str(model))
 

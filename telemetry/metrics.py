@@ -18,7 +18,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from rag.api.access import REJECTION_REASONS
 from rag.api.admission import SHED_REASONS
 from rag.budget import OPTIONAL_STAGES
-from rag.stages import DEGRADED_REASONS, RETRIEVAL_ROUTES, RETRIEVERS, SKIPPABLE_STAGES, STAGES
+from rag.stages import (CONDITIONAL_STAGES, DEGRADED_REASONS, RETRIEVAL_ROUTES, RETRIEVERS, SKIPPABLE_STAGES,
+                        STAGES)
 from telemetry.buckets import (KERNEL_LOG2_SECONDS, LATENCY_SECONDS, RETRIEVED_DOCUMENTS, VLLM_STEP_BLOCKS,
                                VLLM_STEP_TOKENS)
 
@@ -229,6 +230,9 @@ class PrometheusMetrics:
                 self.requests.labels(route, status)
         for stage in STAGES:
             self.stage_errors.labels(stage)
+        for stage in CONDITIONAL_STAGES:  # their heatmaps show zero, not "no data", where the feature is off
+            for qps in self.qps_labels:
+                self.stage_duration.labels(stage, qps, "ok")
         for retriever in RETRIEVERS:
             self.retrieved.labels(retriever)
         for retrieval_route in RETRIEVAL_ROUTES:

@@ -49,6 +49,7 @@ def serve(
     import uvicorn
 
     from ragheat.commands.demo_llm import default_llm_model  # the installed real model, for --generator vllm
+    from rag.slo import SLO_MS
     from ragheat.service import build_service
 
     settings = load_settings(server={"host": host, "port": port, "index_dir": index, "api_keys_file": api_keys_file,
@@ -56,6 +57,12 @@ def serve(
                              generation={"generator": generator, "base_url": llm_url,
                                          "model": llm_model or default_llm_model(generator)})
     metrics_on = telemetry_on and settings.telemetry.metrics
+    if settings.generation.generator != "extractive" and settings.admission.enabled \
+            and settings.admission.deadline_ms <= SLO_MS:
+        # A model on CPU takes seconds; with the SLO as every request's deadline its answers would be skipped.
+        out.print(f"[yellow]note: a request's deadline defaults to the SLO ({settings.admission.deadline_ms:g} ms); "
+                  "the language model is skipped (extractive answer, degraded) when its recent time does not fit. "
+                  "Send timeout_ms / X-Request-Timeout-Ms, or set RAGHEAT_ADMISSION__DEADLINE_MS (docs/reliability.md)[/]")
     if prometheus and not metrics_on:
         _fail("--prometheus needs metrics: drop --no-telemetry and keep telemetry.metrics on")
     if prometheus and settings.server.port == 0:

@@ -323,5 +323,6 @@ def test_injected_delay_fires_the_fast_burn_page_naming_the_stage(alert):
     evidence = re.fullmatch(rf"{DELAYED_STAGE} alone took longer than 420 ms in ([\d.e+-]+) requests/s over 5s, "
                             "more than any other stage", annotations["stage_evidence"])
     assert evidence and float(evidence.group(1)) >= 1.0, annotations["stage_evidence"]
-    assert set(alert.statuses) == {200}, alert.statuses
+    # the delayed service sheds what cannot meet its deadline (503, admission control): answered or shed, no error
+    assert set(alert.statuses) <= {200, 503} and alert.statuses.get(200, 0) > 0, alert.statuses
     print(f"fast-burn page fired {alert.fired_after_s:.1f} s after the delayed service took load")

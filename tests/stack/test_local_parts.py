@@ -156,6 +156,9 @@ def test_a_model_is_named_once_and_must_be_a_real_one(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"")
     plan = answer_plan(StackOptions(tmp_path, tmp_path, vllm_model=str(tmp_path), vllm_python=python), tmp_path)
     assert not plan.warning and str(tmp_path) in plan.line and plan.vllm_model == str(tmp_path)
+    # a real model on the CPU gets deadlines it fits in (the SLO would have admission skip it)
+    assert float(plan.env["RAGHEAT_ADMISSION__DEADLINE_MS"]) >= 10_000
+    assert float(plan.env["RAGHEAT_ADMISSION__MAX_TIMEOUT_MS"]) >= float(plan.env["RAGHEAT_ADMISSION__DEADLINE_MS"])
     with pytest.raises(StackError, match="install_vllm.sh"):
         answer_plan(StackOptions(tmp_path, tmp_path, vllm_model="dummy", vllm_python=tmp_path / "nope"), tmp_path)
     url = answer_plan(StackOptions(tmp_path, tmp_path, llm_url="http://127.0.0.1:9/v1", llm_model="m"), tmp_path)

@@ -57,7 +57,9 @@ def api(settings, subset_index, real_server):
     gen = settings.generation.model_copy(update={"generator": "openai", "base_url": real_server.url, "model": "",
                                                  "max_tokens": 64, "passages": 3, "first_token_timeout_s": 60.0,
                                                  "deadline_s": 180.0})
-    llm_settings = settings.model_copy(update={"generation": gen})
+    # and a deadline the model fits in: with the SLO's, admission would skip it once its first answer was timed
+    admission = settings.admission.model_copy(update={"deadline_ms": 180_000.0, "max_timeout_ms": 180_000.0})
+    llm_settings = settings.model_copy(update={"generation": gen, "admission": admission})
     pipeline = RagPipeline(llm_settings, subset_index)
     pipeline.warm_up()
     with BackgroundServer(create_app(llm_settings, pipeline=pipeline)) as url:
