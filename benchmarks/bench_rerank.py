@@ -164,6 +164,8 @@ def doc_tables(data: dict) -> list[dict]:
         tables.append({"title": f"{len(cv['folds'])}-fold cross-validation on {data.get('cv_set', 'the training set')} "
                                 "(trained on the other folds, scored on the held-out one): nDCG@10",
                        "align": "rrrrr", "columns": ["fold", "queries", "hybrid", "hybrid+rerank", "gain"], "rows": rows})
+        if data.get("train_command"):
+            tables.append({"markdown": f"The folds' training report came from `{data['train_command']}`."})
     if data.get("cross"):
         rows = [[c["name"], str(c["queries"]), f"{c['hybrid']:.4f}", f"{c['rerank']:.4f}",
                  f"{c['gain']:+.4f} ± {c['gain_se']:.4f}", f"{c['better']} / {c['worse']}",
