@@ -44,6 +44,8 @@ RERANK_LATENCY_ARGS=(--queries 200 --rounds 3 --http-queries 200)
 HYDE_ARGS=(--queries 40 --seed 16)          # SciFact train + HotpotQA dev (~6 minutes on busy cores)
 JUDGE_ARGS=(--limit 20 --seed 16)           # 200 pairs per set (~7 minutes)
 ANSWERS_ARGS=(--questions 30 --seed 16 --rates 1,4)  # HotpotQA dev answers, then TTFT at 1 and 4 req/s (~10 minutes)
+TUNE_REAL_ARGS=(--max-num-seqs 1,4 --max-model-len 1024,2048 --block-size 32 --rate 0.5 --duration 20
+                --prompt-tokens 300 --max-tokens 96 --slo-ttft-ms 2000 --slo-e2e-ms 6000)
 CACHE_ARGS=(--rates 40,60,80,100,120,140,160,200,240 --duration 6 --warmup 2 --zipf 1.1)
 CAPACITY_ARGS=(--rates 50:400:50 --duration 10 --warmup 2 --burst 3 --rounds 3)  # ~6-8 minutes
 BATCHING_ARGS=()  # bench_batching.py's defaults: off and windows 0/2 ms x 1/2 run slots, side by side (~5.5 minutes)
@@ -72,6 +74,8 @@ if [ "${SMOKE:-0}" = 1 ]; then
   HYDE_ARGS=(--set "$NAME=$BEIR:$SPLIT:$INDEX")
   JUDGE_ARGS=(--set "$NAME=$BEIR:$SPLIT:$INDEX")
   ANSWERS_ARGS=()  # needs a folder with questions_full.jsonl (HotpotQA): the defaults, 3 questions
+  TUNE_REAL_ARGS=(--max-num-seqs 1 --max-model-len 512 --block-size 32 --rate 1 --duration 2 --prompt-tokens 32
+                  --max-tokens 8 --slo-ttft-ms 2000 --slo-e2e-ms 6000)
   CACHE_ARGS=(--rates 5,10 --duration 1 --warmup 0.5 --pause 0.2 --lookups 200 --lookup-sizes 256,1024)
   CAPACITY_ARGS=(--rates 5,10 --duration 1 --warmup 0.5 --burst 1 --rounds 1)
   BATCHING_ARGS=(--rates 5,10 --duration 1 --warmup 0.5 --c1-duration 1 --c1-rounds 1 --windows off,0 --runs 2)
@@ -177,6 +181,10 @@ step_replicas() { slot bench_replicas.py --index "$INDEX" --queries "$BEIR/queri
                     --work "$LOGS/replicas" --results-file "$RESULTS/replicas.json"; }
 step_hyde() { slot bench_hyde.py "${HYDE_ARGS[@]}" --json "$RESULTS/hyde.json"; }    # starts vLLM on SmolLM2 itself
 step_judge() { slot bench_judge.py "${JUDGE_ARGS[@]}" --json "$RESULTS/judge.json"; }
+step_tune-vllm-real() {  # the same sweep on the real model scripts/install_vllm.sh converts (~6 minutes on 2 cores)
+  "$RH" tune-vllm --model "$MODELS/SmolLM2-135M-Instruct" "${TUNE_REAL_ARGS[@]}" --out "$LOGS/tune-vllm-real" \
+    --results-file "$RESULTS/tune-vllm-real.json"
+}
 step_vllm-ttft() { "$PY" benchmarks/bench_vllm_ttft.py --index "$INDEX" --beir "$BEIR" "${TTFT_ARGS[@]}" \
                      --json "$RESULTS/vllm-ttft.json"; }
 step_render() {
@@ -185,7 +193,7 @@ step_render() {
 }
 
 ALL=(ingest eval eval-fp32 fusion query telemetry telemetry-recording loadgen knee ann probes tune-vllm
-     embedding graph vllm-ttft rerank rerank-latency cache capacity batching replicas answers hyde judge render)
+     tune-vllm-real embedding graph vllm-ttft rerank rerank-latency cache capacity batching replicas answers hyde judge render)
 if [ "${1:-}" = --list ]; then printf '%s\n' "${ALL[@]}"; exit 0; fi
 steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=("${ALL[@]}")

@@ -251,6 +251,11 @@ def tune_vllm(results: Mapping[str, dict]) -> dict:
     }
 
 
+def tune_vllm_real(results: Mapping[str, dict]) -> dict:
+    """The same sweep on the real model (``tune-vllm-real``)."""
+    return tune_vllm({"tune-vllm": results["tune-vllm-real"]})
+
+
 def _axes_sentence(cells: list[dict]) -> str:
     """Which setting decides whether a cell meets the SLO: one that changes the outcome with the other held fixed."""
     ok = {(c["max_num_seqs"], c["max_model_len"], c["block_size"]): c["meets_slo"] for c in cells}

@@ -18,6 +18,7 @@ STEPS = {
     # slots: benchmarks being written by others (see benchmarks/README.md, "Adopting the results file")
     "embedding": "embedding", "graph": "graph", "rerank": "rerank", "rerank-latency": "rerank-latency", "cache": "cache", "answers": "answers",
     "vllm-ttft": "vllm-ttft", "hyde": "hyde", "judge": "judge", "capacity": "capacity", "batching": "batching",
+    "tune-vllm-real": "tune-vllm-real",
     "replicas": "replicas",
 }
 
@@ -41,6 +42,7 @@ SECTIONS = (
     Section("ann", ("ann",), capacity.ann, required=True),
     Section("probes", ("probes",), capacity.probes, required=True),
     Section("tune-vllm", ("tune-vllm",), capacity.tune_vllm, required=True),
+    Section("tune-vllm-real", ("tune-vllm-real",), capacity.tune_vllm_real, required=False),
     Section("vllm-ttft", ("vllm-ttft",), extra.vllm_ttft, required=True),
     Section("answers", ("answers",), None, required=False),
     Section("hyde", ("hyde",), None, required=False),
