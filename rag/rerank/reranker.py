@@ -12,7 +12,7 @@ import numpy as np
 
 from rag.rerank.features import RerankQuery, candidate_features
 from rag.rerank.head import DEFAULT_HEAD, RerankHead
-from rag.rerank.maxsim import maxsim
+from rag.rerank.maxsim import limit_blas_threads, maxsim
 from rag.rerank.store import TokenVectors, load_token_vectors
 from rag.types import Hit, RerankResult
 
@@ -56,6 +56,7 @@ def load_reranker(folder: Path, manifest: dict, head_path: Path | None = None,
                   candidates: int = 50) -> LateInteractionReranker:
     """The reranker for the generation in ``folder``: its head (``DEFAULT_HEAD`` unless named) and stored token
     vectors; ``IndexLoadError`` when the generation has none or they were projected by another head."""
+    limit_blas_threads()  # MaxSim's product on the request's own thread (rag/rerank/maxsim.py says why)
     head = RerankHead.load(head_path or DEFAULT_HEAD)
     vectors = load_token_vectors(folder, manifest.get("rerank"), head, manifest["counts"]["chunks"])
     return LateInteractionReranker(head, vectors, candidates)
