@@ -15,7 +15,8 @@ from loadgen.stats import StepResult, find_knee
 
 def prometheus_stage_percentiles(prometheus_url: str, window_s: float, at: float) -> dict:
     """Per-stage P50/P90/P99/P99.9 (ms) over the last ``window_s`` before ``at``, from the service's own
-    histograms as Prometheus scraped them (bucket-interpolated, so coarser than per-response timings)."""
+    histograms as Prometheus scraped them (bucket-interpolated, so coarser than per-response timings); only the
+    stages that ran in the window."""
     import httpx
 
     from loadgen.stats import PERCENTILES
@@ -32,7 +33,8 @@ def prometheus_stage_percentiles(prometheus_url: str, window_s: float, at: float
         for series in body["data"]["result"]:
             value = float(series["value"][1])
             out.setdefault(series["metric"].get("stage", "?"), {})[name] = value * 1000 if value == value else None
-    return out
+    # A stage with no observation in the window (its series exist from the start, at zero) did not run in it.
+    return {stage: p for stage, p in out.items() if any(v is not None for v in p.values())}
 
 
 def run_sweep(url: str, queries: Sequence[str], *, mode: str, levels: Sequence[float], duration_s: float,
