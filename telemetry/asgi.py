@@ -1,8 +1,9 @@
 """Wiring into the web app: a pure-ASGI middleware around the query routes and ``GET /metrics``.
 
 The routes attach one typed ``rag.types.RequestRecord`` to the request (``request.state.rag``: the query,
-``top_k``, then the result or the error that ended it); the middleware reads it when the response is complete,
-so the API code never calls telemetry and a telemetry failure can never fail a request.
+``top_k``, then the result or the error that ended it); the middleware reads it as the response's last bytes go
+out (or when the app ends without them), so the API code never calls telemetry and a telemetry failure can never
+fail a request.
 """
 
 from __future__ import annotations
@@ -29,19 +30,30 @@ class TelemetryMiddleware:
                          if k in (b"traceparent", b"tracestate")}
         request_scope = self.telemetry.start(scope["path"], trace_headers or None)
         status = 500  # if the app dies before sending a status line, that is what the client sees
+        finished = False
+
+        def finish() -> None:
+            nonlocal finished
+            if not finished:
+                finished = True
+                # Absent when the request never reached a route (unreadable JSON, a body over the limit).
+                record = (scope.get("state") or {}).get(REQUEST_RECORD_KEY) or RequestRecord()
+                self.telemetry.finish(request_scope, status, record)
 
         async def send_with_status(message):
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                # Recorded before the last bytes go out: a client that has read the whole response and then scrapes
+                # /metrics finds its request counted (a stream's ``done`` event included).
+                finish()
             await send(message)
 
         try:
             await self.app(scope, receive, send_with_status)
         finally:
-            # Absent when the request never reached a route (unreadable JSON, a body over the limit).
-            record = (scope.get("state") or {}).get(REQUEST_RECORD_KEY) or RequestRecord()
-            self.telemetry.finish(request_scope, status, record)
+            finish()
 
 
 def metrics_endpoint(telemetry: Telemetry):
