@@ -33,8 +33,8 @@ from loadgen.resultsfile import BenchmarkRun  # noqa: E402
 from loadgen.runner import (DEFAULT_QUERIES, StopSignals, closed_loop, load_queries, open_loop,  # noqa: E402
                             run, shuffled)
 from loadgen.stats import find_knee  # noqa: E402
-from rag.childproc import ChildProcess, free_port  # noqa: E402
 from rag.slo import SLO_MS  # noqa: E402
+from stack.servers import ServeFleet  # noqa: E402
 
 MAX_ERROR_RATE = 0.001  # the knee's error allowance, as `ragheat bench`
 SATURATED_ERRORS = 0.10
@@ -83,40 +83,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-class Servers:
-    """One server per configuration, loading side by side, stopped at the end."""
-
-    def __init__(self, args: argparse.Namespace, work: Path) -> None:
-        self.args, self.work = args, work
-        self.children: list[ChildProcess] = []
-        self.urls: dict[str, str] = {}
-
-    def __enter__(self) -> "Servers":
-        try:
-            ragheat = str(Path(sys.executable).parent / "ragheat")
-            for name, batch, wait, runs in self.args.configs:
-                port = free_port()
-                env = {**os.environ, "RAGHEAT_EMBEDDING__QUERY_BATCH_MAX": str(batch),
-                       "RAGHEAT_EMBEDDING__QUERY_BATCH_WAIT_MS": str(wait),
-                       "RAGHEAT_EMBEDDING__QUERY_BATCH_RUNS": str(runs)}
-                child = ChildProcess(f"api-{name}", [ragheat, "serve", "--index", str(self.args.index.resolve()),
-                                                     "--host", "127.0.0.1", "--port", str(port), "--log-level",
-                                                     "warning"],
-                                     env=env, log_path=self.work / f"api-{name}.log", die_with_parent=True).start()
-                self.children.append(child)
-                self.urls[name] = f"http://127.0.0.1:{port}"
-            for child, url in zip(self.children, self.urls.values()):
-                child.wait_until_ok(f"{url}/readyz", self.args.ready_timeout)
-        except BaseException:
-            self.__exit__()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for child in reversed(self.children):
-            child.stop()
-
-
 def _stage_p50(step, name: str) -> float | None:
     value = (step.stages_ms.get(name) or {}).get("p50")
     return None if value is None else round(value, 3)
@@ -150,7 +116,11 @@ def main(argv: list[str] | None = None) -> int:
     steps: dict[str, list] = {n: [] for n in names}
     c1: dict[str, list] = {n: [] for n in names}
     stopped: dict[str, str] = {}
-    with Servers(args, work) as servers, StopSignals() as stop:
+    fleet = {name: ((), {"RAGHEAT_EMBEDDING__QUERY_BATCH_MAX": str(batch),
+                         "RAGHEAT_EMBEDDING__QUERY_BATCH_WAIT_MS": str(wait),
+                         "RAGHEAT_EMBEDDING__QUERY_BATCH_RUNS": str(runs)})
+             for name, batch, wait, runs in args.configs}
+    with ServeFleet(args.index, fleet, work, args.ready_timeout) as servers, StopSignals() as stop:
         for r in range(args.c1_rounds):  # the quiet case first, on a machine the sweep has not yet heated
             for name in names[r % len(names):] + names[:r % len(names)]:
                 step = run(closed_loop(servers.urls[name] + "/v1/query", texts, 1, args.c1_duration, 1.0,

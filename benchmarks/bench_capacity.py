@@ -36,8 +36,8 @@ from loadgen.arrivals import parse_rates  # noqa: E402
 from loadgen.resultsfile import BenchmarkRun  # noqa: E402
 from loadgen.runner import StopSignals, open_loop, run, shuffled  # noqa: E402
 from loadgen.stats import find_knee  # noqa: E402
-from rag.childproc import ChildProcess, free_port  # noqa: E402
 from rag.slo import SLO_MS  # noqa: E402
+from stack.servers import ServeFleet  # noqa: E402
 
 CONFIGS = {"on": {}, "off": {"RAGHEAT_ADMISSION__ENABLED": "false", "RAGHEAT_ADMISSION__DEGRADE": "false"}}
 MAX_ERROR_RATE = 0.001  # the knee's allowance, as `ragheat bench`
@@ -84,38 +84,6 @@ def train_claims(path: Path) -> list[str]:
     return load_queries(path)
 
 
-class Services:
-    """One ``ragheat serve`` per configuration, loaded side by side."""
-
-    def __init__(self, args: argparse.Namespace, work: Path) -> None:
-        self.args, self.work = args, work
-        self.children: list[ChildProcess] = []
-        self.urls: dict[str, str] = {}
-
-    def __enter__(self) -> "Services":
-        try:
-            ragheat = str(Path(sys.executable).parent / "ragheat")
-            for name, env in CONFIGS.items():
-                port = free_port()
-                child = ChildProcess(f"api-{name}", [ragheat, "serve", "--index", str(self.args.index.resolve()),
-                                                     "--host", "127.0.0.1", "--port", str(port), "--log-level",
-                                                     "warning"],
-                                     log_path=self.work / f"api-{name}.log", env={**os.environ, **env},
-                                     die_with_parent=True).start()
-                self.children.append(child)
-                self.urls[name] = f"http://127.0.0.1:{port}"
-            for child, url in zip(self.children, self.urls.values()):
-                child.wait_until_ok(url + "/readyz", self.args.ready_timeout)
-        except BaseException:
-            self.__exit__()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for child in reversed(self.children):
-            child.stop()
-
-
 def row(step, phase: str) -> dict:
     return {"phase": phase, "offered_qps": step.offered_qps, "duration_s": step.duration_s,
             "requests": step.requests, "achieved_qps": round(step.achieved_qps, 2),
@@ -138,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     overload: dict[str, list[dict]] = {c: [] for c in configs}
     stopped: dict[str, str] = {}
     load_before = os.getloadavg()
-    with Services(args, work) as services, StopSignals() as stop:
+    fleet = {name: ((), env) for name, env in CONFIGS.items()}
+    with ServeFleet(args.index, fleet, work, args.ready_timeout) as services, StopSignals() as stop:
         def measure(config: str, rate: float, duration: float, warmup: float, seed: int):
             step = run(open_loop(services.urls[config] + "/v1/query", texts, rate, duration, warmup, seed=seed,
                                  timeout_s=args.timeout, slo_ms=args.slo_ms), stop)

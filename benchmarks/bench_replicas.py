@@ -4,17 +4,20 @@ Three ways to serve the same index, measured side by side in one run with the pr
 (Poisson arrivals, latency from the intended send time, loadgen/runner.py):
 
 - ``direct-1``: one ``ragheat serve``, no proxy (what ``ragheat bench`` measures);
+- ``workers-2``: one ``ragheat serve --workers 2``: two worker processes on one port (SO_REUSEPORT, the kernel
+  spreading connections), no proxy;
 - ``nginx-1``: the same replica behind nginx: the proxy's own cost (an extra loopback hop, nginx's CPU);
 - ``nginx-2``: two replicas behind nginx (stack/nginx.py's config: least_conn, keepalive), as
   ``ragheat stack up --replicas 2`` runs them.
 
-The two replicas and both nginx instances run for the whole benchmark, and every rate is measured for each
-configuration in turn (the order rotating from rate to rate), so slow drift of the machine lands on all three alike.
+Every server and both nginx instances run for the whole benchmark, and every rate is measured for each
+configuration in turn (the order rotating from rate to rate), so slow drift of the machine lands on all alike; with
+``--rounds N`` the whole ascending sweep is repeated N times and each configuration's knee is reported per round.
 A configuration whose P99 passes ``--stop-factor`` times the SLO (or whose errors pass 10 %) is not offered higher
 rates: past its knee it only queues. Report: P50/P99 per rate and the knee (the highest rate meeting the SLO with
 every lower rate meeting it) per configuration.
 
-On a machine with two cores shared with the load generator, two replicas compete with each other, nginx and the
+On a machine with two cores shared with the load generator, two processes compete with each other, nginx and the
 generator for the same cores: they may not beat one. The figures say what was measured, not what was hoped.
 
     .venv/bin/python benchmarks/bench_replicas.py --index data/index/scifact \\
@@ -24,7 +27,9 @@ generator for the same cores: they may not beat one. The figures say what was me
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -39,8 +44,9 @@ from loadgen.stats import find_knee  # noqa: E402
 from rag.childproc import ChildProcess, free_port  # noqa: E402
 from rag.slo import SLO_MS  # noqa: E402
 from stack import nginx  # noqa: E402
+from stack.servers import ServeFleet  # noqa: E402
 
-CONFIGS = ("direct-1", "nginx-1", "nginx-2")
+CONFIGS = ("direct-1", "workers-2", "nginx-1", "nginx-2")
 MAX_ERROR_RATE = 0.001  # the knee's error allowance, as `ragheat bench`
 SATURATED_ERRORS = 0.10  # past this error share a configuration is not offered higher rates
 
@@ -54,6 +60,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--duration", type=float, default=5.0, help="measured seconds per step")
     p.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds before each step")
     p.add_argument("--configs", default=",".join(CONFIGS), help=f"which of {', '.join(CONFIGS)}")
+    p.add_argument("--rounds", type=int, default=1, help="repeat the whole sweep this many times (a knee per round)")
     p.add_argument("--slo-ms", type=float, default=SLO_MS, help="P99 objective for the knee")
     p.add_argument("--stop-factor", type=float, default=5.0,
                    help="stop offering a configuration more once its P99 passes this many SLOs")
@@ -73,56 +80,53 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 class Services:
-    """The replicas (as many as the configurations need) and one nginx per balanced configuration."""
+    """The ``ragheat serve`` processes the configurations need (loading side by side) and one nginx per balanced
+    configuration; ``urls[config]``."""
 
     def __init__(self, args: argparse.Namespace, work: Path) -> None:
         self.args, self.work = args, work
-        self.children: list[ChildProcess] = []
+        self.stack = contextlib.ExitStack()
         self.urls: dict[str, str] = {}
 
     def __enter__(self) -> "Services":
         try:
             self._start()
         except BaseException:
-            self.__exit__()
+            self.stack.close()
             raise
         return self
 
     def _start(self) -> None:
-        ragheat = str(Path(sys.executable).parent / "ragheat")
-        count = 2 if "nginx-2" in self.args.configs else 1
-        replicas = []
-        for i in range(1, count + 1):
-            port = free_port()
-            child = ChildProcess(f"api-{i}", [ragheat, "serve", "--index", str(self.args.index.resolve()), "--host",
-                                              "127.0.0.1", "--port", str(port), "--log-level", "warning"],
-                                 log_path=self.work / f"api-{i}.log", die_with_parent=True).start()
-            self.children.append(child)
-            replicas.append(f"127.0.0.1:{port}")
-        for child, address in zip(self.children, replicas):  # loading side by side
-            child.wait_until_ok(f"http://{address}/readyz", self.args.ready_timeout)
-        self.urls["direct-1"] = f"http://{replicas[0]}"
+        serves: dict[str, tuple[tuple[str, ...], dict]] = {"api-1": ((), {})}
+        if "nginx-2" in self.args.configs:
+            serves["api-2"] = ((), {})
+        if "workers-2" in self.args.configs:
+            serves["workers-2"] = (("--workers", "2"), {})
+        fleet = self.stack.enter_context(ServeFleet(self.args.index, serves, self.work, self.args.ready_timeout))
+        self.urls["direct-1"] = fleet.urls["api-1"]
+        if "workers-2" in fleet.urls:
+            self.urls["workers-2"] = fleet.urls["workers-2"]
+        replicas = [fleet.urls[name].removeprefix("http://") for name in ("api-1", "api-2") if name in fleet.urls]
         binary = nginx.nginx_binary() if any(c.startswith("nginx") for c in self.args.configs) else None
         for name, upstreams in (("nginx-1", replicas[:1]), ("nginx-2", replicas[:2])):
             if name not in self.args.configs:
                 continue
             listen = f"127.0.0.1:{free_port()}"
             config = nginx.write_local_config(self.work / name, listen, upstreams)
-            child = ChildProcess(name, nginx.argv(config, binary), log_path=self.work / f"{name}.log",
-                                 die_with_parent=True).start()
-            self.children.append(child)
+            child = self.stack.enter_context(ChildProcess(name, nginx.argv(config, binary),
+                                                          log_path=self.work / f"{name}.log", die_with_parent=True))
             child.wait_until_ok(f"http://{listen}/readyz", 30)  # through nginx to a replica
             self.urls[name] = f"http://{listen}"
 
     def __exit__(self, *exc) -> None:
-        for child in reversed(self.children):
-            child.stop()
+        self.stack.close()
 
 
 def summary_row(step) -> dict:
     return {"offered_qps": step.offered_qps, "achieved_qps": round(step.achieved_qps, 2), "requests": step.requests,
-            "errors": step.errors, "error_rate": round(step.error_rate, 5), "interrupted": step.interrupted,
-            "latency_ms": step.latency_ms, "send_error_ms": step.send_error_ms}
+            "errors": step.errors, "error_rate": round(step.error_rate, 5), "shed": step.shed,
+            "shed_rate": round(step.shed_rate, 5), "goodput_qps": round(step.goodput_qps, 2),
+            "interrupted": step.interrupted, "latency_ms": step.latency_ms, "send_error_ms": step.send_error_ms}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,31 +138,42 @@ def main(argv: list[str] | None = None) -> int:
     rates = parse_rates(args.rates)
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-replicas-"))
     work.mkdir(parents=True, exist_ok=True)
-    steps: dict[str, list] = {c: [] for c in args.configs}
-    stopped: dict[str, str] = {}
+    rounds: list[dict[str, list]] = []
+    stopped: list[dict[str, str]] = []
+    load_before = os.getloadavg()
     with Services(args, work) as services, StopSignals() as stop:
-        for i, rate in enumerate(rates):
-            order = args.configs[i % len(args.configs):] + args.configs[:i % len(args.configs)]
-            for config in order:
-                if config in stopped or stop.presses:
-                    continue
-                step = run(open_loop(services.urls[config] + "/v1/query", texts, rate, args.duration, args.warmup,
-                                     seed=i, timeout_s=args.timeout), stop)
-                if step is None:
-                    break
-                steps[config].append(step)
-                p99 = step.latency_ms.get("p99")
-                print(f"{config:9s} {rate:7g} req/s  achieved {step.achieved_qps:7.1f}  P50 "
-                      f"{step.latency_ms.get('p50') or float('nan'):8.1f} ms  P99 {p99 or float('nan'):8.1f} ms  "
-                      f"errors {step.errors}", flush=True)
-                if p99 is None or p99 > args.stop_factor * args.slo_ms or step.error_rate > SATURATED_ERRORS:
-                    stopped[config] = f"saturated at {rate:g} req/s (P99 {p99} ms, error rate {step.error_rate:.3f})"
+        for r in range(args.rounds):
+            rounds.append({c: [] for c in args.configs})
+            stopped.append({})
+            for i, rate in enumerate(rates):
+                shift = (i + r) % len(args.configs)
+                for config in args.configs[shift:] + args.configs[:shift]:
+                    if config in stopped[r] or stop.presses:
+                        continue
+                    step = run(open_loop(services.urls[config] + "/v1/query", texts, rate, args.duration,
+                                         args.warmup, seed=1000 * r + i, timeout_s=args.timeout), stop)
+                    if step is None:
+                        break
+                    rounds[r][config].append(step)
+                    p99 = step.latency_ms.get("p99")
+                    print(f"round {r + 1} {config:9s} {rate:7g} req/s  achieved {step.achieved_qps:7.1f}  P50 "
+                          f"{step.latency_ms.get('p50') or float('nan'):8.1f} ms  P99 {p99 or float('nan'):8.1f} ms  "
+                          f"errors {step.errors}  shed {step.shed}", flush=True)
+                    if (p99 is None or p99 > args.stop_factor * args.slo_ms or step.error_rate > SATURATED_ERRORS
+                            or step.shed_rate > SATURATED_ERRORS):
+                        stopped[r][config] = (f"saturated at {rate:g} req/s (P99 {p99} ms, error rate "
+                                              f"{step.error_rate:.3f}, shed {step.shed_rate:.3f})")
     results = {
         "slo_ms": args.slo_ms, "max_error_rate": MAX_ERROR_RATE, "duration_s": args.duration, "warmup_s": args.warmup,
         "rates": rates, "queries_file": str(queries_file) if queries_file else None, "queries": len(texts),
-        "index": str(args.index), "cores": os.cpu_count(),
-        "configs": {c: {"knee_qps": find_knee(steps[c], args.slo_ms, MAX_ERROR_RATE),
-                        "stopped": stopped.get(c), "steps": [summary_row(s) for s in steps[c]]}
+        "index": str(args.index), "cores": os.cpu_count(), "rounds": len(rounds),
+        "load_average_before": load_before, "load_average_after": os.getloadavg(),
+        "configs": {c: {"knee_qps": _median([find_knee(rnd[c], args.slo_ms, MAX_ERROR_RATE) for rnd in rounds]),
+                        "knees_qps": [find_knee(rnd[c], args.slo_ms, MAX_ERROR_RATE) for rnd in rounds],
+                        "stopped": "; ".join(f"round {r + 1}: {s[c]}" for r, s in enumerate(stopped) if c in s)
+                                   or None,
+                        "steps": [summary_row(s) for s in rounds[0][c]] if rounds else [],
+                        "rounds": [[summary_row(s) for s in rnd[c]] for rnd in rounds]}
                     for c in args.configs},
         "interrupted": bool(stop.presses),
     }
@@ -183,16 +198,28 @@ def doc_tables(results: dict) -> list[dict]:
             s = by_rate[rate].get(c)
             row.append("not offered (saturated)" if s is None else
                        f"{_ms(s['latency_ms'].get('p50'))} / {_ms(s['latency_ms'].get('p99'))} "
-                       f"({s['achieved_qps']:.0f}/s" + (f", {s['errors']} errors)" if s["errors"] else ")"))
+                       f"({s['achieved_qps']:.0f}/s" + (f", {s['errors']} errors" if s["errors"] else "")
+                       + (f", {s['shed']} shed)" if s.get("shed") else ")"))
         rows.append(row)
-    knees = [[c, "none" if results["configs"][c]["knee_qps"] is None else f"{results['configs'][c]['knee_qps']:g}",
+    knees = [[c, _knee(results["configs"][c]["knee_qps"]),
+              ", ".join(_knee(k) for k in results["configs"][c].get("knees_qps", [results["configs"][c]["knee_qps"]])),
               results["configs"][c]["stopped"] or "–"] for c in configs]
     slo = f"{results['slo_ms']:g}"
-    return [{"title": "P50 / P99 latency in ms (achieved req/s), per offered rate", "align": "r" + "r" * len(configs),
-             "columns": ["offered req/s", *configs], "rows": rows},
-            {"title": f"Knee: the highest offered rate with P99 ≤ {slo} ms and errors ≤ "
-                      f"{results['max_error_rate'] * 100:g} %, every lower rate meeting it too",
-             "align": "lrl", "columns": ["configuration", "knee req/s", "stopped"], "rows": knees}]
+    first = " (the first round)" if results.get("rounds", 1) > 1 else ""
+    return [{"title": f"P50 / P99 latency in ms (achieved req/s), per offered rate{first}",
+             "align": "r" + "r" * len(configs), "columns": ["offered req/s", *configs], "rows": rows},
+            {"title": f"Knee: the highest offered rate with P99 ≤ {slo} ms and errors and shed each ≤ "
+                      f"{results['max_error_rate'] * 100:g} %, every lower rate meeting it too (median of rounds)",
+             "align": "lrll", "columns": ["configuration", "knee req/s", "per round", "stopped"], "rows": knees}]
+
+
+def _knee(value) -> str:
+    return "none" if value is None else f"{value:g}"
+
+
+def _median(knees: list) -> float | None:
+    """The median knee of the rounds; a round with no knee (the lowest rate failed) counts as 0."""
+    return statistics.median(k or 0.0 for k in knees) if knees else None
 
 
 def print_table(results: dict) -> None:

@@ -35,7 +35,7 @@ QUERY_ARGS=(--queries 300 --rounds 3)
 TELEMETRY_ARGS=(--rounds 12 --round-s 5)
 LOADGEN_ARGS=(--rates 500,1000,2000,2500,3000 --duration 5)
 KNEE_ARGS=(--rates 50,100,150,200,250,300 --duration 6 --warmup 2)
-REPLICAS_ARGS=(--rates 50,100,150,200,250,300 --duration 5 --warmup 2)  # 3 configurations side by side: ~4 minutes
+REPLICAS_ARGS=(--rates 50,100,150,200,250,300 --duration 5 --warmup 2 --rounds 3)  # 4 configurations side by side, 3 sweeps: ~8 minutes
 ANN_ARGS=()
 PROBES_ARGS=(--rounds 12 --round-s 4)
 FUSION_ARGS=()
@@ -44,6 +44,8 @@ RERANK_LATENCY_ARGS=(--queries 200 --rounds 3 --http-queries 200)
 HYDE_ARGS=(--queries 40 --seed 16)          # SciFact train + HotpotQA dev (~6 minutes on busy cores)
 JUDGE_ARGS=(--limit 20 --seed 16)           # 200 pairs per set (~7 minutes)
 ANSWERS_ARGS=(--questions 30 --seed 16 --rates 1,4)  # HotpotQA dev answers, then TTFT at 1 and 4 req/s (~10 minutes)
+BOARDS_LLM_ARGS=(--rates 0.25,0.5,1 --duration 60 --warmup 5 --timeout 60)  # the real model's pace (~4 minutes)
+BOARDS_LLM_OUT=docs/images/dashboards
 TUNE_REAL_ARGS=(--max-num-seqs 1,4 --max-model-len 1024,2048 --block-size 32 --rate 0.5 --duration 20
                 --prompt-tokens 300 --max-tokens 96 --slo-ttft-ms 2000 --slo-e2e-ms 6000)
 CACHE_ARGS=(--rates 40,60,80,100,120,140,160,200,240 --duration 6 --warmup 2 --zipf 1.1)
@@ -77,6 +79,8 @@ if [ "${SMOKE:-0}" = 1 ]; then
   TUNE_REAL_ARGS=(--max-num-seqs 1 --max-model-len 512 --block-size 32 --rate 1 --duration 2 --prompt-tokens 32
                   --max-tokens 8 --slo-ttft-ms 2000 --slo-e2e-ms 6000)
   CACHE_ARGS=(--rates 5,10 --duration 1 --warmup 0.5 --pause 0.2 --lookups 200 --lookup-sizes 256,1024)
+  BOARDS_LLM_ARGS=(--rates 1 --duration 2 --warmup 0 --timeout 60)
+  BOARDS_LLM_OUT=$LOGS/boards-llm
   CAPACITY_ARGS=(--rates 5,10 --duration 1 --warmup 0.5 --burst 1 --rounds 1)
   BATCHING_ARGS=(--rates 5,10 --duration 1 --warmup 0.5 --c1-duration 1 --c1-rounds 1 --windows off,0 --runs 2)
   TUNE_ARGS=(--max-num-seqs 1,4 --max-model-len 256 --block-size 32 --rate 5 --duration 2
@@ -185,6 +189,22 @@ step_tune-vllm-real() {  # the same sweep on the real model scripts/install_vllm
   "$RH" tune-vllm --model "$MODELS/SmolLM2-135M-Instruct" "${TUNE_REAL_ARGS[@]}" --out "$LOGS/tune-vllm-real" \
     --results-file "$RESULTS/tune-vllm-real.json"
 }
+step_boards-llm() {  # the vLLM and Kernel boards' pictures under the real model: `stack up` (vLLM serving SmolLM2,
+  # the probes as root), open-loop load at the model's pace, then a snapshot of the last minutes (~8 minutes)
+  local folder="$LOGS/boards-llm-stack" api prom minutes
+  api=$("$PY" -c 'from rag.childproc import free_port; print(free_port())')
+  prom=$("$PY" -c 'from rag.childproc import free_port; print(free_port())')
+  "$RH" stack up --index "$INDEX" --folder "$folder" --vllm-model "$MODELS/SmolLM2-135M-Instruct" --api-port "$api" \
+    --prometheus-port "$prom" --alertmanager-port 0 --alert-receiver-port 0 --vllm-port 0 --probes-port 0 || return 1
+  # shellcheck disable=SC2064
+  trap "\"$RH\" stack down --folder \"$folder\" >/dev/null 2>&1 || true" EXIT  # each step runs in its own subshell
+  "$RH" bench --url "http://127.0.0.1:$api" "${BOARDS_LLM_ARGS[@]}" --queries "$BEIR/queries.jsonl" \
+    --out "$LOGS/boards-llm-bench" || return 1
+  minutes=$("$PY" -c 'import json, sys; d = json.load(open(sys.argv[1])); print(max(1, round(sum(s["duration_s"] + d["warmup_s"] for s in d["steps"]) / 60 + 0.5)))' \
+    "$LOGS/boards-llm-bench/results.json")
+  "$RH" dashboards snapshot --prometheus "http://127.0.0.1:$prom" --out "$BOARDS_LLM_OUT" --minutes "$minutes" \
+    --rate-window 1m --step 5 --boards vllm,kernel
+}
 step_vllm-ttft() { "$PY" benchmarks/bench_vllm_ttft.py --index "$INDEX" --beir "$BEIR" "${TTFT_ARGS[@]}" \
                      --json "$RESULTS/vllm-ttft.json"; }
 step_render() {
@@ -193,7 +213,7 @@ step_render() {
 }
 
 ALL=(ingest eval eval-fp32 fusion query telemetry telemetry-recording loadgen knee ann probes tune-vllm
-     tune-vllm-real embedding graph vllm-ttft rerank rerank-latency cache capacity batching replicas answers hyde judge render)
+     tune-vllm-real boards-llm embedding graph vllm-ttft rerank rerank-latency cache capacity batching replicas answers hyde judge render)
 if [ "${1:-}" = --list ]; then printf '%s\n' "${ALL[@]}"; exit 0; fi
 steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=("${ALL[@]}")

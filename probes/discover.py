@@ -52,8 +52,9 @@ def listening_ports(pid: int, proc: Path = Path("/proc")) -> list[int]:
     return sorted({port for inode in socket_inodes(pid, proc) for port in sockets.get(inode, ())})
 
 
-def pid_for_url(url: str, proc: Path = Path("/proc")) -> tuple[int, int]:
-    """(pid, port) of the local process listening on ``url``'s port; a sentence when there is none or several."""
+def pids_for_url(url: str, proc: Path = Path("/proc")) -> tuple[list[int], int]:
+    """(pids, port) of the local processes listening on ``url``'s port: one service, or the workers of one
+    (``ragheat serve --workers N``: each binds the port, SO_REUSEPORT); a sentence when there is none."""
     parts = urlsplit(url if "://" in url else f"http://{url}")
     try:
         port = parts.port or (443 if parts.scheme == "https" else 80)
@@ -73,7 +74,4 @@ def pid_for_url(url: str, proc: Path = Path("/proc")) -> tuple[int, int]:
     if not pids:
         raise ProbesUnavailable(f"no process on this machine listens on port {port} (from --service-url {url}); "
                                 "is the service running? (or pass --pid)")
-    if len(pids) > 1:
-        raise ProbesUnavailable(f"several processes listen on port {port}: {', '.join(map(str, sorted(pids)))}; "
-                                "pass --pid")
-    return pids.pop(), port
+    return sorted(pids), port

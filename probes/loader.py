@@ -1,6 +1,7 @@
-"""Compile, attach and read the eBPF probes for one target process.
+"""Compile, attach and read the eBPF probes for one target process (or the workers of one service).
 
-    probes = KernelProbes.attach(pid, ProbeSettings(), tcp_ports=[8000])
+    probes = KernelProbes.attach(pid, ProbeSettings(), tcp_ports=[8000])   # or attach([pid1, pid2], ...)
+    probes.retarget([pid1, pid3])     # a worker restarted: follow its successor
     snapshot = probes.snapshot()      # cumulative KernelSnapshot, read from the kernel maps
     probes.close()
 
@@ -14,9 +15,10 @@ import logging
 import os
 import threading
 from pathlib import Path
+from typing import Sequence
 
 from probes import environment
-from probes.program import (SYSCALL_TABLE_SIZE, ProgramOptions, build_program, read_switch_state_bits)
+from probes.program import MAX_TARGETS, SYSCALL_TABLE_SIZE, ProgramOptions, build_program, read_switch_state_bits
 from probes.stats import KernelSnapshot, aggregate, syscall_family_table, tcp_state_label
 from rag.settings import ProbeSettings
 from telemetry.metrics import OFFCPU_REASONS, SYSCALL_FAMILIES
@@ -53,6 +55,14 @@ def kernel_tgid(pid: int) -> int:
     return tgid
 
 
+def _kernel_tgids(pids: tuple[int, ...]) -> tuple[int, ...]:
+    if not pids:
+        raise environment.ProbesUnavailable("no process to probe")
+    if len(pids) > MAX_TARGETS:
+        raise environment.ProbesUnavailable(f"{len(pids)} processes to probe; at most {MAX_TARGETS}")
+    return tuple(kernel_tgid(p) for p in pids)
+
+
 class KernelProbes:
     """The attached BPF programs of one target and a reader of their maps (thread-safe)."""
 
@@ -61,15 +71,19 @@ class KernelProbes:
         self.options = options
         self._lock = threading.Lock()
         self._closed = False
+        self.targets: tuple[int, ...] = ()  # the probed processes' pids, as given
 
     @classmethod
-    def attach(cls, pid: int, settings: ProbeSettings, tcp_ports: list[int] | tuple[int, ...] = ()) -> "KernelProbes":
-        """Compile and attach the probes ``settings`` enables to process ``pid``.
+    def attach(cls, pid: int | Sequence[int], settings: ProbeSettings,
+               tcp_ports: list[int] | tuple[int, ...] = ()) -> "KernelProbes":
+        """Compile and attach the probes ``settings`` enables to process ``pid`` (or to several processes, whose
+        threads are counted together by stage: the workers of one service).
 
         ``tcp_ports``: count retransmits only on connections with one of these local or remote ports (the
         service's); empty counts every retransmit on the host. Raises ``ProbesUnavailable`` with a sentence."""
         bcc = environment.prepare()
-        tgid = kernel_tgid(pid)
+        pids = (pid,) if isinstance(pid, int) else tuple(pid)
+        tgids = _kernel_tgids(pids)
         tracefs = environment.ensure_tracefs()
         scheduler, syscalls, tcp = settings.scheduler, settings.syscalls, settings.tcp_retransmits
         if tcp and not bcc.BPF.tracepoint_exists("tcp", "tcp_retransmit_skb"):
@@ -78,7 +92,7 @@ class KernelProbes:
         if not (scheduler or syscalls or tcp):
             raise environment.ProbesUnavailable(
                 "every probe is switched off (probes.scheduler, probes.syscalls, probes.tcp_retransmits)")
-        options = ProgramOptions(tgid=tgid, scheduler=scheduler, syscalls=syscalls, tcp_retransmits=tcp,
+        options = ProgramOptions(scheduler=scheduler, syscalls=syscalls, tcp_retransmits=tcp,
                                  filter_tcp_ports=bool(tcp_ports),
                                  raw_syscall_tracepoints=bool(bcc.BPF.support_raw_tracepoint()))
         bits = read_switch_state_bits(tracefs) if scheduler else None
@@ -89,6 +103,7 @@ class KernelProbes:
                 f"compiling or loading the eBPF programs failed ({str(exc).strip().splitlines()[-1]}); "
                 "see docs/probes.md, 'Requirements'") from exc
         probes = cls(bpf, options)
+        probes._set_targets(pids, tgids)
         if syscalls:
             table = bpf[b"syscall_family"]
             for nr, family in enumerate(syscall_family_table(SYSCALL_TABLE_SIZE)):
@@ -97,9 +112,25 @@ class KernelProbes:
             ports = bpf[b"tcp_ports"]
             for port in tcp_ports:
                 ports[ports.Key(port)] = ports.Leaf(1)
-        log.info("eBPF probes attached to pid %d (scheduler=%s syscalls=%s tcp_retransmits=%s)",
-                 tgid, scheduler, syscalls, tcp)
+        log.info("eBPF probes attached to pid %s (scheduler=%s syscalls=%s tcp_retransmits=%s)",
+                 ", ".join(map(str, tgids)), scheduler, syscalls, tcp)
         return probes
+
+    def retarget(self, pids: Sequence[int]) -> None:
+        """Probe these processes from now on (a restarted worker in, its dead predecessor out); what was counted
+        stays. Raises ``ProbesUnavailable`` when one of them is not running."""
+        tgids = _kernel_tgids(tuple(pids))
+        with self._lock:
+            if not self._closed:
+                self._set_targets(tuple(pids), tgids)
+
+    def _set_targets(self, pids: tuple[int, ...], tgids: tuple[int, ...]) -> None:
+        table = self._bpf[b"targets"]
+        for key in [k for k in table.keys() if k.value not in tgids]:
+            del table[key]
+        for tgid in tgids:
+            table[table.Key(tgid)] = table.Leaf(1)
+        self.targets = pids
 
     def _rows(self, name: str):
         for key, value in self._bpf[name.encode()].items():

@@ -95,9 +95,8 @@ def read_switch_state_bits(tracefs: Path) -> SwitchStateBits:
 
 @dataclass(frozen=True)
 class ProgramOptions:
-    """What to compile in. ``tgid`` is the target process as the kernel's init PID namespace numbers it."""
+    """What to compile in. The target processes (``KernelProbes.retarget``) are not compiled in: a map holds them."""
 
-    tgid: int
     scheduler: bool = True
     syscalls: bool = False
     tcp_retransmits: bool = True
@@ -110,6 +109,15 @@ _COMMON = r"""
 
 struct hist_key { char comm[16]; u32 label; u32 slot; };
 struct hist_val { u64 count; u64 sum_ns; };
+
+/* The target processes (tgids, as the kernel's init PID namespace numbers them), filled in from user space: one
+   service process, or the workers of `ragheat serve --workers N`, whose threads are then counted together. */
+BPF_HASH(targets, u32, u8, MAX_TARGETS);
+
+static __always_inline int is_target(u64 pid_tgid) {
+    u32 tgid = pid_tgid >> 32;
+    return targets.lookup(&tgid) != 0;
+}
 
 static __always_inline u32 slot_of(u64 delta_ns) {
     u64 us = delta_ns / 1000;
@@ -146,7 +154,7 @@ BPF_TABLE("lru_hash", u32, struct offcpu_start_t, offcpu_start, 16384);  /* targ
 BPF_TABLE("lru_hash", u32, u64, wakeup_ts, 16384);                       /* target tid -> woken up */
 
 /* A thread of the target is off the CPU iff offcpu_start holds it, so that map doubles as the set of the
-   target's threads at wake-up time: no fork tracking and no per-event tgid lookup of the wakee. */
+   targets' threads at wake-up time: no fork tracking and no per-event tgid lookup of the wakee. */
 TRACEPOINT_PROBE(sched, sched_wakeup) {
     u32 tid = args->pid;
     struct offcpu_start_t *off = offcpu_start.lookup(&tid);
@@ -162,7 +170,7 @@ TRACEPOINT_PROBE(sched, sched_wakeup) {
 /* A new thread is woken by its creator (wake_up_new_task runs in the forking thread), so the current
    tgid tells whether it belongs to the target. */
 TRACEPOINT_PROBE(sched, sched_wakeup_new) {
-    if ((bpf_get_current_pid_tgid() >> 32) != TARGET_TGID)
+    if (!is_target(bpf_get_current_pid_tgid()))
         return 0;
     u32 tid = args->pid;
     u64 now = bpf_ktime_get_ns();
@@ -172,7 +180,7 @@ TRACEPOINT_PROBE(sched, sched_wakeup_new) {
 
 TRACEPOINT_PROBE(sched, sched_switch) {
     u64 now = bpf_ktime_get_ns();
-    if ((bpf_get_current_pid_tgid() >> 32) == TARGET_TGID) {   /* current is prev */
+    if (is_target(bpf_get_current_pid_tgid())) {   /* current is prev */
         long state = args->prev_state;
         struct offcpu_start_t start = {now, REASON_BLOCKED};
         if ((state & STATE_PREEMPTED) || (state & (STATE_PREEMPTED - 1)) == 0)
@@ -213,7 +221,7 @@ BPF_ARRAY(syscall_family, u32, SYSCALL_TABLE_SIZE);   /* syscall nr -> family in
 
 static __always_inline int syscall_enter(long nr) {
     u64 id = bpf_get_current_pid_tgid();
-    if ((id >> 32) != TARGET_TGID)
+    if (!is_target(id))
         return 0;
     u32 tid = id, index = nr, *family = syscall_family.lookup(&index);
     /* entries hold family + 1, so that a slot user space has not filled yet (0) reads "other" */
@@ -224,7 +232,7 @@ static __always_inline int syscall_enter(long nr) {
 
 static __always_inline int syscall_exit(void) {
     u64 id = bpf_get_current_pid_tgid();
-    if ((id >> 32) != TARGET_TGID)
+    if (!is_target(id))
         return 0;
     u32 tid = id;
     struct syscall_start_t *start = syscall_start.lookup(&tid);
@@ -265,12 +273,13 @@ TRACEPOINT_PROBE(tcp, tcp_retransmit_skb) {
 """
 
 SYSCALL_TABLE_SIZE = 1024
+MAX_TARGETS = 64  # processes probed at once (`serve --workers` allows 64)
 
 
 def build_program(options: ProgramOptions, bits: SwitchStateBits | None) -> str:
     """BCC C source for ``options``; ``bits`` is required with the scheduler probes."""
     defines = {
-        "TARGET_TGID": options.tgid,
+        "MAX_TARGETS": MAX_TARGETS,
         "MAX_SLOT": MAX_SLOT,
         "REASON_PREEMPTED": OFFCPU_REASONS.index("preempted"),
         "REASON_BLOCKED": OFFCPU_REASONS.index("blocked"),

@@ -1,8 +1,10 @@
 """Run the service for a while on a loopback port and wait until it answers: in a background thread of this
-process (demo, tests) or as a ``ragheat serve`` child process (benchmarks, probe tests)."""
+process (demo, tests), as a ``ragheat serve`` child process (benchmarks, probe tests), or as several of them side by
+side (benchmarks comparing configurations)."""
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 import threading
@@ -46,6 +48,42 @@ class ServeProcess:
 
     def __exit__(self, *exc) -> None:
         self.child.stop()
+
+
+class ServeFleet:
+    """``with ServeFleet(index, configs, log_dir) as fleet:`` one ``ragheat serve`` child per named configuration
+    (``configs``: name -> (extra arguments, environment overrides)), each on a free loopback port and logging to
+    ``log_dir/api-<name>.log``; all are started before any is waited for, so they load side by side.
+    ``fleet.urls[name]`` once every one answers ``/readyz``. They stop when the block ends, or with this process."""
+
+    def __init__(self, index: Path, configs: Mapping[str, tuple[Sequence[str], Mapping[str, str]]], log_dir: Path,
+                 ready_timeout_s: float = 300.0) -> None:
+        self.index, self.configs, self.log_dir = Path(index).resolve(), dict(configs), Path(log_dir)
+        self.ready_timeout_s = ready_timeout_s
+        self.children: list[ChildProcess] = []
+        self.urls: dict[str, str] = {}
+
+    def __enter__(self) -> "ServeFleet":
+        ragheat = Path(sys.executable).parent / "ragheat"
+        try:
+            for name, (extra_args, env) in self.configs.items():
+                port = free_port()
+                child = ChildProcess(f"api-{name}", [ragheat, "serve", "--index", self.index, "--host", "127.0.0.1",
+                                                     "--port", port, "--log-level", "warning", *extra_args],
+                                     log_path=self.log_dir / f"api-{name}.log", env={**os.environ, **env},
+                                     die_with_parent=True).start()
+                self.children.append(child)
+                self.urls[name] = f"http://127.0.0.1:{port}"
+            for child, url in zip(self.children, self.urls.values()):
+                child.wait_until_ok(url + "/readyz", self.ready_timeout_s)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for child in reversed(self.children):
+            child.stop()
 
 
 class BackgroundServer:

@@ -204,7 +204,8 @@ class PrometheusMetrics:
         self.stage_duration = create_metric(service["stage_duration"], registry)
         self.request_duration = create_metric(service["request_duration"], registry)
         self.requests = create_metric(service["requests"], registry)
-        self.in_flight = create_metric(service["in_flight"], registry)
+        # With ``serve --workers N``: one series per live worker (a dead worker's is dropped when it is restarted).
+        self.in_flight = create_metric(service["in_flight"], registry, multiprocess_mode="liveall")
         self.qps = create_metric(service["qps"], registry)
         self.retrieved = create_metric(service["retrieved"], registry)
         self.stage_errors = create_metric(service["stage_errors"], registry)

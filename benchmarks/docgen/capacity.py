@@ -52,16 +52,24 @@ def knee(results: Mapping[str, dict]) -> dict:
     rows = []
     for s in data["steps"]:
         lat = s["latency_ms"]
-        meets = lat["p99"] is not None and lat["p99"] <= slo and s["error_rate"] <= data["max_error_rate"]
+        # As find_knee: a step meets the SLO with its P99 within it and errors and shed queries each within the
+        # allowance (a shed query got no answer).
+        shed_rate = s.get("shed_rate", 0.0)
+        meets = (lat["p99"] is not None and lat["p99"] <= slo and s["error_rate"] <= data["max_error_rate"]
+                 and shed_rate <= data["max_error_rate"])
         is_knee = knee_qps is not None and s["offered_qps"] == knee_qps
         offered = count(s["offered_qps"]) + (" (cut)" if s["interrupted"] else "")
+        embed = (s.get("stages_ms") or {}).get("embed") or {}
         rows.append([bold(offered) if is_knee else offered, num(s["achieved_qps"], 1),
-                     *(_opt(lat[k]) for k in ("p50", "p90", "p99", "p99.9")), _opt(s["send_error_ms"].get("p99")),
+                     *(_opt(lat[k]) for k in ("p50", "p90", "p99", "p99.9")),
+                     f"{count(s.get('shed', 0))} ({shed_rate * 100:.1f} %)", _opt(embed.get("p50")),
+                     _opt(s["send_error_ms"].get("p99")),
                      bold("yes (knee)") if is_knee else ("yes" if meets else "no")])
     sends = [s["send_error_ms"]["p99"] for s in data["steps"] if s["send_error_ms"].get("p99") is not None]
     service = data.get("service") or {}
-    return {"table": table(["offered req/s", "achieved", "P50 ms", "P90 ms", "P99 ms", "P99.9 ms", "send err P99 ms",
-                            f"P99 ≤ {slo:g} ms"], rows, "rrrrrrrl"),
+    return {"table": table(["offered req/s", "answered", "P50 ms", "P90 ms", "P99 ms", "P99.9 ms", "shed",
+                            "embed P50 ms", "send err P99 ms", f"meets the SLO (P99 ≤ {slo:g} ms, ≤ "
+                            f"{data['max_error_rate'] * 100:g} % errors and shed)"], rows, "rrrrrrrrrl"),
             "knee": bold(f"{count(knee_qps)} req/s") if knee_qps is not None else bold("none of the offered rates"),
             "slo": f"{slo:g}",
             "duration": f"{data['duration_s']:g}", "warmup": f"{data['warmup_s']:g}",

@@ -13,9 +13,12 @@ from ragheat.clikit import console, fail as _fail, load_settings
 
 
 def probes(
-    pid: Optional[int] = typer.Option(None, "--pid", help="the service's process id"),
+    pid: Optional[list[int]] = typer.Option(None, "--pid", help="the service's process id (repeat it for the "
+                                                                "workers of one service: counted together)"),
     service_url: Optional[str] = typer.Option(None, "--service-url",
-                                              help="find the pid of the local service listening at this URL"),
+                                              help="probe every local process listening at this URL (one service, or "
+                                                   "the workers of `ragheat serve --workers N`), followed as they "
+                                                   "are restarted"),
     host: str = typer.Option("127.0.0.1", "--host", help="bind address of the probes' /metrics"),
     port: Optional[int] = typer.Option(None, "--port", help="port of the probes' /metrics (default probes.port)"),
     scheduler: Optional[bool] = typer.Option(None, "--scheduler/--no-scheduler",
@@ -30,29 +33,53 @@ def probes(
     """eBPF kernel probes: run-queue, off-CPU and system-call latency of a service, by RAG stage."""
     from probes.environment import ProbesUnavailable, check_privileges
 
-    if (pid is None) == (service_url is None):
-        _fail("give exactly one of --pid PID or --service-url URL")
+    if bool(pid) == (service_url is not None):
+        _fail("give --pid PID (repeatable) or --service-url URL, not both")
     settings = load_settings(probes={"scheduler": scheduler, "syscalls": syscalls,
                                      "tcp_retransmits": tcp_retransmits, "port": port})
     try:
         check_privileges()  # first: the one thing a user most often lacks, before any slower check
-        from probes.discover import listening_ports, pid_for_url
+        from probes.discover import listening_ports, pids_for_url
         from probes.loader import KernelProbes
 
         service_port = None
         if service_url is not None:
-            pid, service_port = pid_for_url(service_url)
-        elif not Path(f"/proc/{pid}").is_dir():
-            _fail(f"no process with pid {pid} is running")
-        ports = sorted({*listening_ports(pid), *([service_port] if service_port else [])})
-        attached = KernelProbes.attach(pid, settings.probes, tcp_ports=ports)
+            pids, service_port = pids_for_url(service_url)
+        else:
+            pids = sorted(set(pid))
+            for p in pids:
+                if not Path(f"/proc/{p}").is_dir():
+                    _fail(f"no process with pid {p} is running")
+        ports = sorted({*(port for p in pids for port in listening_ports(p)), *([service_port] if service_port else [])})
+        attached = KernelProbes.attach(pids, settings.probes, tcp_ports=ports)
     except ProbesUnavailable as exc:
         _fail(str(exc))
     with attached:
-        _run(attached, pid, ports, host, settings.probes.port, print_after)
+        _run(attached, service_url, ports, host, settings.probes.port, print_after)
 
 
-def _run(attached, pid: int, ports: list[int], host: str, port: int, print_after: float | None) -> None:
+def _follow(attached, service_url: str | None) -> str | None:
+    """Keep the probes on the live targets: with ``service_url``, whatever listens there now (a restarted worker's
+    successor in); else the given pids that still run. A sentence when nothing is left to probe."""
+    from probes.discover import pids_for_url
+    from probes.environment import ProbesUnavailable
+
+    if service_url is None:
+        alive = [p for p in attached.targets if Path(f"/proc/{p}").is_dir()]
+        return None if alive else f"pid {', '.join(map(str, attached.targets))} exited; stopping"
+    try:
+        pids, _ = pids_for_url(service_url)
+        if tuple(pids) != attached.targets:
+            attached.retarget(pids)
+            console.print(f"now probing pid {', '.join(map(str, pids))} (listening at {service_url})")
+    except ProbesUnavailable as exc:  # between a worker's death and its successor's bind, or the service stopped
+        if not any(Path(f"/proc/{p}").is_dir() for p in attached.targets):
+            return f"{exc}; stopping"
+    return None
+
+
+def _run(attached, service_url: str | None, ports: list[int], host: str, port: int,
+         print_after: float | None) -> None:
     from prometheus_client import CollectorRegistry, start_http_server
 
     from probes.collector import KernelCollector
@@ -65,10 +92,12 @@ def _run(attached, pid: int, ports: list[int], host: str, port: int, print_after
     enabled = ", ".join(name for name, on in (("scheduler", options.scheduler), ("syscalls", options.syscalls),
                                               ("tcp_retransmits", options.tcp_retransmits)) if on)
     tcp_scope = f"ports {', '.join(map(str, ports))}" if ports else "every port on this host"
+    targets = ", ".join(map(str, attached.targets))
     if print_after is not None:
-        console.print(f"probing pid {pid} ({enabled}; TCP: {tcp_scope}) for {print_after:g} s ...")
+        console.print(f"probing pid {targets} ({enabled}; TCP: {tcp_scope}) for {print_after:g} s ...")
         deadline = time.monotonic() + print_after
-        while not stopping and time.monotonic() < deadline and Path(f"/proc/{pid}").is_dir():
+        while not stopping and time.monotonic() < deadline and any(Path(f"/proc/{p}").is_dir()
+                                                                      for p in attached.targets):
             time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
         print(format_snapshot(attached.snapshot()))
         return
@@ -81,13 +110,16 @@ def _run(attached, pid: int, ports: list[int], host: str, port: int, print_after
         _fail(f"cannot serve /metrics on {host}:{port} ({exc.strerror}); choose another --port")
     bound = server.server_address[1]
     # One line on stdout that scripts (and the tests) read to find the port.
-    print(f"serving kernel probes for pid {pid} ({enabled}; TCP: {tcp_scope}) at http://{host}:{bound}/metrics",
+    print(f"serving kernel probes for pid {targets} ({enabled}; TCP: {tcp_scope}) at http://{host}:{bound}/metrics",
           flush=True)
     try:
+        checked = 0.0
         while not stopping:
-            if not Path(f"/proc/{pid}").is_dir():
-                console.print(f"pid {pid} exited; stopping")
-                break
+            if time.monotonic() - checked >= 1.0:
+                checked = time.monotonic()
+                if (why := _follow(attached, service_url)) is not None:
+                    console.print(why)
+                    break
             time.sleep(0.2)
     finally:
         server.shutdown()

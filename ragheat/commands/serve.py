@@ -28,7 +28,9 @@ def serve(
     llm_url: Optional[str] = typer.Option(None, "--llm-url", help="openai: the server's /v1 URL"),
     llm_model: Optional[str] = typer.Option(None, "--llm-model", help="openai: served model; vllm: model folder"),
     probes_on: bool = typer.Option(False, "--probes", help="also run the eBPF kernel probes in this process, "
-                                                           "exported at /metrics (needs root or CAP_BPF+CAP_PERFMON)"),
+                                                           "exported at /metrics (needs root or CAP_BPF+CAP_PERFMON; "
+                                                           "with --workers N: one exporter for every worker, on "
+                                                           "probes.port)"),
     api_keys_file: Optional[Path] = typer.Option(
         None, "--api-keys-file", help="require an API key from this file of hashed keys (`ragheat keys new`); keys "
                                       "themselves only via RAGHEAT_SERVER__API_KEYS, never on the command line"),
@@ -73,9 +75,9 @@ def serve(
     if probes_on and not metrics_on:
         _fail("--probes needs metrics: drop --no-telemetry and keep telemetry.metrics on")
     if workers > 1:  # this process only supervises: each worker is a `ragheat serve --worker i` of its own
-        if problem := _workers_problem(settings, probes_on):
+        if problem := _workers_problem(settings):
             _fail(problem)
-        _supervise(settings, workers, prometheus)
+        _supervise(settings, workers, prometheus, probes_on)
         return
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # A missing or corrupt index stops here, with its path, before anything binds. The probes never fail the
@@ -101,6 +103,7 @@ def serve(
         # uvicorn re-raises SIGTERM after its graceful shutdown; exiting through SystemExit lets the
         # ExitStack stop the local Prometheus and the service its telemetry exporters instead of dying mid-way.
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+        sys.setswitchinterval(settings.server.gil_switch_interval_ms / 1000.0)
         # Slow and oversized clients are cut off by the server settings' limits (rag.api.connections).
         server = uvicorn.Server(service.uvicorn_config(host=settings.server.host, port=settings.server.port,
                                                        log_level=log_level))
@@ -112,36 +115,43 @@ def serve(
             server.run(sockets=[worker_socket(settings.server.host, settings.server.port)])
 
 
-def _workers_problem(settings, probes_on: bool) -> str | None:
+def _workers_problem(settings) -> str | None:
     """Why ``--workers`` > 1 cannot serve these settings (a sentence naming the option), or None."""
     if settings.server.port == 0:
         return "--workers > 1 needs a fixed --port: every worker binds the same one"
     if settings.server.metrics_port is not None:
         return "--workers > 1 serves /metrics on the API port (each scrape sums all workers); drop --metrics-port"
-    if probes_on:
-        return "--probes with --workers > 1 is not supported yet: the probes attach to one process"
     if settings.generation.generator == "vllm":
         return "--generator vllm with --workers > 1 would start one engine per worker on the GPU; use one worker"
     return None
 
 
-def _supervise(settings, workers: int, prometheus: bool) -> None:
-    """The parent of ``--workers``: a local Prometheus (``--prometheus``) and the workers, until stopped."""
+def _supervise(settings, workers: int, prometheus: bool, probes_on: bool) -> None:
+    """The parent of ``--workers``: a local Prometheus (``--prometheus``), the workers, and with ``--probes`` one
+    ``ragheat probes`` exporter for all of them on ``probes.port`` (the kernel maps are the host's: one set of
+    programs counts every worker's threads, by stage), until stopped."""
     import contextlib
 
     from ragheat.workers import supervise
 
     argv = sys.argv[sys.argv.index("serve") + 1:] if "serve" in sys.argv else []
+    scrape_host = "127.0.0.1" if settings.server.host in ("0.0.0.0", "::") else settings.server.host
+    service_url = f"http://{scrape_host}:{settings.server.port}"
+    probes = None
+    if probes_on:
+        probes = [str(Path(sys.executable).parent / "ragheat"), "probes", "--service-url", service_url,
+                  "--host", "127.0.0.1", "--port", str(settings.probes.port)]
+        out.print(f"kernel probes: http://127.0.0.1:{settings.probes.port}/metrics (every worker, once they answer)")
     with contextlib.ExitStack() as stack:
         if prometheus:
             from stack.prometheus import LocalPrometheus
 
-            scrape_host = "127.0.0.1" if settings.server.host in ("0.0.0.0", "::") else settings.server.host
-            url = stack.enter_context(LocalPrometheus(f"{scrape_host}:{settings.server.port}"))
-            out.print(f"prometheus: {url}  (scraping http://{scrape_host}:{settings.server.port}/metrics: "
-                      f"{workers} workers summed)")
+            extra = {"ragheat-probes": f"127.0.0.1:{settings.probes.port}"} if probes_on else None
+            url = stack.enter_context(LocalPrometheus(f"{scrape_host}:{settings.server.port}", extra_targets=extra))
+            out.print(f"prometheus: {url}  (scraping {service_url}/metrics: {workers} workers summed)")
         out.print(f"ragheat serve: {workers} workers on {settings.server.host}:{settings.server.port}")
-        code = supervise(argv, workers)
+        code = supervise(argv, workers, min_uptime_s=settings.server.worker_min_uptime_s, probes=probes,
+                         ready_url=service_url + "/readyz")
     if code:
         raise typer.Exit(code)
 

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from probes.collector import KernelCollector
-from probes.discover import listening_ports, pid_for_url
+from probes.discover import listening_ports, pids_for_url
 from probes.environment import CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN, ProbesUnavailable, check_privileges
 from probes.program import FormatError, ProgramOptions, SwitchStateBits, build_program, parse_switch_state_bits
 from probes.stats import (KernelSnapshot, Log2Histogram, aggregate, family_of, stage_of, syscall_family_table,
@@ -93,12 +95,12 @@ def test_tcp_states_follow_the_kernel_numbering():
 
 def test_program_compiles_in_only_what_is_enabled():
     bits = SwitchStateBits(0x100, 1, 2)
-    everything = build_program(ProgramOptions(tgid=42, syscalls=True, filter_tcp_ports=True), bits)
-    assert "#define TARGET_TGID 42" in everything and "#define STATE_PREEMPTED 0x100" in everything
+    everything = build_program(ProgramOptions(syscalls=True, filter_tcp_ports=True), bits)
+    assert "BPF_HASH(targets, u32, u8, MAX_TARGETS)" in everything and "#define STATE_PREEMPTED 0x100" in everything
     assert "RAW_TRACEPOINT_PROBE(sys_enter)" in everything and "#define FILTER_TCP_PORTS 1" in everything
-    scheduler_only = build_program(ProgramOptions(tgid=42, tcp_retransmits=False), bits)
+    scheduler_only = build_program(ProgramOptions(tcp_retransmits=False), bits)
     assert "sys_enter" not in scheduler_only and "tcp_retransmit_skb" not in scheduler_only
-    fallback = build_program(ProgramOptions(tgid=1, scheduler=False, syscalls=True, raw_syscall_tracepoints=False),
+    fallback = build_program(ProgramOptions(scheduler=False, syscalls=True, raw_syscall_tracepoints=False),
                              None)
     assert "TRACEPOINT_PROBE(raw_syscalls, sys_enter)" in fallback and "sched_switch" not in fallback
 
@@ -136,7 +138,26 @@ def test_pid_and_ports_are_found_from_a_listening_socket():
         listener.listen()
         port = listener.getsockname()[1]
         assert port in listening_ports(os.getpid())
-        assert pid_for_url(f"http://127.0.0.1:{port}/metrics") == (os.getpid(), port)
+        assert pids_for_url(f"http://127.0.0.1:{port}/metrics") == ([os.getpid()], port)
+
+
+def test_every_process_sharing_a_port_is_found():
+    """``serve --workers N``: each worker binds the port with SO_REUSEPORT; the probes follow all of them."""
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        child = subprocess.Popen([sys.executable, "-c", f"""
+import socket, sys, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1); s.bind(("127.0.0.1", {port}))
+s.listen(); print("listening", flush=True); time.sleep(60)"""], stdout=subprocess.PIPE, text=True)
+        try:
+            assert child.stdout.readline().strip() == "listening"
+            assert pids_for_url(f"http://127.0.0.1:{port}") == (sorted([os.getpid(), child.pid]), port)
+        finally:
+            child.kill()
+            child.wait()
 
 
 @pytest.mark.parametrize("url, sentence", [
@@ -145,7 +166,7 @@ def test_pid_and_ports_are_found_from_a_listening_socket():
 ])
 def test_bad_service_urls_are_named(url, sentence):
     with pytest.raises(ProbesUnavailable, match=sentence):
-        pid_for_url(url)
+        pids_for_url(url)
 
 
 def test_privileges_need_sys_admin_or_bpf_and_perfmon():

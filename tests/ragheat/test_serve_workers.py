@@ -1,8 +1,10 @@
-"""``ragheat serve --workers 2``: two processes on one port, and every scrape sums both workers' counters."""
+"""``ragheat serve --workers 2``: two processes on one port, every scrape sums both workers' counters, and a worker
+that dies is restarted without its gauges lingering."""
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -73,3 +75,51 @@ def test_two_workers_counters_sum_in_one_scrape(subset_index, tmp_path):
         for _ in range(6):  # whichever worker answers the scrape, it reports both workers' requests
             with httpx.Client(timeout=30) as client:
                 assert _requests_total(client.get(f"{url}/metrics").text) == sent
+
+
+def _workers(parent_pid: int) -> set[int]:
+    """The supervisor's worker processes (its children)."""
+    children = Path(f"/proc/{parent_pid}/task/{parent_pid}/children").read_text().split()
+    return {int(pid) for pid in children}
+
+
+def _in_flight_pids(text: str) -> set[int]:
+    return {int(s.labels["pid"]) for f in text_string_to_metric_families(text) if f.name == "ragheat_requests_in_flight"
+            for s in f.samples}
+
+
+def test_a_worker_that_dies_is_restarted_and_its_gauges_leave_the_scrape(subset_index, tmp_path):
+    port = free_port()
+    ragheat = str(Path(sys.executable).parent / "ragheat")
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "TMPDIR": str(tmp_path), "RAGHEAT_SERVER__WORKER_MIN_UPTIME_S": "1"}
+    with ChildProcess("serve-workers", [ragheat, "serve", "--index", str(subset_index), "--host", "127.0.0.1",
+                                        "--port", str(port), "--workers", "2", "--log-level", "warning"],
+                      log_path=tmp_path / "serve.log", die_with_parent=True, env=env) as parent:
+        parent.wait_until_ok(f"{url}/readyz", 300)
+        deadline = time.monotonic() + 300
+        pids: set[int] = set()
+        sent = 0
+        while time.monotonic() < deadline:  # until each worker has answered and so made its in-flight series
+            with httpx.Client(timeout=30) as client:
+                assert client.post(f"{url}/v1/query", json={"query": f"vitamin D {sent}"}).status_code == 200
+                sent += 1
+                pids = _in_flight_pids(client.get(f"{url}/metrics").text)
+            if len(pids) == 2:
+                break
+        workers = _workers(parent.pid)
+        assert pids == workers, (pids, workers)
+        victim = min(workers)
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and (victim in _workers(parent.pid) or len(_workers(parent.pid)) < 2):
+            time.sleep(0.2)
+        replacement = _workers(parent.pid) - workers
+        assert len(replacement) == 1 and parent.alive(), f"no worker replaced pid {victim}"
+        parent.wait_until_ok(f"{url}/readyz", 300)
+        for _ in range(6):  # whichever worker answers: the dead worker's gauge is gone, its counts are kept
+            with httpx.Client(timeout=30) as client:
+                text = client.get(f"{url}/metrics").text
+            assert victim not in _in_flight_pids(text), text
+            assert _requests_total(text) == sent
+        assert "restarting it" in (tmp_path / "serve.log").read_text()

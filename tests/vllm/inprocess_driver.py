@@ -38,6 +38,29 @@ def plugin_values(metrics_dir: str) -> dict[str, float]:
     return values
 
 
+def completions(llm) -> dict:
+    """``complete()`` on the in-process engine, as HyDE and the judge call it: a free passage, a reply constrained
+    to the judge's Yes/No, one that cannot finish in its time (aborted), and one more after that abort."""
+    from rag.eval.judge import JUDGE_REGEX
+    from rag.generation.hyde import build_messages as hyde_messages
+    from rag.generation.llm import GeneratorTooSlow
+
+    out: dict = {}
+    started = time.perf_counter()
+    out["hyde_text"] = llm.complete(hyde_messages(QUESTION), 8, 60.0)
+    out["hyde_s"] = time.perf_counter() - started
+    judged = [{"role": "user", "content": f"Is this passage relevant to '{QUESTION}'? Answer Yes or No."}]
+    out["judge_texts"] = [llm.complete(judged, 4, 60.0, regex=JUDGE_REGEX) for _ in range(2)]
+    started = time.perf_counter()
+    try:
+        out["too_slow"] = llm.complete(hyde_messages(QUESTION), 400, 0.05)
+    except GeneratorTooSlow as exc:
+        out["too_slow"] = {"raised": type(exc).__name__, "message": str(exc)}
+    out["too_slow_s"] = time.perf_counter() - started
+    out["after_abort_text"] = llm.complete(hyde_messages(QUESTION), 4, 60.0)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", required=True)
@@ -88,6 +111,7 @@ def main() -> None:
             served = generate_latest(service.telemetry.registry).decode()
         report["served_families"] = sorted({line.split()[2] for line in served.splitlines()
                                             if line.startswith("# TYPE ")})
+        report["complete"] = completions(pipeline.llm)
     finally:
         pipeline.close()
     g = result.generation

@@ -87,3 +87,16 @@ def test_the_service_metrics_include_the_engine_core_families(report):
     # build_telemetry adds the engine core's metrics folder, so `ragheat serve --generator vllm` serves them.
     served = set(report["served_families"])
     assert {VLLM_METRICS["step_duration"], VLLM_METRICS["kv_usage"], "ragheat_stage_duration_seconds"} <= served, served
+
+
+def test_complete_answers_hyde_and_the_judge_on_the_engine(report):
+    done = report["complete"]
+    # A free completion (HyDE's call): text within its token cap.
+    assert isinstance(done["hyde_text"], str) and done["hyde_text"].strip(), done
+    # The judge's call: constrained decoding in the engine holds even random weights to its grammar.
+    assert all(text in ("Yes", "No") for text in done["judge_texts"]), done["judge_texts"]
+    # A completion that cannot finish in its time raises GeneratorTooSlow near the timeout (the request is aborted)...
+    assert done["too_slow"] == {"raised": "GeneratorTooSlow", "message": done["too_slow"]["message"]}, done["too_slow"]
+    assert "0.05 s" in done["too_slow"]["message"] and done["too_slow_s"] < 5, done
+    # ... and the engine answers the next one.
+    assert isinstance(done["after_abort_text"], str) and done["after_abort_text"].strip(), done
