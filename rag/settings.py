@@ -234,10 +234,6 @@ class ServerSettings(_Section):
                                                                    "headers, else 408 and the connection is closed")
     max_header_bytes: int = Field(16384, ge=1024, le=1 << 20, description="request line plus headers; more = 431 and "
                                                                           "the connection is closed")
-    gil_switch_interval_ms: float = Field(
-        5.0, gt=0, le=100, description="`ragheat serve`: Python's thread switch interval (sys.setswitchinterval). The "
-                                       "event loop, which admits or refuses each request, waits up to this long for "
-                                       "the interpreter lock held by a query's thread")
     worker_min_uptime_s: float = Field(30.0, ge=0, le=3600, description="--workers N: a worker that exits sooner "
                                        "after its start failed to start (all workers stop, with its exit code); one "
                                        "that exits later is restarted and its gauges dropped from the scrape")

@@ -103,7 +103,6 @@ def serve(
         # uvicorn re-raises SIGTERM after its graceful shutdown; exiting through SystemExit lets the
         # ExitStack stop the local Prometheus and the service its telemetry exporters instead of dying mid-way.
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-        sys.setswitchinterval(settings.server.gil_switch_interval_ms / 1000.0)
         # Slow and oversized clients are cut off by the server settings' limits (rag.api.connections).
         server = uvicorn.Server(service.uvicorn_config(host=settings.server.host, port=settings.server.port,
                                                        log_level=log_level))
