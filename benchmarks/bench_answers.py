@@ -131,6 +131,7 @@ def rates(beir: Path, index: Path, url: str, rates_per_s: list[float], duration_
                 arrivals.append(t)
                 t += rng.expovariate(rate)
             ttft, e2e, degraded, lock = [], [], Counter(), threading.Lock()
+            tokens, decode_s = [], []  # per written answer: output tokens, and the time from first to last
             start = time.perf_counter()
 
             def one(at: float, question: str) -> None:
@@ -141,6 +142,8 @@ def rates(beir: Path, index: Path, url: str, rates_per_s: list[float], duration_
                     degraded[result.degraded_reason or "served"] += 1
                     if result.generation is not None:
                         ttft.append(result.generation.ttft_s)
+                        tokens.append(result.generation.output_tokens)
+                        decode_s.append(sum(result.generation.inter_token_s))
 
             threads = []
             for i, at in enumerate(arrivals):
@@ -150,19 +153,26 @@ def rates(beir: Path, index: Path, url: str, rates_per_s: list[float], duration_
                 threads.append(th)
             for th in threads:
                 th.join()
+            elapsed = time.perf_counter() - start
+            # Decode speed one answer saw (tokens after the first over the time after the first), and what the
+            # model wrote in all per second of the step (arrivals and the drain after them).
+            per_answer = [(n - 1) / d for n, d in zip(tokens, decode_s) if n > 1 and d > 0]
             out[f"{rate:g}"] = {"requests": len(arrivals), "ttft_ms": _pct(ttft), "e2e_ms": _pct(e2e),
-                                "outcomes": dict(degraded), "drain_s": time.perf_counter() - start - duration_s}
+                                "outcomes": dict(degraded), "drain_s": elapsed - duration_s,
+                                "output_tokens": int(sum(tokens)), "output_tokens_per_s": sum(tokens) / elapsed,
+                                "decode_tokens_per_s": _pct(per_answer, scale=1.0)}
             print(f"rate {rate:g}/s: {out[f'{rate:g}']}", flush=True)
     finally:
         pipeline.close()
     return {"duration_s": duration_s, "max_tokens": base.generation.max_tokens, "by_rate": out}
 
 
-def _pct(values) -> dict | None:
+def _pct(values, scale: float = 1000.0) -> dict | None:
+    """P50 / P99 of ``values`` times ``scale`` (default: seconds to ms)."""
     if not values:
         return None
-    ms = np.asarray(values, dtype=float) * 1000.0
-    return {"p50": float(np.percentile(ms, 50)), "p99": float(np.percentile(ms, 99)), "n": int(len(ms))}
+    scaled = np.asarray(values, dtype=float) * scale
+    return {"p50": float(np.percentile(scaled, 50)), "p99": float(np.percentile(scaled, 99)), "n": int(len(scaled))}
 
 
 def doc_tables(data: dict) -> list[dict]:
@@ -193,16 +203,20 @@ def _quality_table(data: dict) -> list[dict]:
 def _rates_table(r: dict | None) -> list[dict]:
     tables = []
     if r:
-        lines = ["| offered rate | requests | TTFT P50 / P99 (ms) | end to end P50 / P99 (ms) | outcomes |",
-                 "|---|---|---|---|---|"]
+        lines = ["| offered rate | requests | TTFT P50 / P99 (ms) | end to end P50 / P99 (ms) | decode tokens/s per "
+                 "answer P50 / P99 | tokens/s written in all | outcomes |", "|---|---|---|---|---|---|---|"]
         for rate, m in r["by_rate"].items():
             t, e = m["ttft_ms"] or {"p50": float("nan"), "p99": float("nan")}, m["e2e_ms"]
+            d = m.get("decode_tokens_per_s") or {"p50": float("nan"), "p99": float("nan")}
+            written = f"{m['output_tokens_per_s']:.1f}" if "output_tokens_per_s" in m else "–"
             lines.append(f"| {rate}/s | {m['requests']} | {t['p50']:.0f} / {t['p99']:.0f} | {e['p50']:.0f} / "
-                         f"{e['p99']:.0f} | " + ", ".join(f"{k} {v}" for k, v in m["outcomes"].items()) + " |")
+                         f"{e['p99']:.0f} | {d['p50']:.1f} / {d['p99']:.1f} | {written} | "
+                         + ", ".join(f"{k} {v}" for k, v in m["outcomes"].items()) + " |")
         tables.append({"title": "Written answers under load: TTFT at fixed arrival rates", "markdown": "\n".join(lines)
                        + f"\n\nOpen loop, Poisson arrivals for {r['duration_s']:g} s per rate, whole queries (hybrid "
                        f"retrieval + SmolLM2-135M, max_tokens {r['max_tokens']}); end to end from the intended "
-                       f"arrival. Two shared CPU cores."})
+                       f"arrival; tokens/s written in all = output tokens of every answer over the step's arrivals and "
+                       f"drain. Two shared CPU cores."})
     return tables
 
 

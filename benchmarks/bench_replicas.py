@@ -203,14 +203,29 @@ def doc_tables(results: dict) -> list[dict]:
         rows.append(row)
     knees = [[c, _knee(results["configs"][c]["knee_qps"]),
               ", ".join(_knee(k) for k in results["configs"][c].get("knees_qps", [results["configs"][c]["knee_qps"]])),
-              results["configs"][c]["stopped"] or "–"] for c in configs]
+              _stopped(results["configs"][c])] for c in configs]
     slo = f"{results['slo_ms']:g}"
     first = " (the first round)" if results.get("rounds", 1) > 1 else ""
     return [{"title": f"P50 / P99 latency in ms (achieved req/s), per offered rate{first}",
              "align": "r" + "r" * len(configs), "columns": ["offered req/s", *configs], "rows": rows},
             {"title": f"Knee: the highest offered rate with P99 ≤ {slo} ms and errors and shed each ≤ "
                       f"{results['max_error_rate'] * 100:g} %, every lower rate meeting it too (median of rounds)",
-             "align": "lrll", "columns": ["configuration", "knee req/s", "per round", "stopped"], "rows": knees}]
+             "align": "lrll", "columns": ["configuration", "knee req/s", "per round", "last rate offered, per round"],
+             "rows": knees}]
+
+
+def _stopped(config: dict) -> str:
+    """Where each round stopped offering more: its last step's rate, P99 and shed share (the sweep stops a
+    configuration once it is saturated)."""
+    if "rounds" not in config:
+        return config["stopped"] or "–"
+    cells = []
+    for steps in config["rounds"]:
+        last = steps[-1] if steps else None
+        p99 = None if last is None else last["latency_ms"].get("p99")
+        cells.append("–" if last is None else f"{last['offered_qps']:g}/s (P99 {_ms(p99)} ms, "
+                                               f"{last.get('shed_rate', 0) * 100:.0f} % shed)")
+    return "; ".join(cells) if config["stopped"] else "–"
 
 
 def _knee(value) -> str:

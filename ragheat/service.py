@@ -115,6 +115,11 @@ def build_service(settings: RagheatSettings, pipeline: RagPipeline | None = None
         if aggregate:  # a worker of `ragheat serve --workers N`: every scrape sums all workers (ragheat/workers.py)
             from ragheat.workers import ScrapeRegistry
             from telemetry.asgi import metrics_endpoint
+            from telemetry.exemplars import ExemplarShare
+
+            share = ExemplarShare(multiprocess_dir)  # its traced observations' exemplars, for every worker's scrape
+            service.telemetry.metrics.share_exemplars(share)
+            service._closing.callback(share.close)
 
             service.app.add_route("/metrics", metrics_endpoint(ScrapeRegistry(service.telemetry.registry,
                                                                               multiprocess_dir)),

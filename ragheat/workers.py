@@ -10,8 +10,8 @@ either) or when it is told to stop, and removes the folder afterwards.
 
 A scrape reaches one worker; that worker answers with a ``MultiProcessCollector`` over the folder, i.e. every worker's
 counters and histograms summed, gauges per worker (``pid`` label), plus its own scrape-time collectors.
-prometheus_client does not keep exemplars in multiprocess mode, so with N > 1 the scrape carries none (OTLP still
-does).
+prometheus_client keeps no exemplars in multiprocess mode; each worker shares its latest ones through the same
+folder instead (``telemetry.exemplars``), so an OpenMetrics scrape carries exemplars from every worker.
 
     supervise(["--index", "data/index/scifact", "--port", "8000"], workers=2)   # returns when stopped
 """
@@ -156,12 +156,15 @@ class ScrapeRegistry:
         from prometheus_client.metrics import Gauge, MetricWrapperBase
         from prometheus_client.multiprocess import MultiProcessCollector
 
+        from telemetry.exemplars import WithExemplars
+
         self.registry = CollectorRegistry(auto_describe=False)
         # prometheus_client has no public list of a registry's collectors; this map is what ``unregister`` uses.
         collectors = list(registry._collector_to_names)
         functions = [c for c in collectors if isinstance(c, Gauge) and "_child_samples" in vars(c)]
         own = [c for c in collectors if not isinstance(c, MetricWrapperBase)] + functions
-        self.registry.register(_Without(MultiProcessCollector(None, path=folder), {g._name for g in functions}))
+        summed = WithExemplars(MultiProcessCollector(None, path=folder), folder)
+        self.registry.register(_Without(summed, {g._name for g in functions}))
         for collector in own:
             self.registry.register(collector)
 

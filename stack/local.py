@@ -239,7 +239,7 @@ def up(options: StackOptions, say: Callable[[str], None] = print) -> StackState:
     addresses = topology.LocalAddresses({c: f"127.0.0.1:{p}" for c, p in ports.items()}, replicas)
     if balancer:
         state.notes.append(f"{options.replicas} API replicas behind nginx at {addresses.url('api')} (least_conn); "
-                           f"Prometheus scrapes each replica" + (", the probes watch api-1 only" if use_probes else ""))
+                           f"Prometheus scrapes each replica" + (", the probes watch them all" if use_probes else ""))
     state.notes.append("not run without Docker: otel-collector, tempo, grafana, neo4j (compose only)")
     try:
         configs = prepare_configs(options, compose, addresses)
@@ -320,8 +320,9 @@ def _start(state: StackState, options: StackOptions, compose: dict, addresses: t
         _wait(front, front.url + "/readyz", 30)  # through the balancer to a replica
         say(f"nginx ready at {front.url}, balancing {len(apis)} replicas ({', '.join(a.url for a in apis)})")
     if "probes" in addresses.components:
-        # After the API is up: the probes attach to its pid and watch the ports it listens on.
-        probes = state.spawn("probes", [ragheat, "probes", "--pid", str(api.pid), "--host", "127.0.0.1",
+        # After the API is up: the probes attach to its pid (every replica's) and watch the ports they listen on.
+        pids = [argument for replica in apis for argument in ("--pid", str(replica.pid))]
+        probes = state.spawn("probes", [ragheat, "probes", *pids, "--host", "127.0.0.1",
                                         "--port", port["probes"]], url=addresses.url("probes"))
         started.append((probes, probes.url + "/metrics", 120))
     for managed, url, limit in started:

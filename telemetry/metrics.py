@@ -224,6 +224,7 @@ class PrometheusMetrics:
         self.unsupported_sentences = create_metric(generation["unsupported_sentences"], registry)
         self.generation_degraded = create_metric(generation["degraded"], registry)
         self._children: dict = {}
+        self.exemplar_share = None  # a worker of `serve --workers N`: see share_exemplars
         # Create every closed-set series up front: a rate() over a series that appears late reads as missing.
         for route in ROUTES:
             self.in_flight.labels(route)
@@ -254,14 +255,40 @@ class PrometheusMetrics:
         for result in CACHE_RESULTS:
             self.cache_requests.labels(result)
 
+    def share_exemplars(self, share) -> None:
+        """A worker of ``serve --workers N``: prometheus_client keeps no exemplars in multiprocess mode, so traced
+        histogram observations made through ``child`` also go to ``share`` (``telemetry.exemplars.ExemplarShare``)."""
+        self.exemplar_share = share
+        self._children.clear()
+
     def child(self, metric, *label_values):
-        """``metric.labels(*label_values)``, cached: ``labels()`` validates and locks on every call, which
-        is a measurable share of per-request cost when a request makes eight observations."""
+        """``metric.labels(*label_values)`` (``metric`` itself when it has no labels), cached: ``labels()``
+        validates and locks on every call, which is a measurable share of per-request cost when a request makes
+        eight observations."""
         key = (id(metric), label_values)
         found = self._children.get(key)
         if found is None:
-            found = self._children[key] = metric.labels(*label_values)
+            found = metric.labels(*label_values) if label_values else metric
+            if self.exemplar_share is not None and isinstance(metric, Histogram):
+                # prometheus_client's names for the family, its label names and bucket bounds (+Inf last)
+                found = _SharedExemplars(found, self.exemplar_share, metric._name,
+                                         dict(zip(metric._labelnames, label_values)), metric._upper_bounds)
+            self._children[key] = found
         return found
+
+
+class _SharedExemplars:
+    """A histogram child whose traced observations also reach the workers' exemplar share."""
+
+    __slots__ = ("child", "share", "family", "labels", "bounds")
+
+    def __init__(self, child, share, family: str, labels: dict, bounds) -> None:
+        self.child, self.share, self.family, self.labels, self.bounds = child, share, family, labels, bounds
+
+    def observe(self, amount: float, exemplar: dict | None = None) -> None:
+        self.child.observe(amount)
+        if exemplar:
+            self.share.record(self.family, self.labels, self.bounds, amount, exemplar["trace_id"])
 
 
 def status_class(status: int) -> str:

@@ -209,7 +209,7 @@ class Telemetry:
                 for skipped in result.skipped:
                     m.child(m.stage_skipped, skipped).inc()
                 if result.generation is not None:
-                    m.generation_ttft.observe(result.generation.ttft_s, exemplar)
+                    m.child(m.generation_ttft).observe(result.generation.ttft_s, exemplar)
                     for gap in result.generation.inter_token_s:
                         m.generation_inter_token.observe(gap)
                 if result.support and result.unsupported_sentences:

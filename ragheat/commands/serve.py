@@ -122,6 +122,9 @@ def _workers_problem(settings) -> str | None:
         return "--workers > 1 serves /metrics on the API port (each scrape sums all workers); drop --metrics-port"
     if settings.generation.generator == "vllm":
         return "--generator vllm with --workers > 1 would start one engine per worker on the GPU; use one worker"
+    if settings.server.reload_poll_s == 0:
+        return ("--workers > 1 needs --reload-poll > 0: POST /admin/reload reaches one worker, and the others follow "
+                "a new index generation on their own poll of its `current` link")
     return None
 
 

@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rag.childproc import ChildProcess, free_port
 from ragheat.workers import worker_argv
+from telemetry.exemplars import read_exemplars
 
 
 def _requests_total(text: str) -> float:
@@ -38,13 +39,17 @@ def test_worker_argv_drops_what_the_parent_handles():
     assert worker_argv(["--workers=3", "--port", "9"]) == ["--port", "9"]
 
 
-def test_workers_need_a_fixed_port(subset_index):
+def test_workers_need_a_fixed_port_and_a_reload_poll(subset_index):
     from typer.testing import CliRunner
 
     from ragheat.cli import app
 
     result = CliRunner().invoke(app, ["serve", "--index", str(subset_index), "--port", "0", "--workers", "2"])
     assert result.exit_code != 0 and "--workers > 1 needs a fixed --port" in result.output
+    # POST /admin/reload reaches one worker: without a poll the others would keep serving the old generation.
+    result = CliRunner().invoke(app, ["serve", "--index", str(subset_index), "--port", str(free_port()), "--workers",
+                                      "2", "--reload-poll", "0"])
+    assert result.exit_code != 0 and "--workers > 1 needs --reload-poll > 0" in result.output
 
 
 def test_two_workers_counters_sum_in_one_scrape(subset_index, tmp_path):
@@ -123,3 +128,43 @@ def test_a_worker_that_dies_is_restarted_and_its_gauges_leave_the_scrape(subset_
             assert victim not in _in_flight_pids(text), text
             assert _requests_total(text) == sent
         assert "restarting it" in (tmp_path / "serve.log").read_text()
+
+
+def test_exemplars_of_every_worker_reach_an_openmetrics_scrape(subset_index, tmp_path):
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
+
+    port = free_port()
+    ragheat = str(Path(sys.executable).parent / "ragheat")
+    url = f"http://127.0.0.1:{port}"
+    # Tracing needs a span exporter: one pointed at a port nobody listens on (its spans are dropped and counted); only
+    # the requests sent with a sampled traceparent below are traced, so every exemplar must name one of them.
+    env = {**os.environ, "TMPDIR": str(tmp_path), "RAGHEAT_TELEMETRY__OTLP": "on",
+           "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{free_port()}", "RAGHEAT_TELEMETRY__TRACE_SAMPLE_RATIO": "0"}
+    with ChildProcess("serve-workers", [ragheat, "serve", "--index", str(subset_index), "--host", "127.0.0.1",
+                                        "--port", str(port), "--workers", "2", "--log-level", "warning"],
+                      log_path=tmp_path / "serve.log", die_with_parent=True, env=env) as parent:
+        parent.wait_until_ok(f"{url}/readyz", 300)
+        folder = next(tmp_path.glob("ragheat-metrics-*"))
+        sent: set[str] = set()
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and len(list(folder.glob("exemplars_*.json"))) < 2:
+            trace_id = os.urandom(16).hex()
+            with httpx.Client(timeout=30) as client:  # a new connection each time: both workers answer some
+                response = client.post(f"{url}/v1/query", json={"query": f"vitamin D and bone {len(sent)}"},
+                                       headers={"traceparent": f"00-{trace_id}-{os.urandom(8).hex()}-01"})
+            assert response.status_code == 200
+            sent.add(trace_id)
+            time.sleep(0.1)
+        assert len(list(folder.glob("exemplars_*.json"))) == 2, "a worker shared no exemplar"
+        with httpx.Client(timeout=30) as client:
+            text = client.get(f"{url}/metrics", headers={"Accept": "application/openmetrics-text"}).text
+        shared = {e.labels["trace_id"] for e in read_exemplars(folder).values()}
+    seen: dict[str, set[str]] = {}
+    for family in openmetrics_families(text):
+        for sample in family.samples:
+            if sample.exemplar is not None:
+                seen.setdefault(family.name, set()).add(sample.exemplar.labels["trace_id"])
+    assert seen.get("ragheat_request_duration_seconds") and seen.get("ragheat_stage_duration_seconds"), seen
+    assert set().union(*seen.values()) <= sent
+    # The scrape came from one worker and carries what both workers shared.
+    assert shared == set().union(*seen.values())
