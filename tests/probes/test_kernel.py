@@ -29,8 +29,11 @@ def test_sleeping_thread_is_off_cpu_in_the_8_to_16_ms_slot_as_blocked(measured):
     # every 10 ms sleep is one off-CPU period; a GIL hand-off may add a short extra one, never a long one
     assert blocked.slots[SLOT_8_16_MS] >= wl.SLEEPS * 0.9, blocked.slots
     assert sum(blocked.slots[SLOT_8_16_MS + 1:]) <= wl.SLEEPS * 0.1, blocked.slots
-    assert ("embed", "preempted") not in measured.snapshot.offcpu or \
-        measured.snapshot.offcpu[("embed", "preempted")].count < wl.SLEEPS * 0.1
+    # The sleeps are not counted as preemptions (misclassified, they would fill the sleeps' slot); the thread's brief
+    # runs between sleeps may be preempted by whatever else shares the two cores (in a full suite run, a few of 30).
+    preempted = measured.snapshot.offcpu.get(("embed", "preempted"))
+    if preempted is not None:
+        assert preempted.slots[SLOT_8_16_MS] <= wl.SLEEPS * 0.1 and preempted.count < wl.SLEEPS * 0.2, preempted.slots
     assert 0.8 * wl.SLEEPS * wl.SLEEP_S <= blocked.sum_seconds, blocked.sum_seconds
 
 
