@@ -34,7 +34,7 @@ def probes(
     from probes.environment import ProbesUnavailable, check_privileges
 
     if bool(pid) == (service_url is not None):
-        _fail("give --pid PID (repeatable) or --service-url URL, not both")
+        _fail("give exactly one of --pid PID (repeatable) or --service-url URL")
     settings = load_settings(probes={"scheduler": scheduler, "syscalls": syscalls,
                                      "tcp_retransmits": tcp_retransmits, "port": port})
     try:
@@ -50,7 +50,8 @@ def probes(
             for p in pids:
                 if not Path(f"/proc/{p}").is_dir():
                     _fail(f"no process with pid {p} is running")
-        ports = sorted({*(port for p in pids for port in listening_ports(p)), *([service_port] if service_port else [])})
+        ports = {port for p in pids for port in listening_ports(p)}
+        ports = sorted(ports | {service_port} if service_port else ports)
         attached = KernelProbes.attach(pids, settings.probes, tcp_ports=ports)
     except ProbesUnavailable as exc:
         _fail(str(exc))

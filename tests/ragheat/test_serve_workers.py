@@ -139,7 +139,8 @@ def test_exemplars_of_every_worker_reach_an_openmetrics_scrape(subset_index, tmp
     # Tracing needs a span exporter: one pointed at a port nobody listens on (its spans are dropped and counted); only
     # the requests sent with a sampled traceparent below are traced, so every exemplar must name one of them.
     env = {**os.environ, "TMPDIR": str(tmp_path), "RAGHEAT_TELEMETRY__OTLP": "on",
-           "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{free_port()}", "RAGHEAT_TELEMETRY__TRACE_SAMPLE_RATIO": "0"}
+           "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{free_port()}",
+           "RAGHEAT_TELEMETRY__TRACE_SAMPLE_RATIO": "0"}
     with ChildProcess("serve-workers", [ragheat, "serve", "--index", str(subset_index), "--host", "127.0.0.1",
                                         "--port", str(port), "--workers", "2", "--log-level", "warning"],
                       log_path=tmp_path / "serve.log", die_with_parent=True, env=env) as parent:
