@@ -1,9 +1,11 @@
 """Replicas behind nginx on loopback: is a second API process worth a balancer's hop?
 
-Three ways to serve the same index, measured side by side in one run with the project's open-loop load generator
+Ways to serve the same index, measured side by side in one run with the project's open-loop load generator
 (Poisson arrivals, latency from the intended send time, loadgen/runner.py):
 
 - ``direct-1``: one ``ragheat serve``, no proxy (what ``ragheat bench`` measures);
+- ``direct-1-no-rerank``: the same with reranking off (``RAGHEAT_RERANK__ENABLED=false``): what the default-on
+  rerank stage costs in capacity;
 - ``workers-2``: one ``ragheat serve --workers 2``: two worker processes on one port (SO_REUSEPORT, the kernel
   spreading connections), no proxy;
 - ``nginx-1``: the same replica behind nginx: the proxy's own cost (an extra loopback hop, nginx's CPU);
@@ -46,7 +48,7 @@ from rag.slo import SLO_MS  # noqa: E402
 from stack import nginx  # noqa: E402
 from stack.servers import ServeFleet  # noqa: E402
 
-CONFIGS = ("direct-1", "workers-2", "nginx-1", "nginx-2")
+CONFIGS = ("direct-1", "direct-1-no-rerank", "workers-2", "nginx-1", "nginx-2")
 MAX_ERROR_RATE = 0.001  # the knee's error allowance, as `ragheat bench`
 SATURATED_ERRORS = 0.10  # past this error share a configuration is not offered higher rates
 
@@ -102,10 +104,14 @@ class Services:
             serves["api-2"] = ((), {})
         if "workers-2" in self.args.configs:
             serves["workers-2"] = (("--workers", "2"), {})
+        if "direct-1-no-rerank" in self.args.configs:
+            serves["no-rerank"] = ((), {"RAGHEAT_RERANK__ENABLED": "false"})
         fleet = self.stack.enter_context(ServeFleet(self.args.index, serves, self.work, self.args.ready_timeout))
         self.urls["direct-1"] = fleet.urls["api-1"]
         if "workers-2" in fleet.urls:
             self.urls["workers-2"] = fleet.urls["workers-2"]
+        if "no-rerank" in fleet.urls:
+            self.urls["direct-1-no-rerank"] = fleet.urls["no-rerank"]
         replicas = [fleet.urls[name].removeprefix("http://") for name in ("api-1", "api-2") if name in fleet.urls]
         binary = nginx.nginx_binary() if any(c.startswith("nginx") for c in self.args.configs) else None
         for name, upstreams in (("nginx-1", replicas[:1]), ("nginx-2", replicas[:2])):

@@ -32,8 +32,9 @@ RETRIEVAL_ROUTES = ("dense", "bm25", "graph", "hybrid", "dense+graph", "bm25+gra
 """The ``retrieval_route`` label of request metrics (and the ``rag.route`` span attribute): the retrievers a request
 ran, named as in ``ragheat eval`` (``hybrid`` = dense+bm25), or the router's arm; ``none`` = it ended before
 retrieving (refused, or failed first)."""
-EXTRACTIVE_STAGES = ("embed", "retrieve_dense", "retrieve_bm25", "fuse", "generate")
-"""The stages a hybrid query answered by the extractive generator runs, in order (the default service)."""
+DEFAULT_STAGES = ("embed", "retrieve_dense", "retrieve_bm25", "fuse", "rerank", "generate")
+"""The stages the default service runs for a query, in order: hybrid retrieval, reranked (``rerank.enabled``),
+answered by the extractive generator."""
 DEGRADED_REASONS = ("unavailable", "slow", "unsupported")
 """Why an answer fell back to the extractive generator (``rag.types.DegradedReason``): the model was down or failed
 (``unavailable``), sent no token or finished too late (``slow``), or none of its sentences was supported by the

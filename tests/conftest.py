@@ -126,11 +126,9 @@ def scifact_subset(scifact_dir, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def settings() -> RagheatSettings:
-    """Defaults, except that ingest stores the token vectors the reranker reads (off by default: they grow an index
-    several times), so every index built here can be reranked; the ONNX conversion is cached in the user's cache
-    folder across runs, as in production."""
-    defaults = RagheatSettings()
-    return defaults.model_copy(update={"rerank": defaults.rerank.model_copy(update={"store_tokens": True})})
+    """The defaults (ingest stores the reranker's token vectors and queries are reranked); the ONNX conversion is
+    cached in the user's cache folder across runs, as in production."""
+    return RagheatSettings()
 
 
 @pytest.fixture(scope="session")

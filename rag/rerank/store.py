@@ -101,7 +101,8 @@ def load_token_vectors(folder: Path, block: dict | None, head: RerankHead, chunk
     folder = Path(folder)
     if not block:
         raise IndexLoadError(folder, "it has no rerank token vectors (built before issue 15, or with "
-                                     "rerank.store_tokens off); re-run `ragheat ingest` on its source to add them")
+                                     "rerank.store_tokens off); re-run `ragheat ingest` on its source to add them, or "
+                                     "serve it without reranking (RAGHEAT_RERANK__ENABLED=false)")
     if block.get("projection_sha256") != head.projection_sha256:
         raise IndexLoadError(folder, "its rerank token vectors were projected by another rerank head "
                                      f"({str(block.get('projection_sha256'))[:12]}…, the configured head is "

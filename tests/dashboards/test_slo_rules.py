@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from dashboards import contract, render, slo, yamlout
-from rag.stages import EXTRACTIVE_STAGES, STAGES
+from rag.stages import DEFAULT_STAGES, STAGES
 from telemetry.metrics import ROUTES
 
 DASHBOARDS = Path(__file__).resolve().parents[2] / "dashboards"
@@ -99,7 +99,7 @@ def _stage_buckets(stage: str, phase: Phase, answered: int) -> dict[str, int]:
         n = round(PER_MINUTE * share)
         counts[_edge(seconds)] += n
         slow_runs += n
-    if stage in EXTRACTIVE_STAGES:
+    if stage in DEFAULT_STAGES:
         counts[_edge(FAST_S)] += answered - slow_runs
     running, out = 0, {}
     for e in EDGES:

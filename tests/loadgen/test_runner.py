@@ -181,7 +181,7 @@ def test_stage_percentiles_from_a_real_prometheus(settings, pipeline):
     telemetry.shutdown()
     step = results["steps"][0]
     assert step["stages_source"] == "prometheus"
-    assert set(step["stages_ms"]) == {"queue", "embed", "retrieve_dense", "retrieve_bm25", "fuse", "generate"}
+    assert set(step["stages_ms"]) == {"queue", "embed", "retrieve_dense", "retrieve_bm25", "fuse", "rerank", "generate"}
     for stage, p in step["stages_ms"].items():
         assert p["p50"] is not None and 0 < p["p50"] <= p["p99"] < 1000, (stage, p)
 

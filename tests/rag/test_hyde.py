@@ -73,14 +73,14 @@ def test_the_writer_skips_a_model_that_is_down_slow_or_writes_nothing(completer,
 
 
 def test_the_passage_drives_a_second_dense_query_fused_with_the_question(pipeline, with_writer):
-    baseline = pipeline.retrieve(QUESTION, 30, ["dense"], hyde=False)
+    baseline = pipeline.retrieve(QUESTION, 30, ["dense"], hyde=False, rerank=False)
     before = _docs(pipeline, baseline)
     # A passage that is, word for word, a document the question alone does not find in its top 10.
     target = next(c for c in pipeline.index.chunks if c.doc_id not in before)
     completer = Scripted(text=target.text)
     with_writer(completer)
     stages, run = [], RetrievalRun()
-    fused = pipeline.retrieve(QUESTION, 30, ["dense"], stages, run=run, hyde=True)
+    fused = pipeline.retrieve(QUESTION, 30, ["dense"], stages, run=run, hyde=True, rerank=False)
     names = [s.name for s in stages]
     assert names == ["embed", "hyde", "retrieve_dense"], names
     assert len(completer.calls) == 1 and run.skipped == {}

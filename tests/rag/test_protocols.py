@@ -42,7 +42,8 @@ def test_the_warmed_up_stages_satisfy_their_protocols(pipeline):
         assert isinstance(pipeline.graph, protocols.GraphStore)
         assert isinstance(pipeline.linker, protocols.EntityLinker)
         assert isinstance(pipeline.graph_retriever, protocols.GraphRetriever)
-    assert pipeline.llm is None and pipeline.reranker is pipeline.cache is None
+    assert isinstance(pipeline.reranker, protocols.Reranker)  # rerank.enabled is the default
+    assert pipeline.llm is None and pipeline.cache is None
 
 
 @pytest.mark.parametrize("make", [OpenAIStreamGenerator, InProcessVllmGenerator])

@@ -16,7 +16,7 @@ import pytest
 
 from rag.index.store import read_manifest
 from rag.ingest.sources import load_wiki
-from rag.stages import EXTRACTIVE_STAGES
+from rag.stages import DEFAULT_STAGES
 from ragheat.commands.demo import SAMPLE_QUESTIONS, SWEEP_RATES
 
 RAGHEAT = Path(sys.executable).parent / "ragheat"
@@ -53,10 +53,10 @@ def test_demo_ingests_serves_answers_times_and_sweeps(tmp_path):
 
     # The timing table covers every stage over REPEATS x 5 HTTP queries; the P99s come from the server's /metrics.
     assert "per-stage latency over 100 HTTP" in output
-    for stage in [*EXTRACTIVE_STAGES, "end to end (HTTP)"]:
+    for stage in [*DEFAULT_STAGES, "end to end (HTTP)"]:
         assert re.search(rf"{re.escape(stage)} +[│|] +\d+\.\d\d +[│|] +\d+\.\d\d", output), stage
     p99_line = next(line for line in output.splitlines() if line.startswith("P99 from GET /metrics"))
-    assert {m for m in re.findall(r"(\w+) <= [\d.e+-]+ ms", p99_line)} == {"queue", *EXTRACTIVE_STAGES}, p99_line
+    assert {m for m in re.findall(r"(\w+) <= [\d.e+-]+ ms", p99_line)} == {"queue", *DEFAULT_STAGES}, p99_line
 
     # The sweep ran every rate against the demo's server and wrote its report.
     assert "the sweep failed" not in output, output

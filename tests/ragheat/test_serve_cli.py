@@ -162,7 +162,7 @@ def test_query_in_process_prints_json(subset_index, tmp_path):
     assert [c["number"] for c in data["citations"]] == [1, 2, 3]
     assert all(c["doc_id"] and c["chunk_end"] > c["chunk_start"] for c in data["citations"])
     assert data["generator"] == "extractive"
-    assert [s["name"] for s in data["stages"]] == ["embed", "retrieve_dense", "retrieve_bm25", "fuse", "generate"]
+    assert [s["name"] for s in data["stages"]] == ["embed", "retrieve_dense", "retrieve_bm25", "fuse", "rerank", "generate"]
 
 
 def test_query_against_a_server_matches_in_process(server_url, pipeline, tmp_path):
@@ -173,7 +173,7 @@ def test_query_against_a_server_matches_in_process(server_url, pipeline, tmp_pat
     expected = pipeline.query(QUERY, 3, ["bm25"])
     assert data["answer"] == expected.answer
     assert [c["doc_id"] for c in data["citations"]] == [s.chunk.doc_id for s in expected.sources]
-    assert [s["name"] for s in data["stages"]] == ["queue", "retrieve_bm25", "generate"]
+    assert [s["name"] for s in data["stages"]] == ["queue", "embed", "retrieve_bm25", "rerank", "generate"]
 
 
 def test_query_against_a_server_prints_a_readable_answer(server_url, tmp_path):

@@ -9,9 +9,9 @@ from contextlib import ExitStack
 
 import pytest
 
-from rag.stages import EXTRACTIVE_STAGES
+from rag.stages import DEFAULT_STAGES
 
-SERVED = ("queue", *EXTRACTIVE_STAGES)  # over HTTP a query also reports its wait (admission, thread pool)
+SERVED = ("queue", *DEFAULT_STAGES)  # over HTTP a query also reports its wait (admission, thread pool)
 from stack.otlp_receiver import OtlpReceiver
 from telemetry.otlp_metrics import REQUEST_DURATION, STAGE_DURATION
 from telemetry.tracing import OTLP_ENDPOINT_VARIABLES

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from rag.stages import DEFAULT_STAGES
 from telemetry_testkit import scrape, serve
 
 
@@ -57,4 +57,4 @@ def test_traceparent_continues_the_callers_trace(settings, pipeline):
         assert format(request[0].context.trace_id, "032x") == trace_id
         assert format(request[0].parent.span_id, "016x") == parent_id
         assert all(format(s.context.trace_id, "032x") == trace_id for s in spans)
-        assert len(spans) == 1 + 1 + 5  # the request, its queue wait and its five stages
+        assert len(spans) == 1 + 1 + len(DEFAULT_STAGES)  # the request, its queue wait and its stages

@@ -12,7 +12,7 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from rag.stages import EXTRACTIVE_STAGES, RETRIEVERS, STAGES
+from rag.stages import DEFAULT_STAGES, RETRIEVERS, STAGES
 from telemetry.buckets import LATENCY_SECONDS, RETRIEVED_DOCUMENTS
 from telemetry.metrics import DROP_REASONS, EXPECTED_METRICS, REQUEST_OUTCOMES, ROUTES, SIGNALS, STAGE_OUTCOMES
 from telemetry_testkit import (QUERIES, children, request_spans, samples, scrape, serve, total, trace_id, wait_for,
@@ -96,7 +96,7 @@ def test_successful_queries_are_counted_once_per_request_and_stage(svc):
     assert delta(before, after, REQUEST_H + "_count", route="/v1/query", outcome="ok") == n
     assert delta(before, after, REQUEST_H + "_count", route="/v1/query/stream") == 0
     assert delta(before, after, "ragheat_requests_total", route="/v1/query", status_class="2xx") == n
-    for stage in EXTRACTIVE_STAGES:
+    for stage in DEFAULT_STAGES:
         assert delta(before, after, STAGE_H + "_count", stage=stage, outcome="ok") == n, stage
         assert delta(before, after, STAGE_H + "_count", stage=stage, outcome="error") == 0, stage
         assert delta(before, after, STAGE_H + "_sum", stage=stage) > 0, stage
@@ -133,7 +133,7 @@ def test_openmetrics_exemplars_carry_trace_ids_of_exported_spans(svc):
             assert s.exemplar.value <= float(s.labels["le"]), s
             key = s.labels.get("stage") or s.labels["route"]
             found.setdefault(key, set()).add(s.exemplar.labels["trace_id"])
-    assert set(EXTRACTIVE_STAGES) | {"/v1/query"} <= set(found), found.keys()
+    assert set(DEFAULT_STAGES) | {"/v1/query"} <= set(found), found.keys()
 
     exporter = svc.exporter
 
@@ -164,7 +164,7 @@ def test_one_request_span_with_one_child_per_stage(svc, pipeline):
         assert span.attributes["http.response.status_code"] == 200
         assert span.attributes["rag.qps_bucket"] in svc.telemetry.buckets.labels
         kids = sorted(children(exporter, span), key=lambda s: s.start_time)
-        assert [k.attributes["rag.stage"] for k in kids] == ["queue", *EXTRACTIVE_STAGES]
+        assert [k.attributes["rag.stage"] for k in kids] == ["queue", *DEFAULT_STAGES]
         timings = {st["name"]: st["ms"] for st in response.json()["stages"]}
         for kid in kids:
             stage = kid.attributes["rag.stage"]
@@ -224,7 +224,7 @@ def test_a_failing_stage_is_visible_in_metrics_and_spans(svc, pipeline):
     assert delta(before, after, STAGE_H + "_count", stage="retrieve_bm25", outcome="ok") == 0
     for stage in ("embed", "retrieve_dense"):  # ran fine before the failure
         assert delta(before, after, STAGE_H + "_count", stage=stage, outcome="ok") == 1, stage
-    for stage in ("fuse", "generate"):  # never ran
+    for stage in ("fuse", "rerank", "generate"):  # never ran
         assert delta(before, after, STAGE_H + "_count", stage=stage) == 0, stage
     assert delta(before, after, REQUEST_H + "_count", route="/v1/query", outcome="error") == 1
     assert delta(before, after, "ragheat_requests_total", route="/v1/query", status_class="5xx") == 1
@@ -249,11 +249,11 @@ def test_stream_route_is_recorded_under_its_own_label(svc):
     assert delta(before, after, REQUEST_H + "_count", route="/v1/query/stream", outcome="ok") == 1
     assert delta(before, after, REQUEST_H + "_count", route="/v1/query") == 0
     assert delta(before, after, "ragheat_requests_total", route="/v1/query/stream", status_class="2xx") == 1
-    for stage in EXTRACTIVE_STAGES:
+    for stage in DEFAULT_STAGES:
         assert delta(before, after, STAGE_H + "_count", stage=stage, outcome="ok") == 1, stage
     (span,) = wait_for_request_spans(svc.exporter, t0, 1, route="/v1/query/stream")
     assert span.attributes["http.route"] == "/v1/query/stream"
-    assert len(children(svc.exporter, span)) == len(EXTRACTIVE_STAGES) + 1  # and the queue stage
+    assert len(children(svc.exporter, span)) == len(DEFAULT_STAGES) + 1  # and the queue stage
     assert request_spans(svc.exporter, t0, "/v1/query") == []
 
 

@@ -91,7 +91,7 @@ def test_query_response_contract(client):
     assert scores == sorted(scores, reverse=True), scores
 
     names = [s["name"] for s in data["stages"]]
-    assert names == ["queue", "embed", "retrieve_dense", "retrieve_bm25", "fuse", "generate"]  # queue: admission
+    assert names == ["queue", "embed", "retrieve_dense", "retrieve_bm25", "fuse", "rerank", "generate"]  # queue: admission
     assert set(names) <= set(STAGES)
     assert all(s["ms"] >= 0 for s in data["stages"])
 
@@ -115,10 +115,11 @@ def test_top_k_is_respected(client, top_k):
 
 
 def test_single_retrievers_skip_the_other_stages(client):
+    # reranking is on by default: it reads the query's token states, so BM25 alone still runs the embed stage
     bm25 = [s["name"] for s in ask(client, retrievers=["bm25"])["stages"]]
-    assert bm25 == ["queue", "retrieve_bm25", "generate"]
+    assert bm25 == ["queue", "embed", "retrieve_bm25", "rerank", "generate"]
     dense = [s["name"] for s in ask(client, retrievers=["dense"])["stages"]]
-    assert dense == ["queue", "embed", "retrieve_dense", "generate"]
+    assert dense == ["queue", "embed", "retrieve_dense", "rerank", "generate"]
     both = [s["name"] for s in ask(client, retrievers=["bm25", "dense"])["stages"]]
     assert "fuse" in both and "embed" in both
 

@@ -35,17 +35,22 @@ def names(stages: list[StageTiming]) -> list[str]:
     return [s.name for s in stages]
 
 
-def test_the_graph_alone_needs_no_embedding(graph_pipeline, hotpot_subset):
+def test_the_graph_alone_needs_no_embedding_unless_reranked(graph_pipeline, hotpot_subset):
+    question = linked_question(graph_pipeline, hotpot_subset)
     stages, run = [], RetrievalRun()
-    fused = graph_pipeline.retrieve(linked_question(graph_pipeline, hotpot_subset), 10, ["graph"], stages, run=run)
+    fused = graph_pipeline.retrieve(question, 10, ["graph"], stages, run=run, rerank=False)
     assert names(stages) == ["link_entities", "retrieve_graph"] and fused.hits
     assert run.route == "graph" and run.retrieved["graph"] == len(fused.hits) and not run.skipped
+    stages = []  # reranking (the default) reads the query's token states: one embed run
+    assert graph_pipeline.retrieve(question, 10, ["graph"], stages).hits
+    assert names(stages) == ["link_entities", "embed", "retrieve_graph", "rerank"]
 
 
 def test_hybrid_plus_graph_runs_every_stage_in_order_and_fuses_three_lists(graph_pipeline, hotpot_subset):
     stages, run = [], RetrievalRun()
     graph_pipeline.retrieve(linked_question(graph_pipeline, hotpot_subset), 10, ["hybrid+graph"], stages, run=run)
-    assert names(stages) == ["link_entities", "embed", "retrieve_dense", "retrieve_bm25", "retrieve_graph", "fuse"]
+    assert names(stages) == ["link_entities", "embed", "retrieve_dense", "retrieve_bm25", "retrieve_graph", "fuse",
+                             "rerank"]
     assert run.route == "hybrid+graph" and set(run.retrieved) == {"dense", "bm25", "graph"}
 
 
@@ -63,7 +68,7 @@ def test_a_query_that_links_nothing_runs_no_graph_stage_and_makes_no_round_trip(
 def test_the_default_hybrid_request_is_unchanged_by_the_graph(graph_pipeline):
     stages = []
     graph_pipeline.retrieve("Who directed Black Book?", 5, ["dense", "bm25"], stages)
-    assert names(stages) == ["embed", "retrieve_dense", "retrieve_bm25", "fuse"]
+    assert names(stages) == ["embed", "retrieve_dense", "retrieve_bm25", "fuse", "rerank"]
 
 
 def test_routed_picks_a_route_per_query_and_never_the_graph_without_entities(graph_pipeline, hotpot_subset):
