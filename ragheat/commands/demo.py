@@ -113,10 +113,12 @@ def run_demo(settings: RagheatSettings, index: Path, source: str, port: int, *, 
 
     try:
         manifest = read_manifest(index)
+        if settings.rerank.enabled and not manifest.get("rerank"):  # built before reranking was on by default
+            raise IndexLoadError(index, "it has no rerank token vectors")
         console.print(f"using index {index} ({manifest['counts']['chunks']} chunks of {manifest['corpus']['name']})")
-    except IndexLoadError:
+    except IndexLoadError as exc:
         what = f"the first {max_docs} documents of {source!r}" if max_docs else repr(source)
-        console.print(f"no index at {index}: ingesting {what} (one time)")
+        console.print(f"no usable index at {index} ({exc.reason}): ingesting {what} (one time)")
         path = str(first_documents(source, max_docs, index / "source")) if max_docs else source
         with progress() as bar:
             report = ingest(path, index, settings, progress=bar)

@@ -25,9 +25,9 @@ DOCS = 60
 pytestmark = pytest.mark.slow
 
 
-def demo(cwd: Path, *args: str) -> str:
-    env = {**os.environ, "COLUMNS": "400", "NO_COLOR": "1", "TERM": "dumb"}
-    done = subprocess.run([str(RAGHEAT), "demo", *args], cwd=cwd, env=env, capture_output=True, text=True,
+def demo(cwd: Path, *args: str, command: str = "demo", **env: str) -> str:
+    env = {**os.environ, "COLUMNS": "400", "NO_COLOR": "1", "TERM": "dumb", **env}
+    done = subprocess.run([str(RAGHEAT), command, *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Traceback" not in done.stderr, done.stderr
@@ -38,7 +38,8 @@ def test_demo_ingests_serves_answers_times_and_sweeps(tmp_path):
     index = tmp_path / "index"
     output = demo(tmp_path, "--max-docs", str(DOCS), "--index", str(index), "--sweep-seconds", "0.5")
 
-    assert f"no index at {index}: ingesting the first {DOCS} documents of 'wiki'" in output, output
+    assert f"no usable index at {index}" in output, output
+    assert f"ingesting the first {DOCS} documents of 'wiki'" in output, output
     manifest = read_manifest(index)
     assert manifest["counts"]["documents"] == DOCS and manifest["corpus"]["name"] == f"wiki-en-us-first-{DOCS}"
     assert f"indexed {DOCS} documents as {manifest['counts']['chunks']} chunks" in output
@@ -72,3 +73,18 @@ def test_demo_ingests_serves_answers_times_and_sweeps(tmp_path):
     assert f"using index {index} ({manifest['counts']['chunks']} chunks of wiki-en-us-first-{DOCS})" in again, again
     assert "ingesting" not in again
     assert read_manifest(index)["generation"] == manifest["generation"]
+
+
+def test_demo_reingests_an_index_built_without_the_rerankers_token_vectors(tmp_path):
+    """An index from before reranking was on by default is rebuilt with them, not served into an error."""
+    index = tmp_path / "index"
+    source = tmp_path / "docs"
+    source.mkdir()
+    for d in load_wiki().documents[:12]:
+        (source / f"{d.doc_id.replace('/', '_')}.txt").write_text(f"{d.title}\n\n{d.text}", encoding="utf-8")
+    demo(tmp_path, str(source), "--index", str(index), command="ingest",
+         RAGHEAT_RERANK__ENABLED="false", RAGHEAT_RERANK__STORE_TOKENS="false")
+    assert not read_manifest(index).get("rerank")
+    output = demo(tmp_path, "--source", str(source), "--index", str(index), "--sweep-seconds", "0.2")
+    assert f"no usable index at {index} (it has no rerank token vectors)" in output, output
+    assert read_manifest(index).get("rerank") and "rerank" in output
