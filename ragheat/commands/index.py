@@ -286,7 +286,8 @@ def train_reranker(
         cv = report["cv"]["summary"]
         out.print(f"{folds}-fold CV nDCG@10: hybrid {cv['hybrid']:.4f} -> rerank {cv['rerank']:.4f} "
                   f"±{cv['rerank_std']:.4f} (smallest gain {cv['gain_min']:+.4f})")
-    out.print(f"[green]wrote[/] {target} (training queries: hybrid {train_ndcg['hybrid']:.4f} -> rerank "
+    out.print(f"[green]wrote[/] {target} and its ONNX export {target.with_suffix('.onnx').name} (training queries: "
+              f"hybrid {train_ndcg['hybrid']:.4f} -> rerank "
               f"{train_ndcg['rerank']:.4f}); indexes re-ingest to store token vectors for a new head")
     if json_out:
         json_out.parent.mkdir(parents=True, exist_ok=True)

@@ -50,13 +50,41 @@ def test_the_head_saves_and_loads_with_its_metadata(tmp_path):
     loaded = RerankHead.load(head.save(tmp_path / "head"))
     np.testing.assert_array_equal(loaded.projection, head.projection)
     assert loaded.meta == head.meta and loaded.projection_sha256 == head.projection_sha256 and loaded.bias == 0.5
+    assert (tmp_path / "head.onnx").is_file()  # the projection's ONNX export, beside the weights
     (tmp_path / "bad.npz").write_bytes(b"not a head")
     with pytest.raises(ConfigurationError, match="bad.npz"):
         RerankHead.load(tmp_path / "bad.npz")
 
 
+def test_the_projection_runs_on_onnx_runtime_from_the_exported_graph(tmp_path):
+    """project() runs the .onnx beside the .npz (ONNX Runtime), equal to the matrix product and row normalisation
+    it exports; an all-zero row stays zero; a graph exported from another projection is refused."""
+    rng = np.random.default_rng(2)
+    states = rng.standard_normal((7, 24)).astype(np.float32)
+    states[3] = 0.0
+    head = RerankHead.load(_head(rng).save(tmp_path / "head.npz"))
+    expected = states @ head.projection
+    expected[[0, 1, 2, 4, 5, 6]] /= np.linalg.norm(expected[[0, 1, 2, 4, 5, 6]], axis=1, keepdims=True)
+    np.testing.assert_allclose(head.project(states), expected, atol=1e-6)
+    assert head._onnx is not None and not np.any(head.project(states)[3])
+    _head(rng).save(tmp_path / "other.npz")
+    (tmp_path / "other.onnx").replace(tmp_path / "head.onnx")  # another head's graph beside this head's weights
+    with pytest.raises(ConfigurationError, match="exported from another projection"):
+        RerankHead.load(tmp_path / "head.npz").project(states)
+
+
+def test_the_shipped_head_has_its_onnx_export():
+    import onnx
+
+    from rag.rerank import onnx_head
+
+    shipped = RerankHead.load(DEFAULT_HEAD)
+    model = onnx_head.load(DEFAULT_HEAD.with_suffix(".onnx"), shipped.projection_sha256)  # refused if stale
+    assert onnx.printer.to_text(model.graph) == onnx.printer.to_text(shipped.to_onnx().graph)
+
+
 def test_the_shipped_head_and_the_serving_path_load_without_torch():
-    """Serving is numpy only: with torch made unimportable, the shipped head loads and reranks."""
+    """Serving is torch-free: with torch made unimportable, the shipped head loads and projects on ONNX Runtime."""
     code = ("import sys; sys.modules['torch'] = None\n"
             "import numpy as np\n"
             "from rag.rerank.head import DEFAULT_HEAD, RerankHead\n"

@@ -82,6 +82,7 @@ def test_train_reranker_end_to_end_on_a_tiny_split(scifact_subset, subset_index,
     assert head.meta["seed"] == 3 and head.meta["data"]["queries"] == 12 and head.meta["command"].startswith("ragheat train-reranker --beir")
     assert head.projection.shape == (384, 128) and head.projection_sha256 != RerankHead.load(DEFAULT_HEAD).projection_sha256
     assert (tmp_path / "cache" / "raw_tokens.npy").is_file() and (tmp_path / "report.json").is_file()
+    assert (tmp_path / "head.onnx").is_file() and head.project(np.ones((2, 384), np.float32)).shape == (2, 128)
     # Bad input is a sentence, not a traceback.
     result = CliRunner().invoke(app, ["train-reranker", "--beir", str(scifact_subset), "--split", "nope",
                                       "--index", str(subset_index)])
