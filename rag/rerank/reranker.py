@@ -1,6 +1,7 @@
 """``LateInteractionReranker``: the ``rerank`` stage. The top ``candidates`` fused hits are rescored by the head's
 combination of MaxSim (query token vectors against the stored document token vectors) with their first-stage
-scores; hits past ``candidates`` keep their fused order after them. Numpy only: no model run, no torch."""
+scores; hits past ``candidates`` keep their fused order after them. No torch: the head's projection and, for int8
+vectors (the default), MaxSim's product run on ONNX Runtime; fp16 vectors take numpy's float product."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import numpy as np
 
 from rag.rerank.features import RerankQuery, candidate_features
 from rag.rerank.head import DEFAULT_HEAD, RerankHead
-from rag.rerank.maxsim import limit_blas_threads, maxsim
+from rag.rerank.maxsim import Int8MaxSim, limit_blas_threads, maxsim
 from rag.rerank.store import TokenVectors, load_token_vectors
 from rag.types import Hit, RerankResult
 
@@ -26,10 +27,14 @@ class LateInteractionReranker:
 
     name = "late_interaction"
 
-    def __init__(self, head: RerankHead, vectors: TokenVectors, candidates: int = 50) -> None:
+    def __init__(self, head: RerankHead, vectors: TokenVectors, candidates: int = 50,
+                 float_product: bool = False) -> None:
+        """``float_product``: numpy's float32 product even over int8 vectors (the reference the integer product is
+        measured against: benchmarks/bench_rerank.py)."""
         if candidates < 1:
             raise ValueError(f"candidates must be greater than 0. Currently, the candidates is {candidates}")
         self.head, self.vectors, self.candidates = head, vectors, candidates
+        self._int8 = Int8MaxSim() if vectors.scales is not None and not float_product else None
 
     def warm_up(self) -> None:
         """Nothing to load: the head and the memory-mapped vectors are opened by ``load_reranker``."""
@@ -37,9 +42,12 @@ class LateInteractionReranker:
     def scores(self, query: RerankQuery, candidates: Sequence[Hit]) -> np.ndarray:
         """The combined score of each candidate (all of them, however many)."""
         projected = self.head.project(query.token_states)
-        matrix, starts = self.vectors.gather([h.chunk_id for h in candidates])
-        return self.head.combine(candidate_features(maxsim(projected, matrix, starts), candidates,
-                                                    query.first_stage))
+        ids = [h.chunk_id for h in candidates]
+        if self._int8 is not None:
+            similarity = self._int8(projected, *self.vectors.gather_codes(ids))
+        else:
+            similarity = maxsim(projected, *self.vectors.gather(ids))
+        return self.head.combine(candidate_features(similarity, candidates, query.first_stage))
 
     def rerank(self, query: RerankQuery, candidates: Sequence[Hit], k: int) -> RerankResult:
         start = time.perf_counter()
@@ -53,10 +61,10 @@ class LateInteractionReranker:
 
 
 def load_reranker(folder: Path, manifest: dict, head_path: Path | None = None,
-                  candidates: int = 50) -> LateInteractionReranker:
+                  candidates: int = 50, float_product: bool = False) -> LateInteractionReranker:
     """The reranker for the generation in ``folder``: its head (``DEFAULT_HEAD`` unless named) and stored token
     vectors; ``IndexLoadError`` when the generation has none or they were projected by another head."""
     limit_blas_threads()  # MaxSim's product on the request's own thread (rag/rerank/maxsim.py says why)
     head = RerankHead.load(head_path or DEFAULT_HEAD)
     vectors = load_token_vectors(folder, manifest.get("rerank"), head, manifest["counts"]["chunks"])
-    return LateInteractionReranker(head, vectors, candidates)
+    return LateInteractionReranker(head, vectors, candidates, float_product)

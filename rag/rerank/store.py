@@ -94,6 +94,22 @@ class TokenVectors:
                 matrix[at:at + e - b] *= self.scales[b:e, None]
         return matrix, starts
 
+    def gather_codes(self, ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """int8 vectors only: the listed chunks' codes as offset bytes (int8 + 128, uint8: ``Int8MaxSim``'s input),
+        their per-token scales and where each chunk starts; one pass over the bytes, no float matrix."""
+        if self.scales is None:
+            raise ValueError("gather_codes needs int8 token vectors; these are fp16 (use gather)")
+        ids = np.asarray(ids, np.int64)
+        begin, end = self.offsets[ids], self.offsets[ids + 1]
+        lengths = end - begin
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64) if len(ids) else lengths
+        codes = np.empty((int(lengths.sum()), self.codes.shape[1]), np.uint8)
+        scales = np.empty(len(codes), np.float32)
+        for at, b, e in zip(starts, begin, end):
+            np.bitwise_xor(self.codes[b:e].view(np.uint8), 0x80, out=codes[at:at + e - b])  # flip the sign bit
+            scales[at:at + e - b] = self.scales[b:e]
+        return codes, scales, starts
+
 
 def load_token_vectors(folder: Path, block: dict | None, head: RerankHead, chunks: int) -> TokenVectors:
     """The token vectors of the generation in ``folder``; ``IndexLoadError`` naming it when there are none, they

@@ -12,7 +12,7 @@ import pytest
 from rag.errors import ConfigurationError, IndexLoadError
 from rag.rerank.features import RerankQuery, candidate_features
 from rag.rerank.head import DEFAULT_HEAD, FEATURES, RerankHead
-from rag.rerank.maxsim import maxsim
+from rag.rerank.maxsim import Int8MaxSim, maxsim
 from rag.rerank.reranker import LateInteractionReranker
 from rag.rerank.store import TokenVectorWriter, load_token_vectors
 from rag.types import Hit
@@ -37,6 +37,37 @@ def test_maxsim_matches_a_brute_force_reference():
     # One document: the same; a document identical to the query scores 1 (every query token finds itself).
     assert maxsim(query, query, np.array([0]))[0] == pytest.approx(1.0, abs=1e-5)
     assert maxsim(query, np.zeros((0, 16), np.float32), np.array([], np.int64)).shape == (0,)
+
+
+def test_the_int8_product_matches_maxsim_over_the_dequantised_vectors(tmp_path):
+    """Int8MaxSim (ONNX Runtime's uint8 x int8 product over the stored codes, the query quantised per token) gives
+    the scores float MaxSim gives over codes x scales, within the query's quantisation step."""
+    rng = np.random.default_rng(11)
+    head = _head(rng, dim=16)
+    states = [rng.standard_normal((n, 24)).astype(np.float32) for n in (1, 5, 31, 2, 64, 9)]
+    writer = TokenVectorWriter(head, "int8")
+    for i, st in enumerate(states):
+        writer.add(i, st)
+    vectors = load_token_vectors(tmp_path, writer.write(tmp_path, len(states)), head, len(states))
+    ids = [4, 0, 5, 2]
+    codes, scales, starts = vectors.gather_codes(ids)
+    matrix, float_starts = vectors.gather(ids)
+    np.testing.assert_array_equal(starts, float_starts)
+    np.testing.assert_array_equal(codes.astype(np.int16) - 128, np.asarray(vectors.codes)[
+        np.concatenate([np.arange(vectors.offsets[i], vectors.offsets[i + 1]) for i in ids])])
+    query_states = rng.standard_normal((7, 24)).astype(np.float32)
+    query = head.project(query_states)
+    exact = maxsim(query, matrix, float_starts)
+    got = Int8MaxSim()(query, codes, scales, starts)
+    np.testing.assert_allclose(got, exact, atol=2e-3)  # int8's step on unit query components: ~1/254 each
+    assert Int8MaxSim()(query, codes[:0], scales[:0], starts[:0]).shape == (0,)
+    # The reranker serves int8 vectors with it; float_product keeps numpy's float32 product (the reference).
+    served, reference = LateInteractionReranker(head, vectors), LateInteractionReranker(head, vectors,
+                                                                                         float_product=True)
+    hits = [Hit(i, 1.0) for i in ids]
+    asked = RerankQuery(query_states, {})
+    np.testing.assert_allclose(served.scores(asked, hits), reference.scores(asked, hits), atol=2e-3)
+    assert served._int8 is not None and reference._int8 is None
 
 
 def _head(rng, hidden=24, dim=8, weights=(1.0, 0.0, 0.0, 0.0)) -> RerankHead:
