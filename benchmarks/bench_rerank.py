@@ -52,16 +52,20 @@ def _ms(values) -> dict:
     return {"p50": float(np.percentile(ms, 50)), "p99": float(np.percentile(ms, 99)), "n": int(len(ms))}
 
 
-def _settings() -> RagheatSettings:
+def _settings(head: Path | None = None) -> RagheatSettings:
+    """Defaults without the graph; ``head``: the one the index's token vectors were projected with (reranking is on
+    by default, so the pipeline loads it)."""
     settings = RagheatSettings()
     settings.graph.enabled = False
+    if head is not None:
+        settings.rerank.head = head
     return settings
 
 
 def stage_costs(index: Path, beir: Path, split: str, head: Path | None, candidates: int, queries: int,
                 rounds: int) -> dict:
     """The rerank stage alone, the embed stage with and without token states, the stored vectors' size."""
-    pipeline = RagPipeline(_settings(), index)
+    pipeline = RagPipeline(_settings(head), index)
     pipeline.warm_up()
     reranker = load_reranker(pipeline.index.folder, pipeline.index.manifest, head, candidates)
     # The same vectors through numpy's float32 product: what the int8 product (the served one) replaced.
@@ -145,9 +149,28 @@ def http_costs(index: Path, texts: list[str], rounds: int) -> dict:
     return out
 
 
+def product_quality(name: str, beir: Path, split: str, index: Path, head: Path | None) -> dict:
+    """hybrid+rerank with MaxSim's int8 product (served) vs numpy's float32 product, query by query (paired)."""
+    pipeline = RagPipeline(_settings(head), index)
+    pipeline.warm_up()
+    qrels = load_qrels(beir, split)
+    judged = {q: t for q, t in load_queries(beir).items() if q in qrels and any(g > 0 for g in qrels[q].values())}
+    ndcg = {}
+    for product, exact in (("int8", False), ("float32", True)):
+        reranker = load_reranker(pipeline.index.folder, pipeline.index.manifest, head, float_product=exact)
+        run, _, _ = run_retrieval(pipeline, judged, ("dense", "bm25", "rerank"), reranker=reranker)
+        ndcg[product] = np.array([ndcg_at(run.get(q, []), qrels[q], 10) for q in judged])
+    pipeline.close()
+    diff = ndcg["int8"] - ndcg["float32"]
+    return {"name": name, "queries": len(judged), "int8": float(ndcg["int8"].mean()),
+            "float32": float(ndcg["float32"].mean()), "diff": float(diff.mean()),
+            "diff_se": float(diff.std(ddof=1) / np.sqrt(len(diff))) if len(diff) > 1 else 0.0,
+            "better": int((diff > 1e-9).sum()), "worse": int((diff < -1e-9).sum())}
+
+
 def cross_quality(name: str, beir: Path, split: str, index: Path, head: Path | None) -> dict:
     """hybrid vs hybrid+rerank on one set, query by query (paired)."""
-    pipeline = RagPipeline(_settings(), index)
+    pipeline = RagPipeline(_settings(head), index)
     pipeline.warm_up()
     reranker = load_reranker(pipeline.index.folder, pipeline.index.manifest, head)
     qrels = load_qrels(beir, split)
@@ -216,6 +239,14 @@ def doc_tables(data: dict) -> list[dict]:
                        "columns": ["what", "P50", "P99"], "rows": rows})
         if note:
             tables.append(note)
+        if data.get("products"):
+            tables.append({"title": "hybrid+rerank with the int8 product (served) and the float32 product: nDCG@10, "
+                                    "paired per query", "align": "lrrrrr",
+                           "columns": ["set", "queries", "int8 product", "float32 product", "difference",
+                                       "better / worse queries"],
+                           "rows": [[p["name"], str(p["queries"]), f"{p['int8']:.4f}", f"{p['float32']:.4f}",
+                                     f"{p['diff']:+.4f} ± {p['diff_se']:.4f}", f"{p['better']} / {p['worse']}"]
+                                    for p in data["products"]]})
         growth = (i["rerank_bytes"] + i["other_bytes"]) / i["other_bytes"]
         tables.append({"title": "Index size", "align": "lrrl",
                        "columns": ["stored token vectors", "rest of the generation", "growth", "vectors"],
@@ -240,6 +271,8 @@ def main() -> None:
     parser.add_argument("--train-report", type=Path, help="quality: `ragheat train-reranker --cv K --json` output")
     parser.add_argument("--cross", action="append", default=[], metavar="NAME=BEIR:SPLIT:INDEX[:HEAD]",
                         help="quality: a set scored with the head its index was built with (HEAD, default shipped)")
+    parser.add_argument("--product", action="append", default=[], metavar="NAME=BEIR:SPLIT:INDEX[:HEAD]",
+                        help="latency: a set scored with hybrid+rerank by the int8 and the float32 MaxSim product")
     parser.add_argument("--json", "--results-file", dest="json", type=Path, default=None)
     args = parser.parse_args()
 
@@ -258,6 +291,13 @@ def main() -> None:
         for which in ("off", "on") if "http" in data else ():
             print(f"/v1/query rerank {which}: P50 {data['http'][which]['p50']:.2f} P99 {data['http'][which]['p99']:.2f} ms")
         print(f"index: token vectors {i['rerank_bytes'] / 2**20:.1f} MiB beside {i['other_bytes'] / 2**20:.1f} MiB")
+        data["products"] = []
+        for spec in args.product:
+            name, beir, split, index, head = _set_spec(parser, "--product", spec)
+            result = product_quality(name, beir, split, index, head)
+            data["products"].append(result)
+            print(f"{name}: hybrid+rerank int8 product {result['int8']:.4f}, float32 {result['float32']:.4f} "
+                  f"({result['diff']:+.4f} ± {result['diff_se']:.4f}; {result['better']} better / {result['worse']} worse)")
     else:
         data = {"cross": []}
         if args.train_report:
@@ -266,17 +306,21 @@ def main() -> None:
             data["train_command"] = report.get("command")
             print(f"CV: hybrid {data['cv']['summary']['hybrid']:.4f} -> rerank {data['cv']['summary']['rerank']:.4f}")
         for spec in args.cross:
-            name, _, rest = spec.partition("=")
-            parts = rest.split(":")
-            if len(parts) not in (3, 4):
-                parser.error(f"--cross {spec}: expected NAME=BEIR:SPLIT:INDEX[:HEAD]")
-            head = Path(parts[3]) if len(parts) == 4 else None
-            result = cross_quality(name, Path(parts[0]), parts[1], Path(parts[2]), head)
+            name, beir, split, index, head = _set_spec(parser, "--cross", spec)
+            result = cross_quality(name, beir, split, index, head)
             data["cross"].append(result)
             print(f"{name}: hybrid {result['hybrid']:.4f} -> rerank {result['rerank']:.4f} "
                   f"({result['gain']:+.4f} ± {result['gain_se']:.4f})")
     data["doc_tables"] = doc_tables(data)
     print(f"wrote {run.write(data, args.json)}")
+
+
+def _set_spec(parser: argparse.ArgumentParser, flag: str, spec: str) -> tuple[str, Path, str, Path, Path | None]:
+    name, _, rest = spec.partition("=")
+    parts = rest.split(":")
+    if len(parts) not in (3, 4):
+        parser.error(f"{flag} {spec}: expected NAME=BEIR:SPLIT:INDEX[:HEAD]")
+    return name, Path(parts[0]), parts[1], Path(parts[2]), Path(parts[3]) if len(parts) == 4 else None
 
 
 if __name__ == "__main__":

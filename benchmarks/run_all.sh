@@ -170,9 +170,18 @@ step_rerank() {  # quality, held out (~40 min): SciFact 5-fold CV; each set scor
     --cross "$NAME ($SPLIT), head trained on $(basename "$HOTPOT")=$BEIR:$SPLIT:$sci_hot:$hot_head" \
     --json "$RESULTS/rerank.json"
 }
-step_rerank-latency() {  # the rerank and embed stages, /v1/query rerank off vs on, index size (~5 min; a quiet machine)
+step_rerank-latency() {  # the rerank and embed stages, /v1/query rerank off vs on, index size, int8 vs float32
+  # MaxSim products on the rerank step's indexes (~6 min; a quiet machine)
+  local hot=$INDEX_ROOT/$(basename "$HOTPOT")-tokens products=()
+  local sci_hot=$INDEX_ROOT/$NAME-tokens-$(basename "$HOTPOT")-head hot_head=$LOGS/rerank-head-$(basename "$HOTPOT").npz
+  if [ "${SMOKE:-0}" != 1 ]; then
+    products+=(--product "$NAME ($SPLIT), shipped head=$BEIR:$SPLIT:$INDEX_ROOT/$NAME-tokens")
+    [ -d "$hot" ] && products+=(--product "$(basename "$HOTPOT") ($HOTPOT_SPLIT), shipped head=$HOTPOT:$HOTPOT_SPLIT:$hot")
+    [ -d "$sci_hot" ] && [ -f "$hot_head" ] && \
+      products+=(--product "$NAME ($SPLIT), head trained on $(basename "$HOTPOT")=$BEIR:$SPLIT:$sci_hot:$hot_head")
+  fi
   "$PY" benchmarks/bench_rerank.py --part latency --index "$INDEX_ROOT/$NAME-tokens" --beir "$BEIR" --split "$SPLIT" \
-    "${RERANK_LATENCY_ARGS[@]}" --json "$RESULTS/rerank-latency.json"
+    "${RERANK_LATENCY_ARGS[@]}" "${products[@]}" --json "$RESULTS/rerank-latency.json"
 }
 step_answers() { slot bench_answers.py "${ANSWERS_ARGS[@]}" --json "$RESULTS/answers.json"; }
 step_cache() { slot bench_cache.py --beir "$BEIR" --split "$SPLIT" --index "$INDEX" "${CACHE_ARGS[@]}" \
