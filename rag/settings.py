@@ -68,7 +68,7 @@ class RerankSettings(_Section):
     enabled: bool = Field(True, description="rerank the fused candidates (the index needs stored token vectors, "
                                             "store_tokens). On by default: it wins on both held-out sets (SciFact "
                                             "5-fold CV +0.05 nDCG@10, HotpotQA with the SciFact head +0.009) for "
-                                            "~2-3 ms of CPU per query (docs/benchmarks.md, Reranking)")
+                                            "~1.5 ms of CPU per query (docs/benchmarks.md, Reranking)")
     candidates: int = Field(50, ge=1, le=1000, description="fused candidates the reranker rescores")
     head: Path | None = Field(None, description="the head's .npz (`ragheat train-reranker`); unset = the one shipped "
                                                 "in rag/rerank/heads/")
