@@ -39,9 +39,9 @@ class Int8MaxSim:
     flipped: the same numbers), the query's unit vectors are quantised to int8 with one scale per query token, and
     ``MatMulInteger`` (uint8 x int8: the VNNI kernel on CPUs that have it) gives exact int32 dot products of the
     codes; the token scales go on before the segmented max, the query's after it (one positive number per column).
-    Measured on the 2-core CI machine (10k tokens x 128 x 21 query tokens, one thread): 0.22 ms for the product
-    against 0.9 ms for float32 BLAS, plus the float conversion of the codes it avoids. The query's quantisation
-    error is below int8's step (1/254 of its largest component)."""
+    It also skips building the float32 matrix of the candidates' vectors. The rerank stage with either product, side
+    by side on the same candidates, and the retrieval quality of both: ``benchmarks/bench_rerank.py --part latency``
+    (docs/benchmarks.md). The query's quantisation error is below int8's step (1/254 of its largest component)."""
 
     def __init__(self) -> None:
         import onnxruntime as ort
