@@ -1,10 +1,12 @@
 """Capacity under overload: admission control on vs off, side by side.
 
-Two ``ragheat serve`` processes over the same index, identical but for ``admission.enabled`` and
-``admission.degrade`` (``on``: the defaults, a bounded number of queries in flight and a bounded queue, queries that
-cannot meet their deadline shed with 503; ``off``: every query queued, today's behaviour). Both run for the whole
-benchmark; every step is measured on each in turn (the order alternating), with the project's open-loop generator
-(Poisson arrivals, latency from the intended send time, loadgen/runner.py), SciFact train claims as queries.
+Three ``ragheat serve`` processes over the same index, identical but for the admission settings (``on``: the
+defaults, a bounded number of queries in flight and a bounded queue, queries that cannot meet their deadline shed with
+503, the worker threads at ``admission.worker_nice``; ``on-nice-0``: the same with the workers at the event loop's
+priority, what the defaults were before; ``off``: every query queued). All run for the whole benchmark; every step is
+measured on each in turn (the order rotating), with the project's open-loop generator (Poisson arrivals, latency from
+the intended send time, loadgen/runner.py), SciFact train claims as queries. Each step also records the CPU ms per
+query of the service and of the generator (loadgen/cpu.py), and the rate ceiling those set on the shared cores.
 
 1. The knee: ascending rates until a configuration's P99 passes ``--stop-factor`` SLOs (or it sheds or fails more
    than 10 %); the knee is the highest rate meeting the SLO with every lower rate meeting it (``find_knee``: shed
@@ -33,13 +35,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from loadgen.arrivals import parse_rates  # noqa: E402
+from loadgen.cpu import CpuWindow  # noqa: E402
 from loadgen.resultsfile import BenchmarkRun  # noqa: E402
 from loadgen.runner import StopSignals, open_loop, run, shuffled  # noqa: E402
 from loadgen.stats import find_knee  # noqa: E402
 from rag.slo import SLO_MS  # noqa: E402
 from stack.servers import ServeFleet  # noqa: E402
 
-CONFIGS = {"on": {}, "off": {"RAGHEAT_ADMISSION__ENABLED": "false", "RAGHEAT_ADMISSION__DEGRADE": "false"}}
+CONFIGS = {"on": {}, "on-nice-0": {"RAGHEAT_ADMISSION__WORKER_NICE": "0"},
+           "off": {"RAGHEAT_ADMISSION__ENABLED": "false", "RAGHEAT_ADMISSION__DEGRADE": "false"}}
 MAX_ERROR_RATE = 0.001  # the knee's allowance, as `ragheat bench`
 SATURATED = 0.10  # past this share of errors or shed queries a configuration is not offered higher knee rates
 
@@ -91,7 +95,8 @@ def row(step, phase: str) -> dict:
             "shed": step.shed, "shed_rate": round(step.shed_rate, 5), "shed_reasons": step.shed_reasons,
             "refusal_ms": step.refusal_ms, "refusal_server_ms": step.refusal_server_ms, "expired_ms": step.expired_ms,
             "latency_ms": step.latency_ms, "send_error_ms": step.send_error_ms,
-            "queue_ms": step.stages_ms.get("queue"), "interrupted": step.interrupted}
+            "queue_ms": step.stages_ms.get("queue"), "cpu_ms_per_request": step.cpu_ms_per_request,
+            "interrupted": step.interrupted}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,12 +114,13 @@ def main(argv: list[str] | None = None) -> int:
     fleet = {name: ((), env) for name, env in CONFIGS.items()}
     with ServeFleet(args.index, fleet, work, args.ready_timeout) as services, StopSignals() as stop:
         def measure(config: str, rate: float, duration: float, warmup: float, seed: int):
+            cpu = CpuWindow([services.pids[config]])
             step = run(open_loop(services.urls[config] + "/v1/query", texts, rate, duration, warmup, seed=seed,
-                                 timeout_s=args.timeout, slo_ms=args.slo_ms), stop)
+                                 timeout_s=args.timeout, slo_ms=args.slo_ms, cpu=cpu), stop)
             if step is not None:
                 p99 = step.latency_ms.get("p99")
                 nan = float("nan")
-                print(f"{config:3s} {rate:7g} req/s  answered {step.achieved_qps:7.1f}/s  goodput "
+                print(f"{config:9s} {rate:7g} req/s  answered {step.achieved_qps:7.1f}/s  goodput "
                       f"{step.goodput_qps:7.1f}/s  P99 {p99 or nan:8.1f} ms  shed {step.shed:5d} {step.shed_reasons} "
                       f"(refusal P50/P99 {step.refusal_ms.get('p50') or nan:.2f}/{step.refusal_ms.get('p99') or nan:.2f}"
                       f" ms, in the service {step.refusal_server_ms.get('p99') or nan:.2f} ms)  errors "
@@ -122,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
             return step
 
         for i, rate in enumerate(rates):  # 1. the knee
-            for config in configs[i % 2:] + configs[:i % 2]:
+            for config in configs[i % len(configs):] + configs[:i % len(configs)]:
                 if config in stopped or stop.presses:
                     continue
                 step = measure(config, rate, args.duration, args.warmup, i)
@@ -138,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         knees = {c: find_knee(knee_steps[c], args.slo_ms, MAX_ERROR_RATE) for c in configs}
         reference = knees["on"] or rates[0]
         for r in range(args.rounds):  # 2. and 3. overload, alternating which configuration goes first
-            for config in configs[r % 2:] + configs[:r % 2]:
+            for config in configs[r % len(configs):] + configs[:r % len(configs)]:
                 for phase, factor, duration, warmup in (("2x", 2, args.duration, args.warmup),
                                                         ("4x burst", 4, args.burst, 0.0)):
                     if stop.presses:
@@ -188,6 +194,15 @@ def _spread(values: list, fmt=_ms) -> str:
     return f"{fmt(_median(values))} ({fmt(min(values))}–{fmt(max(values))})"
 
 
+def _cpu_cell(step: dict | None) -> str:
+    """CPU ms per query of the service and the generator in a step, and the rate the cores could hold at that cost."""
+    cpu = (step or {}).get("cpu_ms_per_request") or {}
+    if not cpu:
+        return "–"
+    ceiling = cpu.get("ceiling_qps")
+    return f"{cpu['service']:.1f} + {cpu['generator']:.1f} ({'–' if ceiling is None else f'{ceiling:.0f}'})"
+
+
 def doc_tables(results: dict) -> list[dict]:
     """For docs/benchmarks.md: the knee per configuration, then the overload steps side by side."""
     configs = list(results["configs"])
@@ -199,7 +214,8 @@ def doc_tables(results: dict) -> list[dict]:
         cells = "; ".join(f"{rate:g}: {_ms(s['latency_ms'].get('p99'))}" + (f" (shed {s['shed_rate'] * 100:.0f} %)"
                                                                              if s["shed"] else "")
                           for rate, s in sorted(steps.items()))
-        knee_rows.append([c, "none" if data["knee_qps"] is None else f"{data['knee_qps']:g}", cells or "–"])
+        knee_rows.append([c, "none" if data["knee_qps"] is None else f"{data['knee_qps']:g}", cells or "–",
+                          _cpu_cell(steps.get(data["knee_qps"]))])
     overload_rows = []
     reference = results["reference_knee_qps"]
     for phase in ("2x", "4x burst"):
@@ -222,8 +238,9 @@ def doc_tables(results: dict) -> list[dict]:
                 + _spread([s["refusal_ms"].get("p99") for s in steps], lambda v: f"{v:.1f}"),
                 _spread([s["refusal_server_ms"].get("p99") for s in steps], lambda v: f"{v:.2f}"),
                 str(sum(s["errors"] for s in steps))])
-    note = (f"Admission on = the defaults (bounded in-flight queries and queue, deadline = the SLO); off = every query "
-            f"queued. The overload steps offer multiples of admission-on's knee ({reference:g} req/s). P99 is of "
+    note = (f"Admission on = the defaults (bounded in-flight queries and queue, deadline = the SLO, worker threads at "
+            f"a lower priority than the event loop: admission.worker_nice); on-nice-0 = the same with the workers at the "
+            f"event loop's priority; off = every query queued. The overload steps offer multiples of admission-on's knee ({reference:g} req/s). P99 is of "
             f"answered queries only; goodput = answers within {slo} ms per second; refusal = the latency of a query "
             f"shed at once (queue_full, deadline; expired ones waited until their deadline), as the client saw it "
             f"(loopback and the generator's own scheduling included) and as the service timed it (arrival stamp to "
@@ -232,7 +249,9 @@ def doc_tables(results: dict) -> list[dict]:
             f"{results['load_average_after'][0]:.2f} after).")
     return [{"title": f"Knee: the highest offered rate with P99 ≤ {slo} ms, errors and shed queries ≤ "
                       f"{results['max_error_rate'] * 100:g} %, every lower rate meeting it too",
-             "align": "lrl", "columns": ["admission", "knee req/s", "P99 ms per offered rate"], "rows": knee_rows},
+             "align": "lrlr", "columns": ["admission", "knee req/s", "P99 ms per offered rate",
+                                          "CPU ms per query at the knee: service + generator (ceiling req/s)"],
+             "rows": knee_rows},
             {"title": f"Overload: admitted P99, goodput, shed queries and refusal latency. {note}",
              "align": "lrlrrrrrr", "columns": ["step", "offered req/s", "admission", "P99 ms (answered)",
                                                "goodput req/s", "shed", "refusal P50 / P99 ms (client)",

@@ -117,7 +117,7 @@ step_knee() {
     sleep 0.5
   done
   "$RH" bench --url "http://127.0.0.1:$port" "${KNEE_ARGS[@]}" --queries "$BEIR/queries.jsonl" \
-    --out "$LOGS/knee" --results-file "$RESULTS/knee-scifact.json"
+    --server-pid "$pid" --out "$LOGS/knee" --results-file "$RESULTS/knee-scifact.json"
 }
 step_ann() { "$RH" ann-bench --beir "$BEIR" --index "$INDEX" "${ANN_ARGS[@]}" --out "$LOGS/ann" \
                --results-file "$RESULTS/ann.json"; }

@@ -21,6 +21,7 @@ import aiohttp
 import numpy as np
 
 from loadgen.arrivals import poisson_offsets
+from loadgen.cpu import CpuWindow
 from loadgen.stats import StepResult, percentiles_ms
 from rag.api.admission import SHED_REASONS
 from rag.slo import SLO_MS
@@ -208,9 +209,10 @@ async def _close(session: aiohttp.ClientSession) -> None:
 async def open_loop(url: str, queries: Sequence[str], rate: float, duration_s: float, warmup_s: float, *,
                     seed: int = 0, timeout_s: float = 10.0, top_k: int = 5, want_stages: bool = True,
                     progress: Callable[[float], None] | None = None, slo_ms: float = SLO_MS,
-                    zipf_s: float | None = None) -> StepResult:
+                    zipf_s: float | None = None, cpu: CpuWindow | None = None) -> StepResult:
     """Poisson arrivals at ``rate`` for ``warmup_s + duration_s``; only the last ``duration_s`` counts. Queries are
     sent in order, cycling, or with ``zipf_s`` drawn from a Zipf law over them (``zipf_picks``, seeded by ``seed``).
+    ``cpu``: started as the measured part begins and stopped once its requests are back (``loadgen.cpu``).
 
     Cancelled (Ctrl-C, see StopSignals), it stops sending, waits for the requests in flight and returns what was
     measured, marked interrupted; cancelled again while it waits, it drops those requests (they count nowhere).
@@ -230,6 +232,8 @@ async def open_loop(url: str, queries: Sequence[str], rate: float, duration_s: f
             for i, offset in enumerate(offsets):
                 intended = start + offset
                 await _sleep_until(intended)
+                if cpu is not None and not cpu.started and offset >= warmup_s:
+                    cpu.start()
                 tasks.append(loop.create_task(
                     _post(session, url, bodies[picks[i] % len(bodies)], want_stages, intended)))
                 if progress is not None and i % 64 == 0:
@@ -238,21 +242,23 @@ async def open_loop(url: str, queries: Sequence[str], rate: float, duration_s: f
             asyncio.current_task().uncancel()
             interrupted = True
         interrupted = await _drain(tasks, interrupted)
+        if cpu is not None and cpu.started:
+            cpu.stop()
     finally:
         await _close(session)
     outcomes = [task.result() for task in tasks if not task.cancelled()]
     measured = [o for o in outcomes if o.intended >= start + warmup_s]
     if interrupted:  # the step ran short: rates are over the time actually measured
         duration_s = max(0.0, (max((o.intended for o in outcomes), default=start) - start) - warmup_s) or duration_s
-    return _summarise("open", measured, duration_s, rate, None, interrupted, slo_ms)
+    return _summarise("open", measured, duration_s, rate, None, interrupted, slo_ms, cpu)
 
 
 async def closed_loop(url: str, queries: Sequence[str], concurrency: int, duration_s: float, warmup_s: float, *,
                       timeout_s: float = 10.0, top_k: int = 5, want_stages: bool = True,
                       progress: Callable[[float], None] | None = None, slo_ms: float = SLO_MS,
-                      zipf_s: float | None = None, seed: int = 0) -> StepResult:
+                      zipf_s: float | None = None, seed: int = 0, cpu: CpuWindow | None = None) -> StepResult:
     """``concurrency`` clients, each sending its next request when the previous one returns (queries in order, or
-    drawn from a Zipf law with ``zipf_s``, as in ``open_loop``).
+    drawn from a Zipf law with ``zipf_s``, as in ``open_loop``; ``cpu`` as there).
 
     Cancelled, the clients finish the request they are waiting for and stop (cancelled again, they drop it);
     the step returns what was measured, marked interrupted."""
@@ -269,6 +275,8 @@ async def closed_loop(url: str, queries: Sequence[str], concurrency: int, durati
         j = i
         while _now() < stop:
             now = _now()
+            if cpu is not None and not cpu.started and now >= start + warmup_s:
+                cpu.start()
             outcome = await _post(session, url, bodies[picks[j % len(picks)]], want_stages, now)
             if now >= start + warmup_s:
                 outcomes.append(outcome)
@@ -289,6 +297,8 @@ async def closed_loop(url: str, queries: Sequence[str], concurrency: int, durati
             interrupted, stop = True, _now()  # the clients see it after their current request
             tasks[-1].cancel()  # the ticker
             await _drain(tasks, cut=True)
+        if cpu is not None and cpu.started:
+            cpu.stop()
     finally:
         await _close(session)
     for task in tasks:
@@ -296,11 +306,12 @@ async def closed_loop(url: str, queries: Sequence[str], concurrency: int, durati
             task.result()  # a client's own error surfaces here, as gather would have raised it
     if interrupted:
         duration_s = max(0.0, stop - start - warmup_s) or duration_s
-    return _summarise("closed", outcomes, duration_s, None, concurrency, interrupted, slo_ms)
+    return _summarise("closed", outcomes, duration_s, None, concurrency, interrupted, slo_ms, cpu)
 
 
 def _summarise(mode: str, outcomes: list[Outcome], duration_s: float, rate: float | None,
-               concurrency: int | None, interrupted: bool, slo_ms: float = SLO_MS) -> StepResult:
+               concurrency: int | None, interrupted: bool, slo_ms: float = SLO_MS,
+               cpu: CpuWindow | None = None) -> StepResult:
     ok = sorted((o for o in outcomes if o.ok), key=lambda o: o.intended)
     shed = [o for o in outcomes if o.shed is not None]
     at_once = [o for o in shed if o.shed != "expired"]  # expired ones waited in the queue until their deadline
@@ -333,6 +344,7 @@ def _summarise(mode: str, outcomes: list[Outcome], duration_s: float, rate: floa
         stages_ms={name: percentiles_ms(values) for name, values in stage_seconds.items()},
         interrupted=interrupted,
         samples=samples,
+        cpu_ms_per_request=cpu.per_request(len(outcomes)) if cpu is not None else {},
     )
 
 

@@ -9,6 +9,7 @@ from typing import Sequence
 
 from rich.table import Table
 
+from loadgen.cpu import CpuWindow
 from loadgen.runner import StopSignals, closed_loop, open_loop, run
 from loadgen.stats import StepResult, find_knee
 
@@ -40,14 +41,16 @@ def prometheus_stage_percentiles(prometheus_url: str, window_s: float, at: float
 def run_sweep(url: str, queries: Sequence[str], *, mode: str, levels: Sequence[float], duration_s: float,
               warmup_s: float, slo_ms: float, max_error_rate: float, seed: int = 0, timeout_s: float = 10.0,
               progress=None, prometheus_url: str | None = None, stop: StopSignals | None = None,
-              zipf_s: float | None = None) -> dict:
+              zipf_s: float | None = None, server_pids: Sequence[int] = ()) -> dict:
     """Run every step; Ctrl-C (or SIGTERM) ends the sweep and keeps what was measured, the cut step marked
     interrupted (see StopSignals: a second press drops the requests in flight, a third raises KeyboardInterrupt).
     The handlers are in place from before the first step to the end (or, given ``stop``, for as long as the
     caller holds it), so a press stops the sweep the same way whether it lands mid-step, as a step starts or
     ends, or between steps. With ``prometheus_url``, per-stage percentiles come from Prometheus instead of the
-    responses."""
+    responses. With ``server_pids`` (the service's processes on this machine), each step records the CPU ms per
+    request of the service and of the generator, and the ceiling they put on the rate (``loadgen.cpu``)."""
     target = url.rstrip("/") + "/v1/query"
+    CpuWindow(server_pids) if server_pids else None  # a pid that is not here fails before the first step
     steps: list[StepResult] = []
     started = time.time()
     with stop or StopSignals() as stop:
@@ -57,12 +60,14 @@ def run_sweep(url: str, queries: Sequence[str], *, mode: str, levels: Sequence[f
             label = f"{level:g} req/s" if mode == "open" else f"{int(level)} clients"
             task = progress.add_task(f"step {label}", total=1.0) if progress is not None else None
             tick = (lambda f, t=task: progress.update(t, completed=f)) if progress is not None else None
+            cpu = CpuWindow(server_pids) if server_pids else None
             if mode == "open":
                 step = run(open_loop(target, queries, level, duration_s, warmup_s, seed=seed + len(steps),
-                                     timeout_s=timeout_s, progress=tick, slo_ms=slo_ms, zipf_s=zipf_s), stop)
+                                     timeout_s=timeout_s, progress=tick, slo_ms=slo_ms, zipf_s=zipf_s, cpu=cpu), stop)
             else:
                 step = run(closed_loop(target, queries, int(level), duration_s, warmup_s, timeout_s=timeout_s,
-                                       progress=tick, slo_ms=slo_ms, zipf_s=zipf_s, seed=seed + len(steps)), stop)
+                                       progress=tick, slo_ms=slo_ms, zipf_s=zipf_s, seed=seed + len(steps), cpu=cpu),
+                           stop)
             if step is None:  # a press came before the step began
                 break
             if progress is not None:
@@ -110,8 +115,10 @@ def results_table(results: dict) -> Table:
     table = Table(title=f"{results['mode']}-loop sweep against {results['url']} (SLO P99 <= {results['slo_ms']:g} ms)")
     first = "offered req/s" if results["mode"] == "open" else "clients"
     cached = any(step.get("cache_hit_rate") is not None for step in results["steps"])  # the service has a cache
+    cpu = any(step.get("cpu_ms_per_request") for step in results["steps"])  # --server-pid was given
     for column in (first, "achieved", "goodput", "errors", "shed", "refusal P99 ms", "P50 ms", "P90 ms", "P99 ms",
-                   "P99.9 ms", "send err P99 ms", "SLO") + (("cache hits",) if cached else ()):
+                   "P99.9 ms", "send err P99 ms", "SLO") + (("cache hits",) if cached else ()) + (
+                   ("CPU ms/req svc + gen", "CPU ceiling req/s") if cpu else ()):
         table.add_column(column, justify="right")
     fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
     for step in results["steps"]:
@@ -125,8 +132,16 @@ def results_table(results: dict) -> Table:
                       f"{step.get('shed_rate', 0.0) * 100:.2f}%", fmt((step.get("refusal_ms") or {}).get("p99")),
                       fmt(lat["p50"]), fmt(lat["p90"]), fmt(lat["p99"]),
                       fmt(lat["p99.9"]), fmt(step["send_error_ms"].get("p99")), "yes" if meets else "no",
-                      *([_percent(step.get("cache_hit_rate"))] if cached else []))
+                      *([_percent(step.get("cache_hit_rate"))] if cached else []),
+                      *(_cpu_cells(step.get("cpu_ms_per_request") or {}) if cpu else []))
     return table
+
+
+def _cpu_cells(cpu: dict) -> list[str]:
+    if not cpu:
+        return ["-", "-"]
+    ceiling = cpu.get("ceiling_qps")
+    return [f"{cpu['service']:.2f} + {cpu['generator']:.2f}", "-" if ceiling is None else f"{ceiling:.0f}"]
 
 
 def _percent(share: float | None) -> str:

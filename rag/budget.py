@@ -61,7 +61,10 @@ class ServiceTimes:
                 if stage.name in OPTIONAL_STAGES or stage.name in LLM_STAGES:
                     optional += stage.seconds
                 old = self._stages.get(stage.name)
-                self._stages[stage.name] = (self._mix(old[0] if old else None, stage.seconds), now)
+                # A stale estimate is replaced, not averaged: a stage skipped on an outlier (a cold start's page
+                # faults) runs again after ttl_s, and that one run must be enough to let it back in.
+                fresh = old is not None and now - old[1] <= self.ttl_s
+                self._stages[stage.name] = (self._mix(old[0] if fresh else None, stage.seconds), now)
             self.service_s = self._mix(self.service_s, service_s)
             self.core_s = self._mix(self.core_s, max(0.0, service_s - optional))
 

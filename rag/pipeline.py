@@ -152,6 +152,7 @@ class RagPipeline:
             from rag.rerank.reranker import load_reranker
 
             self.reranker = load_reranker(index.folder, index.manifest, s.rerank.head, s.rerank.candidates)
+            self.reranker.warm_up()  # before the generation is served: its pages and sessions are ready
         if s.cache.enabled:
             from rag.cache import SemanticCache
 

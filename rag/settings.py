@@ -364,8 +364,12 @@ class AdmissionSettings(_Section):
     ewma_alpha: float = Field(0.2, gt=0, le=1, description="weight of the newest request in the recent service and "
                                                            "stage times the predictions use")
     estimate_ttl_s: float = Field(5.0, gt=0, le=3600, description="a stage skipped for its recent time runs again "
-                                                                  "once that estimate is this old, so a stage that "
-                                                                  "got faster is not skipped for ever")
+                                                                  "once that estimate is this old, and that run's time "
+                                                                  "replaces it, so a stage that got faster is not "
+                                                                  "skipped for ever")
+    worker_nice: int = Field(10, ge=0, le=19, description="nice value of the threads that run queries (0 = the event "
+                                                          "loop's): past the knee the event loop, which admits and "
+                                                          "refuses, gets the cores first (rag/api/workerprio.py)")
 
     @model_validator(mode="after")
     def _check(self) -> "AdmissionSettings":

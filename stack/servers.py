@@ -81,6 +81,11 @@ class ServeFleet:
             raise
         return self
 
+    @property
+    def pids(self) -> dict[str, int]:
+        """Each configuration's ``ragheat serve`` process id (for loadgen.cpu: its CPU per query)."""
+        return {name: child.pid for name, child in zip(self.configs, self.children)}
+
     def __exit__(self, *exc) -> None:
         for child in reversed(self.children):
             child.stop()

@@ -61,17 +61,21 @@ def knee(results: Mapping[str, dict]) -> dict:
         offered = count(s["offered_qps"]) + (" (cut)" if s["interrupted"] else "")
         stages = s.get("stages_ms") or {}
         embed, rerank = stages.get("embed") or {}, stages.get("rerank") or {}
+        cpu = s.get("cpu_ms_per_request") or {}
         rows.append([bold(offered) if is_knee else offered, num(s["achieved_qps"], 1),
                      *(_opt(lat[k]) for k in ("p50", "p90", "p99", "p99.9")),
                      f"{count(s.get('shed', 0))} ({shed_rate * 100:.1f} %)", _opt(embed.get("p50")),
                      _opt(rerank.get("p50")),
+                     f"{num(cpu['service'], 1)} + {num(cpu['generator'], 1)}" if cpu else "–",
+                     _opt(cpu.get("ceiling_qps"), 0) if cpu else "–",
                      _opt(s["send_error_ms"].get("p99")),
                      bold("yes (knee)") if is_knee else ("yes" if meets else "no")])
     sends = [s["send_error_ms"]["p99"] for s in data["steps"] if s["send_error_ms"].get("p99") is not None]
     service = data.get("service") or {}
     return {"table": table(["offered req/s", "answered", "P50 ms", "P90 ms", "P99 ms", "P99.9 ms", "shed",
-                            "embed P50 ms", "rerank P50 ms", "send err P99 ms", f"meets the SLO (P99 ≤ {slo:g} ms, ≤ "
-                            f"{data['max_error_rate'] * 100:g} % errors and shed)"], rows, "rrrrrrrrrrl"),
+                            "embed P50 ms", "rerank P50 ms", "CPU ms/query service + generator", "CPU ceiling req/s",
+                            "send err P99 ms", f"meets the SLO (P99 ≤ {slo:g} ms, ≤ "
+                            f"{data['max_error_rate'] * 100:g} % errors and shed)"], rows, "rrrrrrrrrrrrl"),
             "knee": bold(f"{count(knee_qps)} req/s") if knee_qps is not None else bold("none of the offered rates"),
             "slo": f"{slo:g}",
             "duration": f"{data['duration_s']:g}", "warmup": f"{data['warmup_s']:g}",

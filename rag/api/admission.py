@@ -113,13 +113,14 @@ class AdmissionController:
 
     def __init__(self, max_in_flight: int, max_queue: int, times: ServiceTimes, *, enabled: bool = True,
                  deadline_ms: float = SLO_MS, max_timeout_ms: float = 10_000, degrade: bool = True,
-                 headroom: float = 0.0) -> None:
+                 headroom: float = 0.0, worker_nice: int = 0) -> None:
         if max_in_flight < 1 or max_queue < 0:
             raise ValueError(f"admission needs max_in_flight >= 1 and max_queue >= 0, got {max_in_flight} and "
                              f"{max_queue}")
         self.max_in_flight, self.max_queue, self.times, self.enabled = max_in_flight, max_queue, times, enabled
         self.deadline_ms, self.max_timeout_ms = deadline_ms, max_timeout_ms
         self.degrade, self.headroom = degrade, headroom
+        self.worker_nice = worker_nice  # applied by each worker thread to itself (rag/api/workerprio.py)
         self.hold_s: float | None = None  # recent time a query held its slot (grant to release, on the event loop)
         self.in_flight = 0
         self._waiting: collections.deque[asyncio.Future] = collections.deque()
@@ -133,7 +134,7 @@ class AdmissionController:
         return cls(admission.max_in_flight, admission.max_queue,
                    ServiceTimes(admission.ewma_alpha, admission.estimate_ttl_s), enabled=admission.enabled,
                    deadline_ms=admission.deadline_ms, max_timeout_ms=admission.max_timeout_ms,
-                   degrade=admission.degrade, headroom=admission.headroom)
+                   degrade=admission.degrade, headroom=admission.headroom, worker_nice=admission.worker_nice)
 
     def deadline_s(self, timeout_ms: int | None, header: str | None) -> float:
         """A query's deadline in seconds: the tighter of the body's ``timeout_ms`` and the ``X-Request-Timeout-Ms``

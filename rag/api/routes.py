@@ -18,6 +18,7 @@ from rag.api.errors import ApiError
 from rag.errors import ConfigurationError
 from rag.api.middleware import LEASE_KEY
 from rag.api.schemas import ErrorBody, QueryRequest, QueryResponse, ReloadResponse
+from rag.api.workerprio import lower_this_thread
 from rag.api.streaming import QueryStream
 from rag.generations import GenerationSwitch, ReloadError
 from rag.pipeline import RagPipeline
@@ -82,6 +83,7 @@ def _run(request: QueryRequest, http: Request, record: RequestRecord, arrival: f
     """On the worker thread: the pipeline, timed from its start (the queue stage ends here) for admission's
     predictions."""
     admission: AdmissionController = http.app.state.admission
+    lower_this_thread(admission.worker_nice)
     start = time.perf_counter()
     record.result = _pipeline(http).query(record.query, record.top_k, request.retrievers, arrival=arrival,
                                           budget=admission.budget(arrival, deadline_s), **callbacks)

@@ -37,7 +37,12 @@ class LateInteractionReranker:
         self._int8 = Int8MaxSim() if vectors.scales is not None and not float_product else None
 
     def warm_up(self) -> None:
-        """Nothing to load: the head and the memory-mapped vectors are opened by ``load_reranker``."""
+        """Bring the memory-mapped token vectors into memory and run the scoring path once (the head's and the
+        product's ONNX sessions allocate on their first run), so that the first queries do not pay for either."""
+        self.vectors.prefault()
+        if len(self.vectors):
+            states = np.ones((4, self.head.hidden), np.float32)
+            self.scores(RerankQuery(states, {}), [Hit(0, 1.0), Hit(len(self.vectors) - 1, 0.5)])
 
     def scores(self, query: RerankQuery, candidates: Sequence[Hit]) -> np.ndarray:
         """The combined score of each candidate (all of them, however many)."""

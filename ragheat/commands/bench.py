@@ -36,6 +36,10 @@ def bench(
                                                  "Prometheus (scraping the service) instead of the responses"),
     results_file: Optional[Path] = typer.Option(None, "--results-file", help="also write results.json as a benchmark "
                                                 "results file (command, commit, machine; benchmarks/README.md)"),
+    server_pid: str = typer.Option("", "--server-pid", help="the service's process ids on this machine, comma list "
+                                   "(their children count too: --workers): each step records the CPU ms per request "
+                                   "of the service and of this generator, and the rate ceiling that sets on the "
+                                   "cores they share"),
 ) -> None:
     """Sweep load against a running service; report percentiles per step and the knee (max rate meeting the SLO)."""
     from loadgen.arrivals import parse_rates
@@ -54,12 +58,21 @@ def bench(
         _fail(str(exc))
     if mode == "closed" and (not levels or min(levels) < 1):
         _fail("--concurrency takes positive whole numbers, e.g. 1,2,4")
+    try:
+        server_pids = [int(p) for p in server_pid.split(",") if p.strip()]
+        if server_pids:
+            from loadgen.cpu import CpuWindow
+
+            CpuWindow(server_pids)
+    except ValueError as exc:
+        _fail(f"--server-pid {server_pid!r}: " + (str(exc) if "process" in str(exc) else "give process ids, e.g. 1234"))
     with progress_bar() as progress:
         # Under one signal guard: Ctrl-C or SIGTERM ends the sweep and still writes results.json and report.html.
         results, path, report = sweep_and_report(out_dir, url, shuffled(texts, seed), mode=mode, levels=levels,
                                                  duration_s=duration, warmup_s=warmup, slo_ms=slo_ms,
                                                  max_error_rate=max_error_rate, seed=seed, timeout_s=timeout,
-                                                 progress=progress, prometheus_url=prometheus_url, zipf_s=zipf)
+                                                 progress=progress, prometheus_url=prometheus_url, zipf_s=zipf,
+                                                 server_pids=server_pids)
     out.print(results_table(results))
     knee = results["knee_qps"]
     if mode == "open":

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
+from rich.console import Console
 
 from loadgen.runner import closed_loop, load_queries, open_loop
-from loadgen.sweep import run_sweep, sweep_and_report, write_results
+from loadgen.sweep import results_table, run_sweep, sweep_and_report, write_results
 
 DELAY_S = 0.020
 
@@ -133,6 +134,29 @@ def test_sweep_writes_results_and_finds_the_knee(tmp_path):
     assert strict["knee_qps"] is None  # the delay alone exceeds this objective
 
 
+def test_sweep_records_cpu_per_request_when_given_the_service_pid():
+    # The fake service runs in this process, so its CPU is the generator's too: the figures are checked for shape and
+    # sense here; test_cpu.py checks that a separate service's tree is counted apart.
+    with FakeServer() as url:
+        results = run_sweep(url, ["q"], mode="open", levels=[20], duration_s=1.0, warmup_s=0.2, slo_ms=1000,
+                            max_error_rate=0.001, server_pids=[os.getpid()])
+        closed = run_sweep(url, ["q"], mode="closed", levels=[2], duration_s=0.5, warmup_s=0.1, slo_ms=1000,
+                           max_error_rate=0.001, server_pids=[os.getpid()])
+        plain = run_sweep(url, ["q"], mode="open", levels=[20], duration_s=0.5, warmup_s=0.1, slo_ms=1000,
+                          max_error_rate=0.001)
+    for step in results["steps"] + closed["steps"]:
+        cpu = step["cpu_ms_per_request"]
+        assert cpu["requests"] == step["requests"] > 0 and cpu["service"] > 0 and cpu["generator"] > 0, cpu
+        assert cpu["ceiling_qps"] == pytest.approx(cpu["cores"] * 1000 / (cpu["service"] + cpu["generator"]))
+    assert plain["steps"][0]["cpu_ms_per_request"] == {}
+    console = Console(width=250, record=True)
+    console.print(results_table(results))
+    assert "CPU ms/req svc + gen" in console.export_text()
+    with pytest.raises(ValueError, match="no process"):
+        run_sweep("http://127.0.0.1:9", ["q"], mode="open", levels=[20], duration_s=0.5, warmup_s=0.1, slo_ms=1000,
+                  max_error_rate=0.001, server_pids=[999999999])
+
+
 def test_load_queries_reads_plain_lines_and_beir(tmp_path, scifact_dir):
     plain = tmp_path / "q.txt"
     plain.write_text("first question\n\nsecond question\n")
@@ -156,7 +180,9 @@ def test_bench_command_end_to_end(tmp_path):
     results = json.loads((tmp_path / "results.json").read_text())
     assert [s["offered_qps"] for s in results["steps"]] == [5, 10] and results["knee_qps"] == 10
     assert "knee: 10 req/s" in done.stdout
-    for bad, message in ((["--rates", "x"], "--rates"), (["--mode", "sideways"], "--mode")):
+    for bad, message in ((["--rates", "x"], "--rates"), (["--mode", "sideways"], "--mode"),
+                         (["--server-pid", "abc"], "give process ids"),
+                         (["--server-pid", "999999999"], "no process 999999999 on this machine")):
         failed = subprocess.run([str(ragheat), "bench", "--url", "http://127.0.0.1:9", *bad, "--out", str(tmp_path)],
                                 capture_output=True, text=True, timeout=60, env=env)
         assert failed.returncode == 2 and message in failed.stdout + failed.stderr

@@ -177,6 +177,33 @@ def test_the_reranker_orders_the_candidates_by_the_combined_score(tmp_path):
         LateInteractionReranker(head, vectors, candidates=0)
 
 
+def _mapped_rss_bytes(path) -> int:
+    """Resident bytes of this process's mappings of ``path`` (/proc/self/smaps): pages it has touched."""
+    total, inside = 0, False
+    for line in open("/proc/self/smaps"):
+        if line[0] in "0123456789abcdef" and "-" in line.split()[0]:
+            inside = line.rstrip().endswith(str(path))
+        elif inside and line.startswith("Rss:"):
+            total += int(line.split()[1]) * 1024
+    return total
+
+
+def test_warm_up_brings_the_mapped_token_vectors_in_and_runs_the_scoring_path(tmp_path):
+    # A cold page cache made the first reranks take 0.1-0.8 s, long enough for the deadline to skip reranking.
+    rng = np.random.default_rng(5)
+    head = _head(rng, hidden=24, dim=64)
+    writer = TokenVectorWriter(head, "int8")
+    for i in range(400):
+        writer.add(i, rng.standard_normal((64, 24)).astype(np.float32))  # 400 x 64 x 64 bytes: 400 pages
+    vectors = load_token_vectors(tmp_path, writer.write(tmp_path, 400), head, 400)
+    reranker = LateInteractionReranker(head, vectors, candidates=4)
+    mapped = vectors.codes.filename
+    assert _mapped_rss_bytes(mapped) < vectors.codes.nbytes / 4, "a fresh mapping has touched little"
+    reranker.warm_up()
+    assert _mapped_rss_bytes(mapped) >= 0.95 * vectors.codes.nbytes
+    assert reranker._int8 is not None  # the int8 product's session ran once (no error on an arbitrary query)
+
+
 def test_features_fill_in_what_a_retriever_did_not_return():
     candidates = [Hit(1, 0.03), Hit(2, 0.015)]
     first = {"dense": [Hit(1, 0.8), Hit(9, 0.6)], "bm25": [Hit(2, 12.0), Hit(7, 6.0)]}

@@ -8,17 +8,22 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import statistics
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
 
 from api_testkit import metric_values, serve_live, with_sections
 from rag.api.admission import SHED_REASONS, AdmissionController, Shed, Slot, parse_timeout_header
+from rag.api.workerprio import lower_this_thread, thread_nice
 from rag.budget import Budget, ServiceTimes
 from rag.pipeline import RagPipeline
+from rag.settings import AdmissionSettings
 from rag.slo import SLO_MS
 from rag.types import StageTiming
 
@@ -133,6 +138,22 @@ def test_budget_skips_an_optional_stage_it_cannot_hold_and_retries_it_when_the_e
     assert Budget(time.perf_counter() + 0.2, times).allows("rerank")
 
 
+def test_a_stale_estimate_is_replaced_by_the_next_run_not_averaged_with_it():
+    # A cold start's first rerank (page faults on the token vectors) took 0.8 s: rerank is skipped until the estimate
+    # is older than ttl_s; the one run that follows must let it back in, however heavily the average weighs the past.
+    clock = [0.0]
+    times = ServiceTimes(alpha=0.2, ttl_s=5.0, clock=lambda: clock[0])
+    times.observe([StageTiming("rerank", 0.8)], 0.8)
+    assert not Budget(time.perf_counter() + 0.4, times).allows("rerank")
+    clock[0] = 6.0
+    times.observe([StageTiming("rerank", 0.002)], 0.01)
+    assert times.stage("rerank") == pytest.approx(0.002)
+    assert Budget(time.perf_counter() + 0.4, times).allows("rerank")
+    clock[0] = 7.0  # a fresh estimate is still averaged: one slow run does not decide alone
+    times.observe([StageTiming("rerank", 0.102)], 0.11)
+    assert times.stage("rerank") == pytest.approx(0.002 + 0.2 * 0.1)
+
+
 @pytest.mark.parametrize("value, problem", [("abc", "whole number"), ("0", "outside"), ("-5", "whole number"),
                                             ("1.5", "whole number"), ("20001", "outside"), ("", "whole number")])
 def test_timeout_header_is_validated_with_a_reason(value, problem):
@@ -175,6 +196,47 @@ def test_queue_stage_in_the_response_the_stream_and_the_metrics(plain):
     after = _stage_counts(_scrape(plain.url))
     assert after["queue"] - before == 2, after
     assert set(_shed(_scrape(plain.url))) == set(SHED_REASONS), "every shed reason is exported from the start"
+
+
+def _threads_by_nice() -> dict[int, set[str]]:
+    """This process's threads (kernel names) by nice value, from /proc/self/task/*/stat (field 19)."""
+    out: dict[int, set[str]] = {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except FileNotFoundError:  # the thread ended
+            continue
+        name, fields = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+        out.setdefault(int(fields[16]), set()).add(name)
+    return out
+
+
+def test_queries_run_on_threads_below_the_event_loop_in_priority(plain):
+    # Past the knee the event loop (admission, refusals) must get the cores before the workers (workerprio.py).
+    response = httpx.post(plain.url + "/v1/query", json={"query": QUERY}, timeout=30)
+    assert response.status_code == 200, response.text
+    base = os.getpriority(os.PRIO_PROCESS, 0)  # 0, unless the suite itself runs under `nice`
+    by_nice = _threads_by_nice()
+    assert AdmissionSettings().worker_nice == 10 and by_nice.get(max(base, 10)), by_nice
+    if base < 10:
+        assert "rh:http" in by_nice.get(base, set()), f"the event loop keeps the usual priority: {by_nice}"
+
+
+def test_lower_this_thread_lowers_that_thread_alone_and_once():
+    seen = []
+
+    def worker():
+        lower_this_thread(7)
+        lower_this_thread(7)  # once per thread: the second call makes no system call and changes nothing
+        seen.append(thread_nice())
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    base = thread_nice()
+    assert seen == [max(base, 7)] and thread_nice() == base, "the calling thread alone"
+    lower_this_thread(0)  # 0: the usual priority, nothing to do
+    assert thread_nice() == base
 
 
 @pytest.mark.parametrize("body, headers, needle", [

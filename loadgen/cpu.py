@@ -1,0 +1,97 @@
+"""CPU time per request: what the service's processes and the load generator spent during a step's measured window.
+
+A knee says how many requests per second met the SLO; the CPU each request cost says why it is there and not higher:
+with ``n`` usable cores shared by the service and the generator, no queueing policy can answer more than
+``n / (service + generator CPU seconds per request)`` requests per second. ``ragheat bench --server-pid`` reads the
+service's processes (and their descendants: ``--workers`` children) from ``/proc``, so the service must run on this
+machine; the generator is this process (``time.process_time``, all its threads).
+
+>>> window = CpuWindow([server_pid]); window.start(); ...; window.stop(); window.per_request(answered)
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Iterable
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (which may hold spaces and parentheses); None if gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    return text[text.rindex(")") + 2:].split()
+
+
+def process_tree(roots: Iterable[int]) -> set[int]:
+    """``roots`` and every live descendant of theirs."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (fields := _stat_fields(int(entry.name))) is not None:
+            children.setdefault(int(fields[1]), []).append(int(entry.name))  # fields[1]: the parent's pid
+    tree, todo = set(), [pid for pid in roots if Path(f"/proc/{pid}").exists()]
+    while todo:
+        pid = todo.pop()
+        if pid not in tree:
+            tree.add(pid)
+            todo.extend(children.get(pid, ()))
+    return tree
+
+
+def cpu_seconds_by_process(roots: Iterable[int]) -> dict[int, float]:
+    """User + system CPU seconds of each process in the tree under ``roots`` (all its threads)."""
+    out = {}
+    for pid in process_tree(roots):
+        if (fields := _stat_fields(pid)) is not None:
+            out[pid] = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime (stat fields 14, 15)
+    return out
+
+
+class CpuWindow:
+    """CPU seconds spent between ``start()`` and ``stop()`` by the service's process tree and by this process.
+
+    A service process that exits inside the window takes its time with it (its parent has not waited for it), so a
+    window over a restart undercounts; one that starts inside it counts whole."""
+
+    def __init__(self, server_pids: Iterable[int]) -> None:
+        self.server_pids = tuple(int(p) for p in server_pids)
+        missing = [p for p in self.server_pids if not Path(f"/proc/{p}/stat").exists()]
+        if not self.server_pids or missing:
+            raise ValueError(f"no process {', '.join(map(str, missing or ['(none given)']))} on this machine: the "
+                             "service's CPU is read from /proc, so it must run here (or leave --server-pid out)")
+        self._server0: dict[int, float] | None = None
+        self._own0 = 0.0
+        self.service_s: float | None = None
+        self.generator_s: float | None = None
+
+    def start(self) -> None:
+        self._server0 = cpu_seconds_by_process(self.server_pids)
+        self._own0 = time.process_time()
+
+    @property
+    def started(self) -> bool:
+        return self._server0 is not None
+
+    def stop(self) -> None:
+        if self._server0 is None:
+            raise RuntimeError("CpuWindow.stop() before start()")
+        own = time.process_time() - self._own0
+        now = cpu_seconds_by_process(self.server_pids)
+        self.service_s = sum(seconds - self._server0.get(pid, 0.0) for pid, seconds in now.items())
+        self.generator_s = own
+
+    def per_request(self, requests: int) -> dict:
+        """CPU ms per request (service, generator, both) over ``requests`` sent in the window, and the ceiling that
+        sets on the rate with this process's usable cores; empty when the window never closed or saw no request."""
+        if self.service_s is None or requests <= 0:
+            return {}
+        service_ms, generator_ms = self.service_s * 1000 / requests, self.generator_s * 1000 / requests
+        cores = len(os.sched_getaffinity(0))
+        total = service_ms + generator_ms
+        return {"service": service_ms, "generator": generator_ms, "requests": requests, "cores": cores,
+                "ceiling_qps": cores * 1000 / total if total > 0 else None}
