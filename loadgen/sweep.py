@@ -50,7 +50,8 @@ def run_sweep(url: str, queries: Sequence[str], *, mode: str, levels: Sequence[f
     responses. With ``server_pids`` (the service's processes on this machine), each step records the CPU ms per
     request of the service and of the generator, and the ceiling they put on the rate (``loadgen.cpu``)."""
     target = url.rstrip("/") + "/v1/query"
-    CpuWindow(server_pids) if server_pids else None  # a pid that is not here fails before the first step
+    if server_pids:
+        CpuWindow(server_pids)  # a pid that is not here fails before the first step, not after it
     steps: list[StepResult] = []
     started = time.time()
     with stop or StopSignals() as stop:

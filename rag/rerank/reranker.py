@@ -5,6 +5,7 @@ vectors (the default), MaxSim's product run on ONNX Runtime; fp16 vectors take n
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Sequence
@@ -16,6 +17,8 @@ from rag.rerank.head import DEFAULT_HEAD, RerankHead
 from rag.rerank.maxsim import Int8MaxSim, limit_blas_threads, maxsim
 from rag.rerank.store import TokenVectors, load_token_vectors
 from rag.types import Hit, RerankResult
+
+log = logging.getLogger(__name__)
 
 
 class LateInteractionReranker:
@@ -39,7 +42,9 @@ class LateInteractionReranker:
     def warm_up(self) -> None:
         """Bring the memory-mapped token vectors into memory and run the scoring path once (the head's and the
         product's ONNX sessions allocate on their first run), so that the first queries do not pay for either."""
-        self.vectors.prefault()
+        if not self.vectors.prefault() and self.vectors.codes.nbytes:
+            log.warning("rerank: the token vectors (%.1f GiB) exceed half the available memory and are not read in "
+                        "at warm-up; the first queries will read them from disk", self.vectors.codes.nbytes / 2**30)
         if len(self.vectors):
             states = np.ones((4, self.head.hidden), np.float32)
             self.scores(RerankQuery(states, {}), [Hit(0, 1.0), Hit(len(self.vectors) - 1, 0.5)])

@@ -202,6 +202,8 @@ def test_warm_up_brings_the_mapped_token_vectors_in_and_runs_the_scoring_path(tm
     reranker.warm_up()
     assert _mapped_rss_bytes(mapped) >= 0.95 * vectors.codes.nbytes
     assert reranker._int8 is not None  # the int8 product's session ran once (no error on an arbitrary query)
+    assert vectors.prefault(available_bytes=vectors.codes.nbytes) == 0, "more than half the memory: left to fault in"
+    assert vectors.prefault(available_bytes=4 * vectors.codes.nbytes) == vectors.codes.nbytes
 
 
 def test_features_fill_in_what_a_retriever_did_not_return():
