@@ -6,7 +6,7 @@ with ``n`` usable cores shared by the service and the generator, no queueing pol
 service's processes (and their descendants: ``--workers`` children) from ``/proc``, so the service must run on this
 machine; the generator is this process (``time.process_time``, all its threads).
 
->>> window = CpuWindow([server_pid]); window.start(); ...; window.stop(); window.per_request(answered)
+>>> window = CpuWindow([server_pid]); window.start(); ...; window.stop(); window.per_request(sent)
 """
 
 from __future__ import annotations
@@ -86,8 +86,9 @@ class CpuWindow:
         self.generator_s = own
 
     def per_request(self, requests: int) -> dict:
-        """CPU ms per request (service, generator, both) over ``requests`` sent in the window, and the ceiling that
-        sets on the rate with this process's usable cores; empty when the window never closed or saw no request."""
+        """CPU ms per request of the service and of the generator over ``requests`` sent in the window, and the
+        ceiling their sum sets on the rate with this process's usable cores; empty when the window never closed or
+        saw no request."""
         if self.service_s is None or requests <= 0:
             return {}
         service_ms, generator_ms = self.service_s * 1000 / requests, self.generator_s * 1000 / requests
