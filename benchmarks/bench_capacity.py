@@ -6,7 +6,7 @@ defaults, a bounded number of queries in flight and a bounded queue, queries tha
 priority, what the defaults were before; ``off``: every query queued). All run for the whole benchmark; every step is
 measured on each in turn (the order rotating), with the project's open-loop generator (Poisson arrivals, latency from
 the intended send time, loadgen/runner.py), SciFact train claims as queries. Each step also records the CPU ms per
-query of the service and of the generator (loadgen/cpu.py), and the rate ceiling those set on the shared cores.
+answer of the service and of the generator (loadgen/cpu.py), and the rate ceiling those set on the shared cores.
 
 1. The knee: ascending rates until a configuration's P99 passes ``--stop-factor`` SLOs (or it sheds or fails more
    than 10 %); the knee is the highest rate meeting the SLO with every lower rate meeting it (``find_knee``: shed
@@ -95,7 +95,7 @@ def row(step, phase: str) -> dict:
             "shed": step.shed, "shed_rate": round(step.shed_rate, 5), "shed_reasons": step.shed_reasons,
             "refusal_ms": step.refusal_ms, "refusal_server_ms": step.refusal_server_ms, "expired_ms": step.expired_ms,
             "latency_ms": step.latency_ms, "send_error_ms": step.send_error_ms,
-            "queue_ms": step.stages_ms.get("queue"), "cpu_ms_per_request": step.cpu_ms_per_request,
+            "queue_ms": step.stages_ms.get("queue"), "cpu_ms_per_answer": step.cpu_ms_per_answer,
             "interrupted": step.interrupted}
 
 
@@ -195,8 +195,8 @@ def _spread(values: list, fmt=_ms) -> str:
 
 
 def _cpu_cell(step: dict | None) -> str:
-    """CPU ms per query of the service and the generator in a step, and the rate the cores could hold at that cost."""
-    cpu = (step or {}).get("cpu_ms_per_request") or {}
+    """CPU ms per answer of the service and the generator in a step, and the rate the cores could hold at that cost."""
+    cpu = (step or {}).get("cpu_ms_per_answer") or {}
     if not cpu:
         return "–"
     ceiling = cpu.get("ceiling_qps")
@@ -250,7 +250,7 @@ def doc_tables(results: dict) -> list[dict]:
     return [{"title": f"Knee: the highest offered rate with P99 ≤ {slo} ms, errors and shed queries ≤ "
                       f"{results['max_error_rate'] * 100:g} %, every lower rate meeting it too",
              "align": "lrlr", "columns": ["admission", "knee req/s", "P99 ms per offered rate",
-                                          "CPU ms per query at the knee: service + generator (ceiling req/s)"],
+                                          "CPU ms per answer at the knee: service + generator (ceiling req/s)"],
              "rows": knee_rows},
             {"title": f"Overload: admitted P99, goodput, shed queries and refusal latency. {note}",
              "align": "lrlrrrrrr", "columns": ["step", "offered req/s", "admission", "P99 ms (answered)",

@@ -35,15 +35,11 @@ import numpy as np
 from rag.eval.beir import load_queries
 from rag.pipeline import RagPipeline
 from rag.settings import RagheatSettings
+from loadgen.cpu import cpu_seconds
 from loadgen.resultsfile import BenchmarkRun
 from rag.types import RequestRecord
 from stack.servers import ServeProcess
 from telemetry.recorder import Telemetry
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
 RECEIVER = """

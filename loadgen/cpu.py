@@ -1,12 +1,14 @@
-"""CPU time per request: what the service's processes and the load generator spent during a step's measured window.
+"""CPU time per answer: what the service's processes and the load generator spent during a step's measured window,
+over the queries answered in it.
 
-A knee says how many requests per second met the SLO; the CPU each request cost says why it is there and not higher:
+A knee says how many answers per second met the SLO; the CPU each answer cost says why it is there and not higher:
 with ``n`` usable cores shared by the service and the generator, no queueing policy can answer more than
-``n / (service + generator CPU seconds per request)`` requests per second. ``ragheat bench --server-pid`` reads the
+``n / (service + generator CPU seconds per answer)`` queries per second. Past the knee the cost of refusing the shed
+queries is part of each answer's, as it is part of what the cores spend; below it nothing is shed and the two agree. ``ragheat bench --server-pid`` reads the
 service's processes (and their descendants: ``--workers`` children) from ``/proc``, so the service must run on this
 machine; the generator is this process (``time.process_time``, all its threads).
 
->>> window = CpuWindow([server_pid]); window.start(); ...; window.stop(); window.per_request(sent)
+>>> window = CpuWindow([server_pid]); window.start(); ...; window.stop(); window.per_answer(answered)
 """
 
 from __future__ import annotations
@@ -43,13 +45,15 @@ def process_tree(roots: Iterable[int]) -> set[int]:
     return tree
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of one process (all its threads); None once it is gone."""
+    fields = _stat_fields(pid)
+    return None if fields is None else (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # stat fields 14, 15
+
+
 def cpu_seconds_by_process(roots: Iterable[int]) -> dict[int, float]:
-    """User + system CPU seconds of each process in the tree under ``roots`` (all its threads)."""
-    out = {}
-    for pid in process_tree(roots):
-        if (fields := _stat_fields(pid)) is not None:
-            out[pid] = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime (stat fields 14, 15)
-    return out
+    """``cpu_seconds`` of each process in the tree under ``roots``."""
+    return {pid: seconds for pid in process_tree(roots) if (seconds := cpu_seconds(pid)) is not None}
 
 
 class CpuWindow:
@@ -85,14 +89,14 @@ class CpuWindow:
         self.service_s = sum(seconds - self._server0.get(pid, 0.0) for pid, seconds in now.items())
         self.generator_s = own
 
-    def per_request(self, requests: int) -> dict:
-        """CPU ms per request of the service and of the generator over ``requests`` sent in the window, and the
-        ceiling their sum sets on the rate with this process's usable cores; empty when the window never closed or
-        saw no request."""
-        if self.service_s is None or requests <= 0:
+    def per_answer(self, answers: int) -> dict:
+        """CPU ms per answer of the service and of the generator over the ``answers`` given in the window, and the
+        answers per second their sum lets this process's usable cores hold; empty when the window never closed or
+        saw no answer."""
+        if self.service_s is None or answers <= 0:
             return {}
-        service_ms, generator_ms = self.service_s * 1000 / requests, self.generator_s * 1000 / requests
+        service_ms, generator_ms = self.service_s * 1000 / answers, self.generator_s * 1000 / answers
         cores = len(os.sched_getaffinity(0))
         total = service_ms + generator_ms
-        return {"service": service_ms, "generator": generator_ms, "requests": requests, "cores": cores,
+        return {"service": service_ms, "generator": generator_ms, "answers": answers, "cores": cores,
                 "ceiling_qps": cores * 1000 / total if total > 0 else None}

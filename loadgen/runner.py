@@ -344,7 +344,7 @@ def _summarise(mode: str, outcomes: list[Outcome], duration_s: float, rate: floa
         stages_ms={name: percentiles_ms(values) for name, values in stage_seconds.items()},
         interrupted=interrupted,
         samples=samples,
-        cpu_ms_per_request=cpu.per_request(len(outcomes)) if cpu is not None else {},
+        cpu_ms_per_answer=cpu.per_answer(len(ok)) if cpu is not None else {},
     )
 
 

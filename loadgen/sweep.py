@@ -48,7 +48,7 @@ def run_sweep(url: str, queries: Sequence[str], *, mode: str, levels: Sequence[f
     caller holds it), so a press stops the sweep the same way whether it lands mid-step, as a step starts or
     ends, or between steps. With ``prometheus_url``, per-stage percentiles come from Prometheus instead of the
     responses. With ``server_pids`` (the service's processes on this machine), each step records the CPU ms per
-    request of the service and of the generator, and the ceiling they put on the rate (``loadgen.cpu``)."""
+    answer of the service and of the generator, and the ceiling they put on the rate (``loadgen.cpu``)."""
     target = url.rstrip("/") + "/v1/query"
     if server_pids:
         CpuWindow(server_pids)  # a pid that is not here fails before the first step, not after it
@@ -116,10 +116,10 @@ def results_table(results: dict) -> Table:
     table = Table(title=f"{results['mode']}-loop sweep against {results['url']} (SLO P99 <= {results['slo_ms']:g} ms)")
     first = "offered req/s" if results["mode"] == "open" else "clients"
     cached = any(step.get("cache_hit_rate") is not None for step in results["steps"])  # the service has a cache
-    cpu = any(step.get("cpu_ms_per_request") for step in results["steps"])  # --server-pid was given
+    cpu = any(step.get("cpu_ms_per_answer") for step in results["steps"])  # --server-pid was given
     for column in (first, "achieved", "goodput", "errors", "shed", "refusal P99 ms", "P50 ms", "P90 ms", "P99 ms",
                    "P99.9 ms", "send err P99 ms", "SLO") + (("cache hits",) if cached else ()) + (
-                   ("CPU ms/req svc + gen", "CPU ceiling req/s") if cpu else ()):
+                   ("CPU ms/answer svc + gen", "CPU ceiling req/s") if cpu else ()):
         table.add_column(column, justify="right")
     fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
     for step in results["steps"]:
@@ -134,7 +134,7 @@ def results_table(results: dict) -> Table:
                       fmt(lat["p50"]), fmt(lat["p90"]), fmt(lat["p99"]),
                       fmt(lat["p99.9"]), fmt(step["send_error_ms"].get("p99")), "yes" if meets else "no",
                       *([_percent(step.get("cache_hit_rate"))] if cached else []),
-                      *(_cpu_cells(step.get("cpu_ms_per_request") or {}) if cpu else []))
+                      *(_cpu_cells(step.get("cpu_ms_per_answer") or {}) if cpu else []))
     return table
 
 

@@ -61,7 +61,7 @@ def knee(results: Mapping[str, dict]) -> dict:
         offered = count(s["offered_qps"]) + (" (cut)" if s["interrupted"] else "")
         stages = s.get("stages_ms") or {}
         embed, rerank = stages.get("embed") or {}, stages.get("rerank") or {}
-        cpu = s.get("cpu_ms_per_request") or {}
+        cpu = s.get("cpu_ms_per_answer") or {}
         rows.append([bold(offered) if is_knee else offered, num(s["achieved_qps"], 1),
                      *(_opt(lat[k]) for k in ("p50", "p90", "p99", "p99.9")),
                      f"{count(s.get('shed', 0))} ({shed_rate * 100:.1f} %)", _opt(embed.get("p50")),
@@ -73,7 +73,7 @@ def knee(results: Mapping[str, dict]) -> dict:
     sends = [s["send_error_ms"]["p99"] for s in data["steps"] if s["send_error_ms"].get("p99") is not None]
     service = data.get("service") or {}
     return {"table": table(["offered req/s", "answered", "P50 ms", "P90 ms", "P99 ms", "P99.9 ms", "shed",
-                            "embed P50 ms", "rerank P50 ms", "CPU ms/query service + generator", "CPU ceiling req/s",
+                            "embed P50 ms", "rerank P50 ms", "CPU ms/answer service + generator", "CPU ceiling req/s",
                             "send err P99 ms", f"meets the SLO (P99 ≤ {slo:g} ms, ≤ "
                             f"{data['max_error_rate'] * 100:g} % errors and shed)"], rows, "rrrrrrrrrrrrl"),
             "knee": bold(f"{count(knee_qps)} req/s") if knee_qps is not None else bold("none of the offered rates"),

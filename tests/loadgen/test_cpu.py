@@ -42,11 +42,11 @@ def test_the_window_counts_the_service_tree_and_the_generator_apart():
         assert tree <= process_tree([parent.pid]) and set(cpu_seconds_by_process([parent.pid])) == tree
         assert 0.35 <= window.service_s <= 1.5, window.service_s
         assert window.generator_s < 0.3, "this process slept"
-        cost = window.per_request(10)
+        cost = window.per_answer(10)
         assert cost["service"] == pytest.approx(window.service_s * 100)
         assert cost["cores"] == len(os.sched_getaffinity(0))
         assert cost["ceiling_qps"] == pytest.approx(cost["cores"] * 1000 / (cost["service"] + cost["generator"]))
-        assert window.per_request(0) == {}
+        assert window.per_answer(0) == {}
     finally:
         for pid in sorted(process_tree([parent.pid]), reverse=True):
             os.kill(pid, 9)

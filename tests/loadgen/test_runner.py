@@ -145,13 +145,13 @@ def test_sweep_records_cpu_per_request_when_given_the_service_pid():
         plain = run_sweep(url, ["q"], mode="open", levels=[20], duration_s=0.5, warmup_s=0.1, slo_ms=1000,
                           max_error_rate=0.001)
     for step in results["steps"] + closed["steps"]:
-        cpu = step["cpu_ms_per_request"]
-        assert cpu["requests"] == step["requests"] > 0 and cpu["service"] > 0 and cpu["generator"] > 0, cpu
+        cpu = step["cpu_ms_per_answer"]
+        assert cpu["answers"] == step["requests"] > 0 and cpu["service"] > 0 and cpu["generator"] > 0, cpu
         assert cpu["ceiling_qps"] == pytest.approx(cpu["cores"] * 1000 / (cpu["service"] + cpu["generator"]))
-    assert plain["steps"][0]["cpu_ms_per_request"] == {}
+    assert plain["steps"][0]["cpu_ms_per_answer"] == {}
     console = Console(width=250, record=True)
     console.print(results_table(results))
-    assert "CPU ms/req svc + gen" in console.export_text()
+    assert "CPU ms/answer svc + gen" in console.export_text()
     with pytest.raises(ValueError, match="no process"):
         run_sweep("http://127.0.0.1:9", ["q"], mode="open", levels=[20], duration_s=0.5, warmup_s=0.1, slo_ms=1000,
                   max_error_rate=0.001, server_pids=[999999999])
