@@ -195,7 +195,7 @@ def _spread(values: list, fmt=_ms) -> str:
 
 
 def _cpu_cell(step: dict | None) -> str:
-    """CPU ms per answer of the service and the generator in a step, and the rate the cores could hold at that cost."""
+    """CPU ms per answer of the service and the generator in a step, and the rate the cores hold at that cost."""
     cpu = (step or {}).get("cpu_ms_per_answer") or {}
     if not cpu:
         return "–"
@@ -238,9 +238,10 @@ def doc_tables(results: dict) -> list[dict]:
                 + _spread([s["refusal_ms"].get("p99") for s in steps], lambda v: f"{v:.1f}"),
                 _spread([s["refusal_server_ms"].get("p99") for s in steps], lambda v: f"{v:.2f}"),
                 str(sum(s["errors"] for s in steps))])
-    note = (f"Admission on = the defaults (bounded in-flight queries and queue, deadline = the SLO, worker threads at "
-            f"a lower priority than the event loop: admission.worker_nice); on-nice-0 = the same with the workers at the "
-            f"event loop's priority; off = every query queued. The overload steps offer multiples of admission-on's knee ({reference:g} req/s). P99 is of "
+    note = (f"Admission on = the defaults (bounded in-flight queries and queue, deadline = the SLO, worker threads "
+            f"at a lower priority than the event loop: admission.worker_nice); on-nice-0 = the same with the workers at "
+            f"the event loop's priority; off = every query queued. The overload steps offer multiples of admission-on's "
+            f"knee ({reference:g} req/s). P99 is of "
             f"answered queries only; goodput = answers within {slo} ms per second; refusal = the latency of a query "
             f"shed at once (queue_full, deadline; expired ones waited until their deadline), as the client saw it "
             f"(loopback and the generator's own scheduling included) and as the service timed it (arrival stamp to "

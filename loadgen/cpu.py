@@ -4,9 +4,10 @@ over the queries answered in it.
 A knee says how many answers per second met the SLO; the CPU each answer cost says why it is there and not higher:
 with ``n`` usable cores shared by the service and the generator, no queueing policy can answer more than
 ``n / (service + generator CPU seconds per answer)`` queries per second. Past the knee the cost of refusing the shed
-queries is part of each answer's, as it is part of what the cores spend; below it nothing is shed and the two agree. ``ragheat bench --server-pid`` reads the
-service's processes (and their descendants: ``--workers`` children) from ``/proc``, so the service must run on this
-machine; the generator is this process (``time.process_time``, all its threads).
+queries is part of each answer's, as it is part of what the cores spend; below it nothing is shed and the two agree.
+``ragheat bench --server-pid`` reads the service's processes (and their descendants: ``--workers`` children) from
+``/proc``, so the service must run on this machine; the generator is this process (``time.process_time``, all its
+threads).
 
 >>> window = CpuWindow([server_pid]); window.start(); ...; window.stop(); window.per_answer(answered)
 """

@@ -83,7 +83,7 @@ class ServeFleet:
 
     @property
     def pids(self) -> dict[str, int]:
-        """Each configuration's ``ragheat serve`` process id (for loadgen.cpu: its CPU per query)."""
+        """Each configuration's ``ragheat serve`` process id (for loadgen.cpu: its CPU per answer)."""
         return {name: child.pid for name, child in zip(self.configs, self.children)}
 
     def __exit__(self, *exc) -> None:

@@ -37,7 +37,7 @@ def bench(
     results_file: Optional[Path] = typer.Option(None, "--results-file", help="also write results.json as a benchmark "
                                                 "results file (command, commit, machine; benchmarks/README.md)"),
     server_pid: str = typer.Option("", "--server-pid", help="the service's process ids on this machine, comma list "
-                                   "(their children count too: --workers): each step records the CPU ms per request "
+                                   "(their children count too: --workers): each step records the CPU ms per answer "
                                    "of the service and of this generator, and the rate ceiling that sets on the "
                                    "cores they share"),
 ) -> None:
@@ -65,7 +65,8 @@ def bench(
 
             CpuWindow(server_pids)
     except ValueError as exc:
-        _fail(f"--server-pid {server_pid!r}: " + (str(exc) if "process" in str(exc) else "give process ids, e.g. 1234"))
+        problem = str(exc) if "process" in str(exc) else "give process ids, e.g. 1234"
+        _fail(f"--server-pid {server_pid!r}: {problem}")
     with progress_bar() as progress:
         # Under one signal guard: Ctrl-C or SIGTERM ends the sweep and still writes results.json and report.html.
         results, path, report = sweep_and_report(out_dir, url, shuffled(texts, seed), mode=mode, levels=levels,
