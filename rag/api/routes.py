@@ -128,8 +128,9 @@ async def query_stream(request: QueryRequest, http: Request):
 
 
 @router.get("/healthz")
-def healthz() -> dict:
-    """Liveness: the process answers."""
+async def healthz() -> dict:
+    """Liveness: the process answers. Async, so it is answered on the event loop: a sync route would run on the
+    thread pool, whose threads run queries below the event loop's priority (rag/api/workerprio.py)."""
     return {"status": "ok"}
 
 

@@ -91,7 +91,7 @@ class TokenVectors:
         pages are the page cache's, shared by every worker mapping the file. Vectors larger than half the memory
         available (``available_bytes``, default: the kernel's MemAvailable) are left to fault in as queries read
         them: they would not stay in. Returns the bytes touched (0 when left)."""
-        flat = self.codes.reshape(-1).view(np.uint8)
+        flat = self._array.reshape(-1).view(np.uint8)
         available = _available_memory() if available_bytes is None else available_bytes
         if available is not None and flat.nbytes > available // 2:
             return 0
@@ -99,27 +99,25 @@ class TokenVectors:
             int(flat[begin:begin + chunk_bytes:4096].sum())  # one byte per 4 KiB page brings the page in
         return int(flat.nbytes)
 
-    def _rows(self, ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-        """The stored rows of the listed chunks, in order, and where each chunk starts among them."""
+    def _spans(self, ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Where each listed chunk's rows begin in the store, how many there are, and where each chunk starts once
+        they are gathered in order."""
         ids = np.asarray(ids, np.int64)
         begin = self.offsets[ids]
         lengths = self.offsets[ids + 1] - begin
         starts = np.zeros(len(ids), np.int64)
         np.cumsum(lengths[:-1], out=starts[1:])
-        return np.arange(int(lengths.sum()), dtype=np.int64) + np.repeat(begin - starts, lengths), starts
+        return begin, lengths, starts
 
     def gather(self, ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-        ids = np.asarray(ids, np.int64)
-        begin, end = self.offsets[ids], self.offsets[ids + 1]
-        lengths = end - begin
-        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64) if len(ids) else lengths
+        begin, lengths, starts = self._spans(ids)
         # Contiguous slices copied straight into one float32 matrix: cheaper than a fancy index of every row and
         # a conversion of the copy.
         matrix = np.empty((int(lengths.sum()), self._array.shape[1]), np.float32)
-        for at, b, e in zip(starts.tolist(), begin.tolist(), end.tolist()):
-            matrix[at:at + e - b] = self._array[b:e]
+        for at, b, n in zip(starts.tolist(), begin.tolist(), lengths.tolist()):
+            matrix[at:at + n] = self._array[b:b + n]
             if self.scales is not None:
-                matrix[at:at + e - b] *= self.scales[b:e, None]
+                matrix[at:at + n] *= self.scales[b:b + n, None]
         return matrix, starts
 
     def gather_codes(self, ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -127,7 +125,8 @@ class TokenVectors:
         their per-token scales and where each chunk starts; one gather of the rows, no float matrix."""
         if self.scales is None:
             raise ValueError("gather_codes needs int8 token vectors; these are fp16 (use gather)")
-        rows, starts = self._rows(ids)
+        begin, lengths, starts = self._spans(ids)
+        rows = np.arange(int(lengths.sum()), dtype=np.int64) + np.repeat(begin - starts, lengths)
         codes = self._array.view(np.uint8)[rows]
         np.bitwise_xor(codes, 0x80, out=codes)  # flip the sign bit
         return codes, self.scales[rows], starts

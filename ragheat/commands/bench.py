@@ -60,13 +60,15 @@ def bench(
         _fail("--concurrency takes positive whole numbers, e.g. 1,2,4")
     try:
         server_pids = [int(p) for p in server_pid.split(",") if p.strip()]
-        if server_pids:
-            from loadgen.cpu import CpuWindow
+    except ValueError:
+        _fail(f"--server-pid {server_pid!r}: give process ids, e.g. 1234")
+    if server_pids:
+        from loadgen.cpu import CpuWindow
 
-            CpuWindow(server_pids)
-    except ValueError as exc:
-        problem = str(exc) if "process" in str(exc) else "give process ids, e.g. 1234"
-        _fail(f"--server-pid {server_pid!r}: {problem}")
+        try:
+            CpuWindow(server_pids)  # here, not at the first step: a clear error before any load is sent
+        except ValueError as exc:
+            _fail(f"--server-pid {server_pid!r}: {exc}")
     with progress_bar() as progress:
         # Under one signal guard: Ctrl-C or SIGTERM ends the sweep and still writes results.json and report.html.
         results, path, report = sweep_and_report(out_dir, url, shuffled(texts, seed), mode=mode, levels=levels,
