@@ -8,6 +8,9 @@ and ``setpriority`` on a thread id lowers that thread alone) lets the event loop
 workers still get every cycle it does not use. Raising one's own nice value needs no privilege. The gain is measured
 side by side in docs/benchmarks.md (Capacity and admission control).
 
+A language model server on the same cores (vLLM on CPU) then also runs before the query threads, which only read its
+stream: the model's stages may take longer on a shared CPU; with ``admission.worker_nice`` 0 they compete evenly.
+
 Scope: nice orders threads within one scheduling group. With ``kernel.sched_autogroup_enabled`` (desktop sessions) or
 in a container's cgroup, it does not lower the service against other groups.
 """
