@@ -20,13 +20,13 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from rag.budget import Budget
+from rag.deadline import Deadline
 from rag.embedding.batcher import MicroBatchEmbedder
 from rag.embedding.embedder import OnnxEmbedder
 from rag.embedding.model_store import check_index_model
 from rag.errors import ConfigurationError, IndexLoadError, StageError
 from rag.generation.extractive import ExtractiveGenerator
-from rag.generation.budget import PassageCompressor
+from rag.generation.prompt_budget import PassageCompressor
 from rag.generation.hyde import HydeSkipped, HydeWriter
 from rag.generation.llm import GeneratorUnavailable
 from rag.generation.support import SupportChecker
@@ -338,11 +338,11 @@ class RagPipeline:
     def query(self, query: str, top_k: int, retrievers: Sequence[str] | None = None, *,
               on_sources: Callable[[list[Source]], None] | None = None,
               on_token: Callable[[str], None] | None = None, arrival: float | None = None,
-              budget: Budget | None = None) -> QueryResult:
+              budget: Deadline | None = None) -> QueryResult:
         """Answer ``query``. ``on_sources`` is called once retrieval is done and ``on_token`` with each piece
         of a streamed answer as it arrives (both on this thread), for ``/v1/query/stream``. ``arrival``: when the
         request arrived (``time.perf_counter()``): the wait until now is its ``queue`` stage. ``budget``: its deadline
-        (``rag.budget``): optional stages it cannot hold are skipped and listed in ``skipped``. With the answer cache
+        (``rag.deadline``): optional stages it cannot hold are skipped and listed in ``skipped``. With the answer cache
         (``cache.enabled``) the query is embedded first and looked up (stage ``cache_lookup``): a hit is the stored
         answer with this request's stages; a miss retrieves with that embedding and stores a non-degraded answer."""
         if not self.ready:

@@ -224,7 +224,7 @@ class ServerSettings(_Section):
     metrics_port: int | None = Field(None, ge=1, le=65535, description="serve /metrics on this port (open, on host) "
                                                                        "instead of the API port, where it needs a key "
                                                                        "once keys are set")
-    # -- hot swap (rag/generations.py) ---------------------------------------------------------------------------
+    # -- hot swap (rag/index_generations.py) ---------------------------------------------------------------------------
     reload_poll_s: float = Field(2.0, ge=0, le=3600, description="how often the index's `current` link is checked for "
                                                                  "a newer generation, loaded beside the served one and "
                                                                  "swapped in; 0 = only on POST /admin/reload")
@@ -369,7 +369,7 @@ class AdmissionSettings(_Section):
                                                                   "skipped for ever")
     worker_nice: int = Field(10, ge=0, le=19, description="nice value of the threads that run queries (0 = the event "
                                                           "loop's): past the knee the event loop, which admits and "
-                                                          "refuses, gets the cores first (rag/api/workerprio.py)")
+                                                          "refuses, gets the cores first (rag/api/worker_priority.py)")
 
     @model_validator(mode="after")
     def _check(self) -> "AdmissionSettings":

@@ -233,7 +233,7 @@ class RetrievalRun:
     route: str = "none"
     retrieved: dict[str, int] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
-    budget: object | None = None  # the request's rag.budget.Budget: optional stages its deadline cannot hold are skipped
+    budget: object | None = None  # the request's rag.deadline.Deadline: optional stages its deadline cannot hold are skipped
 
 
 @dataclass(frozen=True, eq=False)

@@ -9,7 +9,7 @@ import sys
 
 import typer
 
-from ragheat.commands import bench, dashboards, demo, index, judge, keys, probes, serve, stack
+from ragheat.commands import bench, dashboards, demo, evaluate, index, judge, keys, probes, serve, stack, train
 
 app = typer.Typer(help="ragheat: observability-first RAG on embedded defaults.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
@@ -17,9 +17,9 @@ app = typer.Typer(help="ragheat: observability-first RAG on embedded defaults.",
 app.command()(index.ingest)
 app.command()(serve.serve)
 app.command()(serve.query)
-app.command("eval")(index.evaluate)
-app.command("train-router")(index.train_router)
-app.command("train-reranker")(index.train_reranker)
+app.command("eval")(evaluate.evaluate)
+app.command("train-router")(train.train_router)
+app.command("train-reranker")(train.train_reranker)
 app.command("judge")(judge.judge)
 app.command()(bench.bench)
 app.command("ann-bench")(bench.ann_bench)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, MutableMapping, Sequence
 
 from rag.api.app import create_app
-from rag.generations import GenerationSwitch
+from rag.index_generations import IndexGenerationSwitch
 from rag.pipeline import RagPipeline
 from rag.settings import RagheatSettings
 
@@ -37,7 +37,7 @@ class Service:
     pipelines. ``pipeline`` is the generation served now (``generations`` swaps newer ones in)."""
 
     settings: RagheatSettings
-    generations: GenerationSwitch
+    generations: IndexGenerationSwitch
     app: FastAPI
     telemetry: Telemetry | None = None
     probes: ProbeHandle | None = None
@@ -97,7 +97,7 @@ def build_service(settings: RagheatSettings, pipeline: RagPipeline | None = None
         settings = prepare_vllm_engine(settings)
         pipeline = RagPipeline(settings, settings.server.index_dir)
     app = create_app(settings, pipeline=pipeline)
-    switch: GenerationSwitch = app.state.generations
+    switch: IndexGenerationSwitch = app.state.generations
     switch.warm_up()
     service = Service(settings, switch, app)
     if telemetry:

@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from rag.api.access import REJECTION_REASONS
 from rag.api.admission import SHED_REASONS
-from rag.budget import OPTIONAL_STAGES
+from rag.deadline import OPTIONAL_STAGES
 from rag.stages import (CONDITIONAL_STAGES, DEGRADED_REASONS, RETRIEVAL_ROUTES, RETRIEVERS, SKIPPABLE_STAGES,
                         STAGES)
 from telemetry.buckets import (KERNEL_LOG2_SECONDS, LATENCY_SECONDS, RETRIEVED_DOCUMENTS, VLLM_STEP_BLOCKS,
@@ -28,7 +28,7 @@ STAGE_OUTCOMES = ("ok", "error")
 REQUEST_OUTCOMES = ("ok", "rejected", "error")  # 2xx/3xx, 4xx (bad input, not ready), 5xx
 SIGNALS = ("spans", "metrics")
 DROP_REASONS = ("queue_full", "export_failed")
-RELOAD_OUTCOMES = ("swapped", "unchanged", "failed")  # rag.generations.RELOAD_OUTCOMES (tested equal)
+RELOAD_OUTCOMES = ("swapped", "unchanged", "failed")  # rag.index_generations.RELOAD_OUTCOMES (tested equal)
 CACHE_RESULTS = ("hit", "miss", "off")  # rag.types.CACHE_OUTCOMES (tested equal)
 KERNEL_STAGES = STAGES + ("http", "other")
 """Stage label values of the kernel metrics: a pipeline stage while a thread carries its ``rh:<stage>`` name
@@ -86,7 +86,7 @@ METRICS: tuple[MetricSpec, ...] = (
                ("retrieval_route",)),
     MetricSpec("service", "stage_skipped", "ragheat_stage_skipped_total", "counter",
                "Queries answered without a stage because its backend was unavailable (the graph store down or "
-               "restarting) or their deadline could not hold it (rag.budget); each such answer is degraded.",
+               "restarting) or their deadline could not hold it (rag.deadline); each such answer is degraded.",
                ("stage",)),
     MetricSpec("service", "stage_errors", "ragheat_stage_errors_total", "counter",
                "Requests that failed in a pipeline stage, by stage.", ("stage",)),

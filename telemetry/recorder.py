@@ -114,7 +114,7 @@ class Telemetry:
             self.metrics.child(self.metrics.shed, reason).inc()
 
     def reloaded(self, outcome: str) -> None:
-        """An index reload attempt ended (``rag.generations.GenerationSwitch.on_reload`` calls this)."""
+        """An index reload attempt ended (``rag.index_generations.IndexGenerationSwitch.on_reload`` calls this)."""
         if self.metrics:
             self.metrics.child(self.metrics.index_reloads, outcome).inc()
 

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from rag.budget import Budget, ServiceTimes
+from rag.deadline import Deadline, ServiceTimes
 from rag.slo import SLO_MS
 
 SHED_REASONS = ("queue_full", "deadline", "expired")
@@ -120,7 +120,7 @@ class AdmissionController:
         self.max_in_flight, self.max_queue, self.times, self.enabled = max_in_flight, max_queue, times, enabled
         self.deadline_ms, self.max_timeout_ms = deadline_ms, max_timeout_ms
         self.degrade, self.headroom = degrade, headroom
-        self.worker_nice = worker_nice  # applied by each worker thread to itself (rag/api/workerprio.py)
+        self.worker_nice = worker_nice  # applied by each worker thread to itself (rag/api/worker_priority.py)
         self.hold_s: float | None = None  # recent time a query held its slot (grant to release, on the event loop)
         self.in_flight = 0
         self._waiting: collections.deque[asyncio.Future] = collections.deque()
@@ -252,6 +252,6 @@ class AdmissionController:
         else:
             loop.call_soon_threadsafe(self._release, granted)
 
-    def budget(self, arrival: float, deadline_s: float) -> Budget:
+    def budget(self, arrival: float, deadline_s: float) -> Deadline:
         """The request's budget for optional stages (all allowed with ``admission.degrade`` off)."""
-        return Budget(arrival + deadline_s, self.times, self.degrade)
+        return Deadline(arrival + deadline_s, self.times, self.degrade)

@@ -1,8 +1,8 @@
-"""The FastAPI service: ``create_app`` puts the ``GenerationSwitch`` serving a pipeline, the access policy and the
+"""The FastAPI service: ``create_app`` puts the ``IndexGenerationSwitch`` serving a pipeline, the access policy and the
 server settings on ``app.state`` and adds the routes (``rag.api.routes``), the middleware (``rag.api.middleware``:
 access, body limit, generation leases), the error handlers (``rag.api.errors``) and the completed OpenAPI schema
 (``rag.api.openapi``). The index and model load in the lifespan, before the first request is accepted; from then on
-newer generations are swapped in without a restart (``rag.generations``). OpenAPI at ``/docs``."""
+newer generations are swapped in without a restart (``rag.index_generations``). OpenAPI at ``/docs``."""
 
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ from rag import __version__
 from rag.api.access import AccessPolicy
 from rag.api.admission import AdmissionController, ArrivalMiddleware
 from rag.api.errors import install_error_handlers
-from rag.api.middleware import AccessMiddleware, BodyLimitMiddleware, GenerationMiddleware
+from rag.api.middleware import AccessMiddleware, BodyLimitMiddleware, IndexGenerationMiddleware
 from rag.api.openapi import install_openapi
 from rag.api.routes import router
-from rag.generations import GenerationSwitch
+from rag.index_generations import IndexGenerationSwitch
 from rag.pipeline import RagPipeline
 from rag.settings import RagheatSettings
 from rag.threadnames import set_name, stage_comm
@@ -33,7 +33,7 @@ log = logging.getLogger("ragheat.api")
 async def lifespan(app: FastAPI):
     """Warm the pipeline up before serving (a missing or corrupt index fails start-up, naming the path); close it
     when the server stops."""
-    switch: GenerationSwitch = app.state.generations
+    switch: IndexGenerationSwitch = app.state.generations
     if app.state.server.stage_thread_names:
         set_name(stage_comm("http"))  # the event-loop thread, for kernel probes (rag.threadnames)
     await run_in_threadpool(switch.warm_up)
@@ -53,12 +53,12 @@ def create_app(settings: RagheatSettings, index_dir: Path | None = None,
     """The app serving ``pipeline`` (or a new one over ``index_dir``, default ``server.index_dir``)."""
     app = FastAPI(title="ragheat", version=__version__, lifespan=lifespan,
                   description="Observability-first RAG: hybrid retrieval with cited, per-stage-timed answers.")
-    switch = GenerationSwitch(pipeline or RagPipeline(settings, index_dir or settings.server.index_dir))
+    switch = IndexGenerationSwitch(pipeline or RagPipeline(settings, index_dir or settings.server.index_dir))
     access = AccessPolicy.from_settings(settings.server)  # a bad keys file fails here, before anything binds
     app.state.generations, app.state.access, app.state.server = switch, access, settings.server
     app.state.admission = AdmissionController.from_settings(settings.admission)
     # Starlette runs the last added outermost: access (before any body is read), body limit, generation lease.
-    app.add_middleware(GenerationMiddleware, switch=switch)
+    app.add_middleware(IndexGenerationMiddleware, switch=switch)
     app.add_middleware(BodyLimitMiddleware, limit=settings.server.max_body_bytes, rejections=access.rejections)
     app.add_middleware(AccessMiddleware, policy=access)
     app.add_middleware(ArrivalMiddleware)  # outermost of the app's own: a query's queue stage starts here

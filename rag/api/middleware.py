@@ -1,14 +1,14 @@
 """ASGI middleware in front of the routes, outermost first: who may ask and how often (``AccessMiddleware``), bounded
-UTF-8 bodies (``BodyLimitMiddleware``), and the index generation a request is served by (``GenerationMiddleware``)."""
+UTF-8 bodies (``BodyLimitMiddleware``), and the index generation a request is served by (``IndexGenerationMiddleware``)."""
 
 from __future__ import annotations
 
 from rag.api.access import AccessPolicy, Rejections
 from rag.api.errors import error_response
-from rag.generations import GenerationSwitch
+from rag.index_generations import IndexGenerationSwitch
 
 LEASE_KEY = "generation_lease"
-"""Where ``GenerationMiddleware`` leaves the request's ``rag.generations.Lease`` (``request.state``)."""
+"""Where ``IndexGenerationMiddleware`` leaves the request's ``rag.index_generations.Lease`` (``request.state``)."""
 GENERATION_HEADER = b"x-ragheat-generation"
 LEASED_PREFIXES = ("/v1/", "/readyz")
 
@@ -32,13 +32,13 @@ class AccessMiddleware:
         await response(scope, receive, send)
 
 
-class GenerationMiddleware:
+class IndexGenerationMiddleware:
     """Pins each query (and ``/readyz``) to the generation served when it arrived: a ``Lease`` taken here, left on
     ``request.state`` for the routes and released when the response is complete (a stream's last event included), so
     a swap never changes the index under a request. Responses say which generation answered
     (``X-Ragheat-Generation``)."""
 
-    def __init__(self, app, switch: GenerationSwitch) -> None:
+    def __init__(self, app, switch: IndexGenerationSwitch) -> None:
         self.app, self.switch = app, switch
 
     async def __call__(self, scope, receive, send):

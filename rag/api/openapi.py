@@ -27,7 +27,7 @@ SECURITY_SCHEMES = {
     "bearer": {"type": "http", "scheme": "bearer", "description": "an API key (server.api_keys, api_keys_file)"},
     "apiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key", "description": "the same key, another header"},
 }
-GENERATION_HEADER = {"description": "the index generation that answered (rag.generations)", "required": True,
+GENERATION_HEADER = {"description": "the index generation that answered (rag.index_generations)", "required": True,
                      "schema": {"type": "string", "minLength": 1}}
 RESPONSE_HEADERS = {
     "401": {"WWW-Authenticate": {"description": "how to authenticate", "required": True,

@@ -1,6 +1,6 @@
 """The routes: ``/v1/query``, ``/v1/query/stream`` (SSE), ``/healthz``, ``/readyz``, ``/admin/reload``. A query is
-answered by the generation its ``Lease`` holds (taken by ``rag.api.middleware.GenerationMiddleware`` when it arrived);
-the server settings and the ``GenerationSwitch`` are on ``app.state`` (set by ``create_app``). Each route leaves what
+answered by the generation its ``Lease`` holds (taken by ``rag.api.middleware.IndexGenerationMiddleware`` when it arrived);
+the server settings and the ``IndexGenerationSwitch`` are on ``app.state`` (set by ``create_app``). Each route leaves what
 it learned about a query on the request's ``RequestRecord`` for whoever observes requests; none of them calls
 telemetry."""
 
@@ -18,9 +18,9 @@ from rag.api.errors import ApiError
 from rag.errors import ConfigurationError
 from rag.api.middleware import LEASE_KEY
 from rag.api.schemas import ErrorBody, QueryRequest, QueryResponse, ReloadResponse
-from rag.api.workerprio import lower_this_thread
+from rag.api.worker_priority import lower_this_thread
 from rag.api.streaming import QueryStream
-from rag.generations import GenerationSwitch, ReloadError
+from rag.index_generations import IndexGenerationSwitch, ReloadError
 from rag.pipeline import RagPipeline
 from rag.settings import ServerSettings
 from rag.types import REQUEST_RECORD_KEY, QueryResult, RequestRecord
@@ -39,7 +39,7 @@ def _pipeline(http: Request) -> RagPipeline | None:
     return None if lease is None else lease.pipeline
 
 
-def _switch(http: Request) -> GenerationSwitch:
+def _switch(http: Request) -> IndexGenerationSwitch:
     return http.app.state.generations
 
 
@@ -130,7 +130,7 @@ async def query_stream(request: QueryRequest, http: Request):
 @router.get("/healthz")
 async def healthz() -> dict:
     """Liveness: the process answers. Async, so it is answered on the event loop: a sync route would run on the
-    thread pool, whose threads run queries below the event loop's priority (rag/api/workerprio.py)."""
+    thread pool, whose threads run queries below the event loop's priority (rag/api/worker_priority.py)."""
     return {"status": "ok"}
 
 

@@ -87,7 +87,7 @@ class TokenVectors:
     def prefault(self, chunk_bytes: int = 16 << 20, available_bytes: int | None = None) -> int:
         """Read every page of the memory-mapped vectors once, so that no query pays a page fault for them: each
         query reads ~50 chunks scattered over the whole file, and on a cold page cache its first reranks took
-        0.1-0.8 s (enough for the deadline to skip reranking until its estimate ages out; rag/budget.py). The
+        0.1-0.8 s (enough for the deadline to skip reranking until its estimate ages out; rag/deadline.py). The
         pages are the page cache's, shared by every worker mapping the file. Vectors larger than half the memory
         available (``available_bytes``, default: the kernel's MemAvailable) are left to fault in as queries read
         them: they would not stay in. Returns the bytes touched (0 when left)."""

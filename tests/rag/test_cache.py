@@ -244,7 +244,7 @@ def test_another_top_k_or_retriever_set_misses(cached):
 def test_a_new_generation_starts_empty(settings, cached, subset_index):
     cached.query(CLAIM, 3)
     assert cached.cache_stats().entries > 0
-    successor = RagPipeline(cached.settings, subset_index)  # what GenerationSwitch builds for a new generation
+    successor = RagPipeline(cached.settings, subset_index)  # what IndexGenerationSwitch builds for a new generation
     successor.warm_up()
     try:
         assert successor.cache is not cached.cache and successor.cache_stats().entries == 0

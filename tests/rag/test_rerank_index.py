@@ -66,11 +66,11 @@ def test_hybrid_rerank_is_an_eval_name(pipeline, scifact_subset):
 def test_train_reranker_end_to_end_on_a_tiny_split(scifact_subset, subset_index, tmp_path, monkeypatch):
     import sys
 
-    from ragheat.commands import index as commands
+    from ragheat.commands import index, train
 
     app = typer.Typer()
-    app.command()(commands.train_reranker)
-    app.command("other")(commands.ingest)  # two commands: typer then expects the command name
+    app.command()(train.train_reranker)
+    app.command("other")(index.ingest)  # two commands: typer then expects the command name
     out = tmp_path / "head.npz"
     args = ["train-reranker", "--beir", str(scifact_subset), "--index", str(subset_index), "--out", str(out),
             "--epochs", "1", "--max-queries", "12", "--seed", "3", "--token-cache", str(tmp_path / "cache"),

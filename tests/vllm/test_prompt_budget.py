@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from rag.generation.budget import PassageCompressor, estimate_tokens
+from rag.generation.prompt_budget import PassageCompressor, estimate_tokens
 from rag.generation.llm import EXAMPLE_ANSWER, build_messages, citation_regex
 from rag.generation.support import split_cited_sentences
 from rag.retrieval.lexical import LexicalAnalyzer

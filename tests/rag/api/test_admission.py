@@ -1,4 +1,4 @@
-"""Admission control, deadlines and the queue stage (rag/api/admission.py, rag/budget.py), against a real uvicorn
+"""Admission control, deadlines and the queue stage (rag/api/admission.py, rag/deadline.py), against a real uvicorn
 serving a real SciFact-subset index with telemetry on, and the controller itself on an event loop.
 
 Slowness is injected with ``faults.delay_stage`` (the stage sleeps inside its own timing), so the tests do not depend
@@ -20,8 +20,8 @@ import pytest
 
 from api_testkit import metric_values, serve_live, with_sections
 from rag.api.admission import SHED_REASONS, AdmissionController, Shed, Slot, parse_timeout_header
-from rag.api.workerprio import lower_this_thread, thread_nice
-from rag.budget import Budget, ServiceTimes
+from rag.api.worker_priority import lower_this_thread, thread_nice
+from rag.deadline import Deadline, ServiceTimes
 from rag.pipeline import RagPipeline
 from rag.settings import AdmissionSettings
 from rag.slo import SLO_MS
@@ -128,14 +128,14 @@ def test_budget_skips_an_optional_stage_it_cannot_hold_and_retries_it_when_the_e
     times.observe([StageTiming("rerank", 0.3), StageTiming("generate", 0.01), StageTiming("queue", 9.0)], 0.35)
     assert times.stage("queue") is None, "waiting is not service"
     assert times.core_s == pytest.approx(0.05) and times.service_s == pytest.approx(0.35)
-    budget = Budget(deadline_at=time.perf_counter() + 0.2, times=times)
+    budget = Deadline(deadline_at=time.perf_counter() + 0.2, times=times)
     assert not budget.allows("rerank", then=("generate",))
     assert budget.skipped["rerank"].startswith("deadline:") and "rerank" in budget.skipped["rerank"]
     assert budget.allows("hyde"), "a stage never measured runs (and is measured)"
-    assert Budget(time.perf_counter() + 1.0, times).allows("rerank", then=("generate",))
-    assert Budget(time.perf_counter() + 0.2, times, enabled=False).allows("rerank")
+    assert Deadline(time.perf_counter() + 1.0, times).allows("rerank", then=("generate",))
+    assert Deadline(time.perf_counter() + 0.2, times, enabled=False).allows("rerank")
     clock[0] = 6.0  # the estimate is older than ttl_s: the stage may have got faster
-    assert Budget(time.perf_counter() + 0.2, times).allows("rerank")
+    assert Deadline(time.perf_counter() + 0.2, times).allows("rerank")
 
 
 def test_a_stale_estimate_is_replaced_by_the_next_run_not_averaged_with_it():
@@ -144,11 +144,11 @@ def test_a_stale_estimate_is_replaced_by_the_next_run_not_averaged_with_it():
     clock = [0.0]
     times = ServiceTimes(alpha=0.2, ttl_s=5.0, clock=lambda: clock[0])
     times.observe([StageTiming("rerank", 0.8)], 0.8)
-    assert not Budget(time.perf_counter() + 0.4, times).allows("rerank")
+    assert not Deadline(time.perf_counter() + 0.4, times).allows("rerank")
     clock[0] = 6.0
     times.observe([StageTiming("rerank", 0.002)], 0.01)
     assert times.stage("rerank") == pytest.approx(0.002)
-    assert Budget(time.perf_counter() + 0.4, times).allows("rerank")
+    assert Deadline(time.perf_counter() + 0.4, times).allows("rerank")
     clock[0] = 7.0  # a fresh estimate is still averaged: one slow run does not decide alone
     times.observe([StageTiming("rerank", 0.102)], 0.11)
     assert times.stage("rerank") == pytest.approx(0.002 + 0.2 * 0.1)
@@ -212,7 +212,7 @@ def _threads_by_nice() -> dict[int, set[str]]:
 
 
 def test_queries_run_on_threads_below_the_event_loop_in_priority(plain):
-    # Past the knee the event loop (admission, refusals) must get the cores before the workers (workerprio.py).
+    # Past the knee the event loop (admission, refusals) must get the cores before the workers (worker_priority.py).
     response = httpx.post(plain.url + "/v1/query", json={"query": QUERY}, timeout=30)
     assert response.status_code == 200, response.text
     base = os.getpriority(os.PRIO_PROCESS, 0)  # 0, unless the suite itself runs under `nice`
@@ -374,7 +374,7 @@ def test_the_language_model_is_skipped_when_the_deadline_cannot_hold_it(settings
     times.observe([StageTiming("generate_prefill", 0.3), StageTiming("generate_decode", 0.5),
                    StageTiming("support_check", 0.01)], 0.85)
     arrival = time.perf_counter()
-    result = pipeline.query(QUERY, 3, arrival=arrival, budget=Budget(arrival + 0.2, times))
+    result = pipeline.query(QUERY, 3, arrival=arrival, budget=Deadline(arrival + 0.2, times))
     assert result.generator == "extractive" and result.degraded_reason == "slow" and result.sources
     assert list(result.skipped) == ["generate_prefill"] and "language model" in result.skipped["generate_prefill"]
     assert result.degraded_detail == result.skipped["generate_prefill"]

@@ -1,4 +1,4 @@
-"""Hot swap under load (``rag.generations``): a new generation published by ``ingest`` while clients keep asking is
+"""Hot swap under load (``rag.index_generations``): a new generation published by ``ingest`` while clients keep asking is
 loaded beside the served one and swapped in with no failed request; answers come from it afterwards; the old
 pipeline is closed and its memory released. A generation that cannot be loaded is never swapped in."""
 
@@ -34,7 +34,7 @@ RELOADS = "ragheat_index_reloads_total"
 
 
 def test_reload_outcomes_are_the_metric_labels():
-    from rag.generations import RELOAD_OUTCOMES
+    from rag.index_generations import RELOAD_OUTCOMES
     from telemetry.metrics import RELOAD_OUTCOMES as LABELS
 
     assert LABELS == RELOAD_OUTCOMES

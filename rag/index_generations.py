@@ -1,14 +1,14 @@
 """Serving one index generation while the next is loaded beside it: the hot swap.
 
 ``ragheat ingest`` publishes a new generation by swapping the index folder's ``current`` link (``rag.index.store``).
-``GenerationSwitch`` notices (a poll of that link every ``server.reload_poll_s``, or ``reload()`` from
+``IndexGenerationSwitch`` notices (a poll of that link every ``server.reload_poll_s``, or ``reload()`` from
 ``POST /admin/reload``), builds a whole new ``RagPipeline`` over it and warms it up while the old one keeps serving,
 then swaps them with one reference assignment. Each request holds a ``Lease`` on the generation it started on, read
 once when it arrives, so requests in flight finish on the old generation; the old pipeline is closed (its graph store
 stopped, its index and model freed) when its last lease is released. A generation that fails to load is never
 swapped in: the old one keeps serving, and the failure is logged, counted and shown by ``/readyz``.
 
-    switch = GenerationSwitch(RagPipeline(settings, index_dir)); switch.warm_up(); switch.watch(2.0)
+    switch = IndexGenerationSwitch(RagPipeline(settings, index_dir)); switch.warm_up(); switch.watch(2.0)
     with switch.lease() as lease:
         lease.pipeline.query("what causes tides?", 5)
 
@@ -47,7 +47,7 @@ class ReloadError(RagheatError):
 
 @dataclass(frozen=True)
 class ReloadOutcome:
-    """What ``GenerationSwitch.reload()`` did; ``previous`` is the generation served before the call."""
+    """What ``IndexGenerationSwitch.reload()`` did; ``previous`` is the generation served before the call."""
 
     outcome: str
     generation: str
@@ -69,7 +69,7 @@ class Lease:
 
     __slots__ = ("_served", "_switch", "_released")
 
-    def __init__(self, switch: "GenerationSwitch", served: _Served) -> None:
+    def __init__(self, switch: "IndexGenerationSwitch", served: _Served) -> None:
         self._switch, self._served, self._released = switch, served, False
 
     @property
@@ -92,7 +92,7 @@ class Lease:
         self.release()
 
 
-class GenerationSwitch:
+class IndexGenerationSwitch:
     """Holds the served pipeline and swaps in newer generations of its index folder (see the module docstring).
 
     ``on_swap(old, new)`` hooks run right after a swap; ``on_reload(outcome)`` hooks after every reload attempt

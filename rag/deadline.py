@@ -2,14 +2,14 @@
 
 ``ServiceTimes`` keeps an exponentially weighted average of each stage's recent time and of a whole query's service
 time (on its worker thread, queue excluded). Admission control (``rag.api.admission``) predicts from them whether a
-request can finish within its deadline; a request's ``Budget`` uses them to skip an optional stage (rerank, the graph,
+request can finish within its deadline; a request's ``Deadline`` uses them to skip an optional stage (rerank, the graph,
 HyDE, the language model) that the time left cannot hold. The answer then lists what was skipped
 (``QueryResult.skipped``) and is degraded, rather than late.
 
 Standard library only, and free of the API: the pipeline imports it.
 
 >>> times = ServiceTimes(alpha=0.2, ttl_s=5.0)
->>> budget = Budget(deadline_at=time.perf_counter() + 0.05, times=times)
+>>> budget = Deadline(deadline_at=time.perf_counter() + 0.05, times=times)
 >>> budget.allows("rerank", then=("generate",))   # True until rerank has been seen taking longer than what is left
 """
 
@@ -81,7 +81,7 @@ class ServiceTimes:
         return found[0] if found else 0.0
 
 
-class Budget:
+class Deadline:
     """What one request has left until ``deadline_at`` (a ``time.perf_counter()`` reading). ``allows(stage)`` says
     whether an optional stage fits, reserving the recent time of the mandatory stages still to come (``then``); a
     refusal is recorded in ``skipped`` (stage -> a sentence), which the pipeline adds to the result's. With
