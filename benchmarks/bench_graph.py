@@ -47,7 +47,6 @@ from rag.graph.retriever import AdjacencyGraphRetriever
 from rag.index.store import read_chunks, read_manifest, resolve_generation
 from rag.pipeline import RagPipeline
 from rag.settings import RagheatSettings
-from rag.types import StageTiming
 from stack.servers import ServeProcess
 
 
@@ -139,9 +138,7 @@ def graph_stage_times(pipeline: RagPipeline, queries: list[str]) -> tuple[list[f
     """Seconds of the retrieve_graph and link_entities stages per query, as the pipeline times them."""
     graph, link = [], []
     for q in queries:
-        stages: list[StageTiming] = []
-        pipeline.retrieve(q, 300, ["graph"], stages)
-        for s in stages:
+        for s in pipeline.retrieve(q, 300, ["graph"]).stages:
             (graph if s.name == "retrieve_graph" else link).append(s.seconds)
     return graph, link
 

@@ -35,7 +35,6 @@ from rag.generation.hyde import HydeSkipped, _words
 from rag.ingest.pipeline import ingest as run_ingest
 from rag.pipeline import RagPipeline
 from rag.settings import HydeSettings, RagheatSettings
-from rag.types import RetrievalRun
 
 SERVED = "smollm2"
 DEFAULT_SETS = ("scifact=datasets/scifact:train:data/index/scifact",
@@ -82,7 +81,6 @@ def measure_set(name: str, beir: Path, split: str, index: Path, settings: Raghea
         passages: dict[str, str | None] = {}
         stage_s, write_s, skipped = [], [], {}
         for i, (qid, text) in enumerate(queries.items(), 1):
-            stages, run = [], RetrievalRun()
             start = time.perf_counter()
             try:
                 passages[text] = writer.write(text)
@@ -90,7 +88,7 @@ def measure_set(name: str, beir: Path, split: str, index: Path, settings: Raghea
                 passages[text], skipped[qid] = None, str(exc)
             write_s.append(time.perf_counter() - start)
             pipeline.hyde = Replay(passages)  # the stage as served, minus the model call just timed
-            pipeline.retrieve(text, 30, ["dense"], stages, run=run, hyde=True)
+            stages = pipeline.retrieve(text, 30, ["dense"], hyde=True).stages
             pipeline.hyde = writer
             hyde_stage = sum(s.seconds for s in stages if s.name == "hyde")
             stage_s.append(write_s[-1] + hyde_stage)  # write + the embed of the passage (the replayed stage)

@@ -1,16 +1,16 @@
-"""Deadlines inside the pipeline: recent service times, and the budget a request has left.
+"""Deadlines inside the pipeline: recent service times, and the time a request has left.
 
 ``ServiceTimes`` keeps an exponentially weighted average of each stage's recent time and of a whole query's service
 time (on its worker thread, queue excluded). Admission control (``rag.api.admission``) predicts from them whether a
-request can finish within its deadline; a request's ``Deadline`` uses them to skip an optional stage (rerank, the graph,
-HyDE, the language model) that the time left cannot hold. The answer then lists what was skipped
+request can finish within its deadline; a request's ``Deadline`` uses them to skip an optional stage (rerank, the
+graph, HyDE, the language model) that the time left cannot hold. The answer then lists what was skipped
 (``QueryResult.skipped``) and is degraded, rather than late.
 
 Standard library only, and free of the API: the pipeline imports it.
 
 >>> times = ServiceTimes(alpha=0.2, ttl_s=5.0)
->>> budget = Deadline(deadline_at=time.perf_counter() + 0.05, times=times)
->>> budget.allows("rerank", then=("generate",))   # True until rerank has been seen taking longer than what is left
+>>> deadline = Deadline(deadline_at=time.perf_counter() + 0.05, times=times)
+>>> deadline.shortfall("rerank", then=("generate",))   # None until rerank has been seen taking longer than what is left
 """
 
 from __future__ import annotations
@@ -19,16 +19,10 @@ import threading
 import time
 from typing import TYPE_CHECKING, Callable, Iterable
 
+from rag.stages import OPTIONAL_STAGES, LANGUAGE_MODEL_STAGES, WAIT_STAGES, describes, estimated_as
+
 if TYPE_CHECKING:
     from rag.types import StageTiming
-
-OPTIONAL_STAGES = ("rerank", "retrieve_graph", "hyde", "generate_prefill")
-"""Stages a request may be answered without when its deadline cannot hold them (``generate_prefill`` stands for the
-language model: prefill, decode and support check; the extractive answer replaces it)."""
-LLM_STAGES = ("generate_prefill", "generate_decode", "support_check")
-"""What running the language model costs, stage by stage (its estimate is their sum)."""
-NOT_SERVICE = ("queue",)
-"""Stages that are waiting, not work: left out of service times."""
 
 
 class ServiceTimes:
@@ -56,9 +50,9 @@ class ServiceTimes:
         optional = 0.0
         with self._lock:
             for stage in stages:
-                if stage.name in NOT_SERVICE:
+                if stage.name in WAIT_STAGES:
                     continue
-                if stage.name in OPTIONAL_STAGES or stage.name in LLM_STAGES:
+                if stage.name in OPTIONAL_STAGES or stage.name in LANGUAGE_MODEL_STAGES:
                     optional += stage.seconds
                 old = self._stages.get(stage.name)
                 # A stale estimate is replaced, not averaged: a stage skipped on an outlier (a cold start's page
@@ -82,32 +76,28 @@ class ServiceTimes:
 
 
 class Deadline:
-    """What one request has left until ``deadline_at`` (a ``time.perf_counter()`` reading). ``allows(stage)`` says
-    whether an optional stage fits, reserving the recent time of the mandatory stages still to come (``then``); a
-    refusal is recorded in ``skipped`` (stage -> a sentence), which the pipeline adds to the result's. With
-    ``enabled`` False (``admission.degrade`` off) every stage is allowed."""
+    """What one request has left until ``deadline_at`` (a ``time.perf_counter()`` reading). ``shortfall(stage,
+    then)`` says whether an optional stage fits, reserving the recent time of the mandatory stages still to come
+    (``then``: ``rag.stages.still_to_run`` works them out): None when it fits, else the sentence the answer lists in
+    ``skipped``. With ``enabled`` False (``admission.degrade`` off) every stage fits."""
 
     def __init__(self, deadline_at: float, times: ServiceTimes, enabled: bool = True,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         self.deadline_at, self.times, self.enabled, self.clock = deadline_at, times, enabled, clock
-        self.skipped: dict[str, str] = {}
 
     def remaining_s(self) -> float:
         return self.deadline_at - self.clock()
 
-    def allows(self, stage: str, then: Iterable[str] = ()) -> bool:
+    def shortfall(self, stage: str, then: Iterable[str] = ()) -> str | None:
         if not self.enabled:
-            return True
-        parts = LLM_STAGES if stage == "generate_prefill" else (stage,)
-        estimates = [self.times.stage(name) for name in parts]
+            return None
+        estimates = [self.times.stage(name) for name in estimated_as(stage)]
         if estimates[0] is None:  # never measured (or measured long ago): run it, and learn its time
-            return True
+            return None
         need = sum(e or 0.0 for e in estimates)
         reserve = sum(self.times.stage_or_zero(name) for name in then)
         left = self.remaining_s()
         if left - reserve >= need:
-            return True
-        what = "the language model" if stage == "generate_prefill" else stage
-        self.skipped[stage] = (f"deadline: {max(left, 0.0) * 1000:.0f} ms left, {what} took {need * 1000:.0f} ms "
-                               f"recently" + (f" and the stages after it {reserve * 1000:.0f} ms" if reserve else ""))
-        return False
+            return None
+        return (f"deadline: {max(left, 0.0) * 1000:.0f} ms left, {describes(stage)} took {need * 1000:.0f} ms "
+                f"recently" + (f" and the stages after it {reserve * 1000:.0f} ms" if reserve else ""))

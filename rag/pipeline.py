@@ -1,14 +1,17 @@
-"""The query path: [link_entities -> route] -> embed -> retrieve (dense, BM25, graph) -> fuse -> [rerank] -> generate,
-each stage timed. ``rerank`` (``rerank.enabled``, or per call) rescores the top fused candidates by late interaction
-(rag/rerank) with the query's token states from the embed stage's own model run. ``link_entities`` and ``route`` run for requests that use the knowledge graph or the router: a
-``routed`` request lets the router pick its retrievers and their fusion weights; the graph runs only for a query that
-linked an entity, and when its store is down the stage is skipped and the answer says it is degraded.
+"""The query path, in the order of the stage table (``rag.stages.STAGE_TABLE``): queue -> embed (on first use) ->
+[cache_lookup] -> [link_entities -> route] -> [hyde] -> retrieve_dense, retrieve_bm25, [retrieve_graph] -> fuse ->
+[rerank] -> generate_prefill -> generate_decode -> support_check, or generate (extractive). Each stage is timed
+(``rag.query_context.StageTimer``) into the request's ``QueryContext``, which carries everything the request is and
+has done.
 
-Stage names form a closed set (``STAGES``) so telemetry can use them as label values. A streamed
-(language-model) answer is timed as ``generate_prefill`` (request sent -> first token: the time to first
-token) and ``generate_decode`` (first -> last token), then ``support_check``; when the model is down or
-slow, or none of its sentences is supported by the passages, ``generate`` runs the extractive fallback and the
-result says it is degraded, and why (``rag.types.DEGRADED_REASONS``).
+``rerank`` (``rerank.enabled``, or per call) rescores the top fused candidates by late interaction (rag/rerank) with
+the query's token states from the embed stage's own model run. ``link_entities`` and ``route`` run for requests that
+use the knowledge graph or the router: a ``routed`` request lets the router pick its retrievers and their fusion
+weights; the graph runs only for a query that linked an entity, and when its store is down the stage is skipped and
+the answer says it is degraded. A streamed (language-model) answer is timed as ``generate_prefill`` (request sent ->
+first token), ``generate_decode`` (first -> last token), then ``support_check``; when the model is down or slow, or
+none of its sentences is supported by the passages, ``generate`` runs the extractive fallback and the result says
+it is degraded, and why (``rag.stages.DEGRADED_REASONS``).
 """
 
 from __future__ import annotations
@@ -26,27 +29,24 @@ from rag.embedding.embedder import OnnxEmbedder
 from rag.embedding.model_store import check_index_model
 from rag.errors import ConfigurationError, IndexLoadError, StageError
 from rag.generation.extractive import ExtractiveGenerator
-from rag.generation.prompt_budget import PassageCompressor
 from rag.generation.hyde import HydeSkipped, HydeWriter
 from rag.generation.llm import GeneratorUnavailable
+from rag.generation.prompt_budget import PassageCompressor
 from rag.generation.support import SupportChecker
 from rag.graph.store import GraphStoreUnavailable
 from rag.index.store import LoadedIndex, load_index
-from rag.rerank.features import RerankQuery
 from rag.protocols import (AnswerCache, Embedder, EntityLinker, Fuser, Generator, GraphRetriever, GraphStore,
-                           Reranker, Retriever, Router, StreamingGenerator, SupportCheck)
+                           HypotheticalPassageWriter, PromptCompressor, Reranker, Retriever, Router,
+                           StreamingGenerator, SupportCheck)
+from rag.query_context import QueryContext, StageOptions
+from rag.rerank.features import RerankQuery
 from rag.retrieval.fusion import WeightedRRF
 from rag.retrieval.lexical import LexicalAnalyzer
 from rag.retrieval.retrievers import BM25Retriever, DenseRetriever
 from rag.routing.names import ROUTED, expand, route_label
 from rag.settings import GenerationSettings, RagheatSettings
-from rag.stages import RETRIEVERS, STAGES  # noqa: F401  (re-exported: the pipeline's closed sets)
-from rag.threadnames import original_name, set_name, stage_comm
-from rag.types import (UNSUPPORTED_MARK, CacheKey, CacheStats, Chunk, FusionResult, GenerationResult,
-                       GenerationStats, Hit, LinkedEntities, PipelineDescription, QueryResult, RetrievalResult, RetrievalRun, Source,
-                       StageTiming)
-
-NO_ENTITIES = LinkedEntities({}, 0.0)
+from rag.types import (UNSUPPORTED_MARK, CacheKey, CacheStats, Chunk, GenerationResult, GenerationStats, Hit,
+                       PipelineDescription, QueryResult, RetrievalResult, Source)
 
 
 class RagPipeline:
@@ -61,29 +61,28 @@ class RagPipeline:
         self.settings = settings
         self.index_dir = Path(index_dir)
         self.index: LoadedIndex | None = None
-        # The stages, set by warm_up(). The query path runs, in order: cache -> linker -> router -> embedder
-        # -> retrievers | graph -> fuser -> reranker -> llm (or generator) -> support; None = not in the path.
-        self.embedder: Embedder | None = None
-        self.retrievers: dict[str, Retriever] = {}
-        self.fuser: Fuser | None = None
-        self.generator: Generator | None = None  # extractive: the answer, or the fallback when the llm fails
-        self.llm: StreamingGenerator | None = None  # a language model; None = extractive only
-        self.support: SupportCheck | None = None
-        self.compressor: PassageCompressor | None = None  # generation.prompt_budget_tokens (0 = passages whole)
-        self.hyde: HydeWriter | None = None  # the hyde stage's writer: set whenever there is a language model
-        # The knowledge graph (an index built with one, graph.enabled) and the router (routed requests).
-        self.graph: GraphStore | None = None
-        self.linker: EntityLinker | None = None
-        self.graph_retriever: GraphRetriever | None = None
-        self.router: Router | None = None
-        self.reranker: Reranker | None = None  # rerank.enabled: the late-interaction reranker (rag/rerank)
-        # cache.enabled: the semantic answer cache (rag/cache, stage cache_lookup). One per pipeline, so one per
-        # index generation: a hot swap builds a new pipeline, whose cache starts empty.
+        # The stages, set by warm_up(), in the stage table's order (rag/stages.py); None = not in the path.
+        self.embedder: Embedder | None = None  # embed
+        # cache.enabled: the semantic answer cache (cache_lookup). One per pipeline, so one per index generation: a
+        # hot swap builds a new pipeline, whose cache starts empty.
         self.cache: AnswerCache | None = None
+        # The knowledge graph (an index built with one, graph.enabled) and the router (routed requests).
+        self.linker: EntityLinker | None = None  # link_entities
+        self.router: Router | None = None  # route
+        self.hyde: HypotheticalPassageWriter | None = None  # hyde: whenever there is a language model
+        self.retrievers: dict[str, Retriever] = {}  # retrieve_dense, retrieve_bm25
+        self.graph_retriever: GraphRetriever | None = None  # retrieve_graph, over self.graph
+        self.graph: GraphStore | None = None
+        self.fuser: Fuser | None = None  # fuse
+        self.reranker: Reranker | None = None  # rerank.enabled: late interaction (rag/rerank)
+        self.llm: StreamingGenerator | None = None  # generate_prefill, generate_decode; None = extractive only
+        self.compressor: PromptCompressor | None = None  # generation.prompt_budget_tokens (0 = passages whole)
+        self.support: SupportCheck | None = None  # support_check
+        self.generator: Generator | None = None  # generate: the extractive answer, and the model's fallback
         self._route_fusers: dict[str, Fuser] = {}
         self._router_error: str | None = None
-        self._stage_options = _StageOptions(settings.server.stage_thread_names, settings.faults.delay_stage,
-                                            settings.faults.delay_ms / 1000)
+        self._stage_options = StageOptions(settings.server.stage_thread_names, settings.faults.delay_stage,
+                                           settings.faults.delay_ms / 1000)
 
     @property
     def ready(self) -> bool:
@@ -219,96 +218,161 @@ class RagPipeline:
         if self.graph is not None:
             self.graph.close()
 
-    def retrieve(self, query: str, k: int, retrievers: Sequence[str] | None = None,
-                 stages: list[StageTiming] | None = None, counts: dict[str, int] | None = None,
-                 run: RetrievalRun | None = None, rerank: bool | None = None,
-                 embedded: tuple[np.ndarray, np.ndarray | None] | None = None,
-                 hyde: bool | None = None) -> FusionResult:
-        """Fused top-``k`` chunks; appends one ``StageTiming`` per stage run to ``stages``, each retriever's hit
-        count to ``counts``, and the route taken and any stage skipped to ``run``. ``retrievers``: names as
-        ``rag.routing.names.expand`` reads them (``dense``, ``hybrid+graph``, ``routed``, ...). ``rerank``: rescore
-        the top ``rerank.candidates`` (None = when the reranker is loaded, i.e. ``rerank.enabled``). ``embedded``:
-        the query's (vector, token states) from an embed stage already run (``query()`` embeds before the cache
-        lookup), so it is not run again; the states must be there when reranking. ``hyde``: a hypothetical
-        passage's dense run fused into the dense one (None = ``hyde.enabled``; only when dense runs)."""
+    # -- the query path, in the order of the stage table (rag/stages.py) ------------------------------------------
+
+    def query(self, query: str, top_k: int, retrievers: Sequence[str] | None = None, *,
+              on_sources: Callable[[list[Source]], None] | None = None,
+              on_token: Callable[[str], None] | None = None, arrival: float | None = None,
+              deadline: Deadline | None = None) -> QueryResult:
+        """Answer ``query``. ``on_sources`` is called once retrieval is done and ``on_token`` with each piece
+        of a streamed answer as it arrives (both on this thread), for ``/v1/query/stream``. ``arrival``: when the
+        request arrived (``time.perf_counter()``): the wait until now is its ``queue`` stage. ``deadline``
+        (``rag.deadline``): optional stages it cannot hold are skipped and listed in ``skipped``. With the answer
+        cache (``cache.enabled``) the query is embedded and looked up first (stage ``cache_lookup``): a hit is the
+        stored answer with this request's stages; a miss retrieves with that embedding and stores a non-degraded
+        answer."""
+        context = self._context(query, top_k, retrievers, deadline=deadline, arrival=arrival)
+        try:
+            hit = self._look_up(context) if self.cache is not None else None
+            if hit is not None:
+                if on_sources is not None:
+                    on_sources(hit.sources)
+                return dataclasses.replace(hit, stages=context.stages, cache="hit")
+            self._retrieve(context)
+            sources = [Source(n, self.index.chunks[h.chunk_id], h.score) for n, h in enumerate(context.hits, 1)]
+            if on_sources is not None:
+                on_sources(sources)
+            passages = [s.chunk for s in sources[: self.settings.generation.passages]]
+            generation = self._answer(context, passages, on_token)
+        except StageError as exc:
+            exc.stages = context.stages  # what ran before (and including) the failing stage, for telemetry
+            raise
+        result = context.result(generation, sources)
+        if context.cache_key is not None and not result.degraded:
+            # Stored without what only this request did (its timings, retrievers' counts, the model's timing), so a
+            # hit is never counted as retrieval or generation by whoever observes it.
+            self.cache.put(context.cache_key, dataclasses.replace(result, stages=[], retrieved={}, generation=None))
+        return result
+
+    def retrieve(self, query: str, k: int, retrievers: Sequence[str] | None = None, *, rerank: bool | None = None,
+                 hyde: bool | None = None, deadline: Deadline | None = None) -> QueryContext:
+        """Retrieval alone, as ``query()`` runs it (for evaluation, training and benchmarks): the request's context,
+        whose ``hits`` are the fused top ``k`` and whose ``stages``, ``route``, ``retrieved`` and ``skipped`` say
+        what ran. ``retrievers``: names as ``rag.routing.names.expand`` reads them (``dense``, ``hybrid+graph``,
+        ``routed``, ...). ``rerank``: rescore the top ``rerank.candidates`` (None = when the reranker is loaded,
+        i.e. ``rerank.enabled``). ``hyde``: a hypothetical passage's dense run fused into the dense one (None =
+        ``hyde.enabled``; only when dense runs)."""
+        context = self._context(query, k, retrievers, rerank=rerank, hyde=hyde, deadline=deadline)
+        self._retrieve(context)
+        return context
+
+    def _context(self, query: str, top_k: int, retrievers: Sequence[str] | None, *, rerank: bool | None = None,
+                 hyde: bool | None = None, deadline: Deadline | None = None,
+                 arrival: float | None = None) -> QueryContext:
+        if not self.ready:
+            raise RuntimeError("RagPipeline.warm_up() has not run")
         rerank = self.reranker is not None if rerank is None else rerank
         if rerank and self.reranker is None:
             raise ValueError("rerank needs rerank.enabled (and an index with stored token vectors)")
         hyde = self.settings.hyde.enabled if hyde is None else hyde
         if hyde and self.hyde is None:
             raise ValueError("hyde needs a language model: set generation.generator to openai or vllm")
-        stages = [] if stages is None else stages
-        run = RetrievalRun() if run is None else run
         names = expand(retrievers or self.settings.retrieval.retrievers)
-        options = self._stage_options
+        context = QueryContext(query, top_k, names, rerank, hyde, deadline, self._stage_options)
+        if arrival is not None:
+            context.add_wait(arrival, time.perf_counter() - arrival)
+        return context
+
+    def _embedding(self, context: QueryContext) -> np.ndarray:
+        """The query's vector, embedding it on first use (stage ``embed``): one model run gives the pooled vector
+        and, when reranking, the token states."""
+        if context.vector is not None:
+            return context.vector
+        with context.stage("embed") as stage:
+            if context.rerank:
+                result, context.token_states = self.embedder.embed_query_tokens(context.query)
+            else:
+                result = self.embedder.embed_query(context.query)
+            stage.device, stage.waited = result.device, result.queued
+        if result.queued:  # the wait for a shared model run is queueing, not embedding
+            context.add_wait(stage.start, result.queued)
+        context.vector = result.vector
+        return context.vector
+
+    def _look_up(self, context: QueryContext) -> QueryResult | None:
+        """Stage ``cache_lookup``: the stored answer to a question this close, in the same scope, or None."""
+        vector = self._embedding(context)
+        with context.stage("cache_lookup"):
+            context.cache_key = CacheKey(vector, context.top_k, context.names, context.rerank,
+                                         self.index.manifest["generation"])
+            return self.cache.get(context.cache_key)
+
+    def _retrieve(self, context: QueryContext) -> None:
+        self._plan(context)
+        self._run_retrievers(context)
+        self._fuse_and_rerank(context)
+
+    def _plan(self, context: QueryContext) -> None:
+        """Stages ``link_entities`` and ``route``: which retrievers run, with which fusion weights."""
+        names = context.names
         routed = names == (ROUTED,)
-        # states: the query's token states, from the embed run itself when reranking
-        vector, states = embedded if embedded is not None else (None, None)
-        linked = NO_ENTITIES
         if self.linker is not None and (routed or "graph" in names):
-            if self.linker.needs_vector and vector is None:
-                vector, states = self._embed(query, stages, rerank)
-            with _stage("link_entities", stages, options):
-                linked = self.linker.link(query, vector)
-        fuser = self.fuser
+            vector = self._embedding(context) if self.linker.needs_vector else context.vector
+            with context.stage("link_entities"):
+                context.linked = self.linker.link(context.query, vector)
+        context.fuser = self.fuser
         if routed:
             if self.router is None:
                 raise ValueError(self.check_retrievers(names))
-            with _stage("route", stages, options):
-                route = self.router.route(query, linked)
-            names, run.route, fuser = route.retrievers, route.name, self._route_fusers[route.name]
-        else:
-            if "graph" in names and self.graph_retriever is None:
-                raise ValueError(self.check_retrievers(names))
-            if not linked.seeds:
-                names = tuple(n for n in names if n != "graph")  # nothing to expand: no stage, no round trip
-            run.route = route_label(names)
-        if ("dense" in names or rerank) and vector is None:
-            vector, states = self._embed(query, stages, rerank)
-        hyde_vector = self._hyde(query, stages, run) if hyde and "dense" in names and _fits(
-            run, "hyde", ("retrieve_dense", "fuse", "generate")) else None
-        fused_k = max(k, self.reranker.candidates) if rerank else k
+            with context.stage("route"):
+                route = self.router.route(context.query, context.linked)
+            context.names, context.route, context.fuser = route.retrievers, route.name, self._route_fusers[route.name]
+            return
+        if "graph" in names and self.graph_retriever is None:
+            raise ValueError(self.check_retrievers(names))
+        if not context.linked.seeds:
+            context.names = tuple(n for n in names if n != "graph")  # nothing to expand: no stage, no round trip
+        context.route = route_label(context.names)
+
+    def _candidates(self, context: QueryContext) -> int:
+        """How many fused hits go on: the reranker's candidates when reranking, else the answer's top k."""
+        return max(context.top_k, self.reranker.candidates) if context.rerank else context.top_k
+
+    def _run_retrievers(self, context: QueryContext) -> None:
+        """Stages ``hyde`` and ``retrieve_<name>``: each retriever's list, in ``context.results``."""
+        names = context.names
+        if "dense" in names or context.rerank:
+            self._embedding(context)
+        hyde_vector = (self._hyde(context) if context.hyde and "dense" in names and context.fits("hyde")
+                       else None)
+        fused_k = self._candidates(context)
         depth = fused_k if len(names) == 1 else max(fused_k, self.settings.retrieval.candidates)
-        results = []
         for name in names:
-            if name == "graph" and not _fits(run, "retrieve_graph", ("fuse", "generate")):
+            if name == "graph" and not context.fits("retrieve_graph"):
                 continue  # the deadline cannot hold it: answered without the graph, flagged degraded
-            with _stage(f"retrieve_{name}", stages, options) as stage:
+            with context.stage(f"retrieve_{name}") as stage:
                 if name == "graph":
                     try:
-                        result = self.graph_retriever.retrieve(linked, depth)
+                        result = self.graph_retriever.retrieve(context.linked, depth)
                     except GraphStoreUnavailable as exc:  # answered without the graph, flagged degraded
-                        run.skipped["retrieve_graph"] = str(exc)
+                        context.skipped["retrieve_graph"] = str(exc)
                         continue
                 else:
-                    result = self.retrievers[name].retrieve(query, vector, depth)
+                    result = self.retrievers[name].retrieve(context.query, context.vector, depth)
                     if name == "dense" and hyde_vector is not None:
-                        result = self._fuse_hyde(result, query, hyde_vector, depth)
+                        result = self._fuse_hyde(result, context.query, hyde_vector, depth)
                 stage.device = result.device
-            results.append(result)
-            run.retrieved[name] = len(result.hits)
-            if counts is not None:
-                counts[name] = len(result.hits)
-        if len(results) <= 1:
-            fused = FusionResult(results[0].hits[:fused_k] if results else [], 0.0)
-        else:
-            with _stage("fuse", stages, options):
-                fused = fuser.fuse(results, fused_k)
-        if not rerank or not _fits(run, "rerank", ("generate",)):
-            return FusionResult(fused.hits[:k], fused.seconds) if rerank else fused
-        with _stage("rerank", stages, options):
-            query_view = RerankQuery(states, {r.retriever: r.hits for r in results})
-            reranked = self.reranker.rerank(query_view, fused.hits, k)
-        return FusionResult(reranked.hits, fused.seconds)
+            context.results.append(result)
+            context.retrieved[name] = len(result.hits)
 
-    def _hyde(self, query: str, stages: list[StageTiming], run: RetrievalRun):
+    def _hyde(self, context: QueryContext) -> np.ndarray | None:
         """The hypothetical passage's embedding (stage ``hyde``: writing and embedding it), or None when the stage
-        was skipped (model down, slow or unusable: ``run.skipped["hyde"]`` says so)."""
-        with _stage("hyde", stages, self._stage_options) as stage:
+        was skipped (model down, slow or unusable: ``context.skipped["hyde"]`` says so)."""
+        with context.stage("hyde") as stage:
             try:
-                passage = self.hyde.write(query)
+                passage = self.hyde.write(context.query)
             except HydeSkipped as exc:
-                run.skipped["hyde"] = str(exc)
+                context.skipped["hyde"] = str(exc)
                 return None
             result = self.embedder.embed_query(passage)
             stage.device = result.device
@@ -322,88 +386,32 @@ class RagPipeline:
         fused = fuser.fuse([question, dataclasses.replace(passage, retriever="hyde")], depth)
         return RetrievalResult("dense", fused.hits, question.seconds + passage.seconds, question.device)
 
-    def _embed(self, query: str, stages: list[StageTiming], tokens: bool = False):
-        """(the query vector, its token states when ``tokens``: one model run for both, else None)."""
-        states = None
-        with _stage("embed", stages, self._stage_options) as stage:
-            if tokens:
-                result, states = self.embedder.embed_query_tokens(query)
-            else:
-                result = self.embedder.embed_query(query)
-            stage.device, stage.waited = result.device, result.queued
-        if result.queued:  # the wait for a shared model run is queueing, not embedding
-            add_queue_wait(stages, stage.start, result.queued)
-        return result.vector, states
+    def _fuse_and_rerank(self, context: QueryContext) -> None:
+        """Stages ``fuse`` (when more than one list) and ``rerank``: ``context.hits``, the answer's top k."""
+        results, fused_k = context.results, self._candidates(context)
+        if len(results) <= 1:
+            fused = results[0].hits[:fused_k] if results else []
+        else:
+            with context.stage("fuse"):
+                fused = context.fuser.fuse(results, fused_k).hits
+        if not (context.rerank and context.fits("rerank")):
+            context.hits = fused[:context.top_k]
+            return
+        with context.stage("rerank"):
+            first_stage = RerankQuery(context.token_states, {r.retriever: r.hits for r in results})
+            context.hits = self.reranker.rerank(first_stage, fused, context.top_k).hits
 
-    def query(self, query: str, top_k: int, retrievers: Sequence[str] | None = None, *,
-              on_sources: Callable[[list[Source]], None] | None = None,
-              on_token: Callable[[str], None] | None = None, arrival: float | None = None,
-              budget: Deadline | None = None) -> QueryResult:
-        """Answer ``query``. ``on_sources`` is called once retrieval is done and ``on_token`` with each piece
-        of a streamed answer as it arrives (both on this thread), for ``/v1/query/stream``. ``arrival``: when the
-        request arrived (``time.perf_counter()``): the wait until now is its ``queue`` stage. ``budget``: its deadline
-        (``rag.deadline``): optional stages it cannot hold are skipped and listed in ``skipped``. With the answer cache
-        (``cache.enabled``) the query is embedded first and looked up (stage ``cache_lookup``): a hit is the stored
-        answer with this request's stages; a miss retrieves with that embedding and stores a non-degraded answer."""
-        if not self.ready:
-            raise RuntimeError("RagPipeline.warm_up() has not run")
-        stages: list[StageTiming] = []
-        if arrival is not None:
-            add_queue_wait(stages, arrival, time.perf_counter() - arrival)
-        run = RetrievalRun(budget=budget)
-        key = embedded = None
-        try:
-            if self.cache is not None:
-                key, embedded, hit = self._cache_lookup(query, top_k, retrievers, stages)
-                if hit is not None:
-                    if on_sources is not None:
-                        on_sources(hit.sources)
-                    return dataclasses.replace(hit, stages=stages, cache="hit")
-            fused = self.retrieve(query, top_k, retrievers, stages, run=run, embedded=embedded)
-            sources = [Source(n, self.index.chunks[hit.chunk_id], hit.score) for n, hit in enumerate(fused.hits, 1)]
-            if on_sources is not None:
-                on_sources(sources)
-            passages = [s.chunk for s in sources[: self.settings.generation.passages]]
-            generation = self._generate(query, passages, stages, on_token, run)
-        except StageError as exc:
-            exc.stages = stages  # what ran before (and including) the failing stage, for telemetry
-            raise
-        result = QueryResult(generation.answer, generation.generator, sources, stages, generation.sentences,
-                             run.retrieved, generation.stats, generation.support, generation.degraded_reason,
-                             generation.degraded_detail, generation.unsupported_policy, route=run.route,
-                             skipped=run.skipped, cache="off" if key is None else "miss")
-        if key is not None and not (result.degraded or result.skipped):
-            # Stored without what only this request did (its timings, retrievers' counts, the model's timing), so a
-            # hit is never counted as retrieval or generation by whoever observes it.
-            self.cache.put(key, dataclasses.replace(result, stages=[], retrieved={}, generation=None))
-        return result
-
-    def _cache_lookup(self, query: str, top_k: int, retrievers: Sequence[str] | None,
-                      stages: list[StageTiming]) -> tuple[CacheKey, tuple, QueryResult | None]:
-        """Embed (with the token states when reranking: a miss retrieves with both), then look the answer up."""
-        rerank = self.reranker is not None  # as retrieve() decides by default
-        names = expand(retrievers or self.settings.retrieval.retrievers)
-        embedded = self._embed(query, stages, rerank)
-        with _stage("cache_lookup", stages, self._stage_options):
-            key = CacheKey(embedded[0], top_k, names, rerank, self.index.manifest["generation"])
-            hit = self.cache.get(key)
-        return key, embedded, hit
-
-    def cache_stats(self) -> CacheStats | None:
-        """The answer cache's entries, bytes and counts (for telemetry's gauges); None without a cache."""
-        return None if self.cache is None else self.cache.stats()
-
-    def _generate(self, query: str, passages: list[Chunk], stages: list[StageTiming],
-                  on_token: Callable[[str], None] | None, run: RetrievalRun | None = None) -> GenerationResult:
-        """The model's answer with its unsupported sentences dropped or marked; the extractive answer, flagged
-        degraded, when the model is down or slow, or none of its sentences is supported by the passages, or the
-        request's deadline cannot hold it (``run.budget``: then also listed in ``run.skipped``)."""
+    def _answer(self, context: QueryContext, passages: list[Chunk],
+                on_token: Callable[[str], None] | None) -> GenerationResult:
+        """The model's answer with its unsupported sentences dropped or marked; the extractive answer (stage
+        ``generate``), flagged degraded, when the model is down or slow, or none of its sentences is supported by the
+        passages, or the request's deadline cannot hold it (then also listed in ``context.skipped``)."""
         written = None
-        if self.llm is not None and run is not None and not _fits(run, "generate_prefill"):
-            reason, detail = "slow", run.skipped["generate_prefill"]
+        if self.llm is not None and not context.fits("generate_prefill"):
+            reason, detail = "slow", context.skipped["generate_prefill"]
         elif self.llm is not None:
             try:
-                written = self._generate_streamed(query, passages, stages, on_token)
+                written = self._write(context, passages, on_token)
             except StageError as exc:
                 if not isinstance(exc.cause, GeneratorUnavailable):
                     raise
@@ -415,8 +423,8 @@ class RagPipeline:
                 reason = "unsupported"
                 detail = (f"none of the {len(written.support)} written sentences is supported by the passages "
                           f"it cites" if written.support else "the written answer has no sentence to check")
-        with _stage("generate", stages, self._stage_options):
-            generation = self.generator.generate(query, passages)
+        with context.stage("generate"):
+            generation = self.generator.generate(context.query, passages)
         if self.llm is None:
             return generation
         # The model's timing and its checked sentences stay: it did answer, and both are measured and counted.
@@ -425,14 +433,16 @@ class RagPipeline:
                                    support=written.support if written else (),
                                    unsupported_policy=written.unsupported_policy if written else None)
 
-    def _generate_streamed(self, query: str, passages: list[Chunk], stages: list[StageTiming],
-                           on_token: Callable[[str], None] | None) -> GenerationResult:
+    def _write(self, context: QueryContext, passages: list[Chunk],
+               on_token: Callable[[str], None] | None) -> GenerationResult:
+        """Stages ``generate_prefill``, ``generate_decode`` and ``support_check``: the language model's answer."""
         start = time.perf_counter()
-        # The prompt gets the passages cut to the budget; the support check reads them whole.
-        stream = self.llm.stream(query, self.compressor.compress(query, passages) if self.compressor else passages)
+        # The prompt gets the passages cut to the prompt budget; the support check reads them whole.
+        prompt_passages = self.compressor.compress(context.query, passages) if self.compressor else passages
+        stream = self.llm.stream(context.query, prompt_passages)
         pieces = iter(stream)
         try:
-            with _stage("generate_prefill", stages, self._stage_options):
+            with context.stage("generate_prefill"):
                 first = next(pieces, None)
                 if first is None:
                     raise GeneratorUnavailable("the model returned an empty answer")
@@ -440,7 +450,7 @@ class RagPipeline:
             texts, gaps = [first], []
             if on_token is not None:
                 on_token(first)
-            with _stage("generate_decode", stages, self._stage_options):
+            with context.stage("generate_decode"):
                 for piece in pieces:
                     now = time.perf_counter()
                     gaps.append(now - last)
@@ -451,11 +461,17 @@ class RagPipeline:
         finally:
             stream.close()
         text = "".join(texts).strip()
-        with _stage("support_check", stages, self._stage_options):
+        with context.stage("support_check"):
             support = self.support.check(text, passages)
         stats = GenerationStats(first_at - start, tuple(gaps), stream.output_tokens or len(texts), stream.model)
         return GenerationResult(self.llm.name, [], last - start, text=text, stats=stats, support=support,
                                 unsupported_policy=self.settings.generation.unsupported)
+
+    # -- for telemetry and evaluation -------------------------------------------------------------------------------
+
+    def cache_stats(self) -> CacheStats | None:
+        """The answer cache's entries, bytes and counts (for telemetry's gauges); None without a cache."""
+        return None if self.cache is None else self.cache.stats()
 
     def chunk_hits_to_docs(self, hits: Sequence[Hit]) -> list[tuple[str, float]]:
         """Collapse chunk hits to documents, keeping each document's best rank (for evaluation)."""
@@ -463,26 +479,6 @@ class RagPipeline:
         for hit in hits:
             seen.setdefault(self.index.chunks[hit.chunk_id].doc_id, hit.score)
         return list(seen.items())
-
-
-def _fits(run: RetrievalRun, stage: str, then: Sequence[str] = ()) -> bool:
-    """Whether the request's budget (``run.budget``; none = always) holds optional ``stage`` with the mandatory
-    stages ``then`` after it; when not, ``run.skipped`` says why."""
-    budget = run.budget
-    if budget is None or budget.allows(stage, then):
-        return True
-    run.skipped[stage] = budget.skipped[stage]
-    return False
-
-
-def add_queue_wait(stages: list[StageTiming], start: float, seconds: float) -> None:
-    """Count ``seconds`` spent waiting (from the request's arrival for a worker thread, for an embedding micro-batch)
-    as the request's one ``queue`` stage: the first wait starts it (placed first), later waits add to it."""
-    for i, stage in enumerate(stages):
-        if stage.name == "queue":
-            stages[i] = dataclasses.replace(stage, seconds=stage.seconds + seconds)
-            return
-    stages.insert(0, StageTiming("queue", seconds, start))
 
 
 def _apply_unsupported_policy(written: GenerationResult, policy: str) -> GenerationResult:
@@ -505,40 +501,3 @@ def _make_llm(settings: GenerationSettings) -> StreamingGenerator:
     from rag.generation.vllm_engine import InProcessVllmGenerator  # needs the vllm package (.venv-vllm)
 
     return InProcessVllmGenerator(settings)
-
-
-class _StageOptions:
-    def __init__(self, thread_names: bool, delay_stage: str | None, delay_s: float) -> None:
-        self.thread_names, self.delay_stage, self.delay_s = thread_names, delay_stage, delay_s
-
-
-class _stage:
-    """Times a block as one stage and re-raises any failure as a ``StageError`` naming it.
-
-    With ``thread_names`` the OS thread is named ``rh:<stage>`` meanwhile (see ``rag.threadnames``);
-    ``delay_stage``/``delay_s`` add injected latency to one stage (``faults`` settings). The block may set
-    ``device`` to the ``rag.devicetime.DeviceTiming`` of its GPU-capable work; the timing then carries it."""
-
-    def __init__(self, name: str, stages: list[StageTiming], options: _StageOptions) -> None:
-        self.name, self.stages, self.options = name, stages, options
-
-    def __enter__(self) -> "_stage":
-        self.device, self.waited = None, 0.0  # waited: seconds of the block spent queueing (reported as ``queue``)
-        if self.options.thread_names:
-            self.restore_name = original_name()  # read before the first rename, cached per thread
-            set_name(stage_comm(self.name))
-        self.start = time.perf_counter()
-        if self.name == self.options.delay_stage and self.options.delay_s > 0:
-            time.sleep(self.options.delay_s)
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> bool:
-        device = self.device
-        self.stages.append(StageTiming(self.name, time.perf_counter() - self.start - self.waited, self.start,
-                                       None if device is None else device.device_seconds,
-                                       None if device is None else device.clock))
-        if self.options.thread_names:
-            set_name(self.restore_name)
-        if exc is not None and not isinstance(exc, StageError):
-            raise StageError(self.name, exc) from exc
-        return False

@@ -8,7 +8,9 @@ The stages that run today: ``Embedder``, ``Retriever``, ``Fuser``, ``Generator``
 ``StreamingGenerator`` (a language model, token by token), ``SupportCheck``, and for the knowledge graph
 ``EntityLinker`` (stage ``link_entities``), ``Router`` (stage ``route``: which retrievers run, with which weights) and
 ``GraphRetriever`` (stage ``retrieve_graph``) over a ``GraphStore`` (the embedded FalkorDB or Neo4j, one Cypher for
-both), ``Reranker`` (stage ``rerank``, rag/rerank) and ``AnswerCache`` (stage ``cache_lookup``, rag/cache).
+both), ``Reranker`` (stage ``rerank``, rag/rerank), ``AnswerCache`` (stage ``cache_lookup``, rag/cache),
+``HypotheticalPassageWriter`` (stage ``hyde``) and ``PromptCompressor`` (the passages cut to the prompt's token
+budget before the model reads them).
 docs/architecture.md says how a new stage plugs in.
 """
 
@@ -174,3 +176,20 @@ class Router(Protocol):
     from cheap features of the query and its linked entities, before anything expensive runs."""
 
     def route(self, query: str, linked: LinkedEntities) -> Route: ...
+
+
+@runtime_checkable
+class HypotheticalPassageWriter(Protocol):
+    """Stage ``hyde``: a passage that would answer the query, written by the language model, whose embedding drives
+    dense retrieval beside the question's own. ``write`` raises ``rag.generation.hyde.HydeSkipped`` (a sentence for
+    the answer's ``skipped``) when the model is down, slow or writes nothing usable, never another model error."""
+
+    def write(self, query: str) -> str: ...
+
+
+@runtime_checkable
+class PromptCompressor(Protocol):
+    """The passages as the language model's prompt gets them: each cut to its most query-relevant sentences when
+    all of them together exceed the prompt's token budget (``generation.prompt_budget_tokens``)."""
+
+    def compress(self, query: str, passages: Sequence[Chunk]) -> list[Chunk]: ...

@@ -1,30 +1,107 @@
-"""The closed sets of pipeline stage and retriever names, used as metric label values.
+"""The stage table: every pipeline stage in the order a query runs them, with its properties, and the closed name
+sets derived from it (metric label values, span names, ``rh:<stage>`` thread names).
 
-Kept in a module of their own, free of heavy imports, so that processes that only label metrics
-(vLLM's, the probes exporter, dashboards) need not load ONNX Runtime, FAISS and bm25s with them.
+Kept in a module of its own, free of heavy imports, so that processes that only label metrics (vLLM's, the probes
+exporter, dashboards) need not load ONNX Runtime, FAISS and bm25s with it.
+
+``RagPipeline.query`` (rag/pipeline.py) runs the stages in this order; a request runs a subset of them. The deadline
+check (``rag.deadline``) reads the table to know which stages a request must still run after an optional one.
 """
 
 from __future__ import annotations
 
-STAGES = ("embed", "retrieve_dense", "retrieve_bm25", "fuse", "generate", "generate_prefill", "generate_decode",
-          "support_check", "link_entities", "route", "retrieve_graph", "rerank", "queue", "cache_lookup", "hyde")
-"""``generate`` is the extractive answer (and the fallback); an LLM answer is ``generate_prefill`` (to the first
-token), ``generate_decode`` (the rest) and ``support_check`` (each sentence against the passages it cites).
-``link_entities`` finds the knowledge-graph entities a query names, ``route`` lets the router pick the retrievers,
-``retrieve_graph`` expands the linked entities in the graph store (rag/graph, rag/routing). ``rerank`` rescores the
-fused candidates by late interaction (rag/rerank), after ``fuse``. ``queue`` is the wait from a request's arrival to
-its first stage (admission, the thread pool, a micro-batch); ``cache_lookup`` looks the query's embedding up in the
-semantic answer cache (rag/cache); ``hyde`` has the language model write a hypothetical passage whose embedding
-drives dense retrieval beside the question's own."""
-CONDITIONAL_STAGES = ("link_entities", "route", "retrieve_graph", "cache_lookup", "rerank", "hyde")
-"""Stages only some requests run (the graph, the router, the answer cache, the reranker, HyDE), each with a heatmap of
-its own: their latency series are created at zero, so a board reads "none yet" rather than "no data" where the
-feature is off or idle."""
+from dataclasses import dataclass
+from typing import Iterable
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One row of the stage table.
+
+    ``optional``: a request's deadline may skip it (the answer is then degraded, not late). ``skippable``: a request
+    is answered without it when its backend is down. ``wait``: time spent waiting, not working (left out of service
+    times). ``language_model``: a part of running the language model. ``conditional``: only some requests run it
+    (its latency series are created at zero, so a board reads "none yet" rather than "no data" where the feature is
+    off). ``by_default``: the default service runs it for every query. ``instead_of``: the stage it replaces when it
+    runs (the language model's answer replaces the extractive one)."""
+
+    name: str
+    summary: str
+    optional: bool = False
+    skippable: bool = False
+    wait: bool = False
+    language_model: bool = False
+    conditional: bool = False
+    by_default: bool = False
+    instead_of: str | None = None
+
+
+STAGE_TABLE: tuple[Stage, ...] = (
+    Stage("queue", "the wait from arrival to the first stage: admission, the thread pool, an embedding micro-batch",
+          wait=True),
+    Stage("embed", "the query's vector and token states, one model run, on first use: before the cache lookup, the "
+                   "entity linker (when it reads vectors), dense retrieval or the reranker", by_default=True),
+    Stage("cache_lookup", "the query's embedding looked up in the semantic answer cache (rag/cache); a hit ends here",
+          conditional=True),
+    Stage("link_entities", "the knowledge-graph entities the query names (graph or routed requests)", conditional=True),
+    Stage("route", "the router picks the retrievers and their fusion weights (routed requests)", conditional=True),
+    Stage("hyde", "the language model writes a hypothetical passage, embedded to drive dense retrieval beside the "
+                  "question", optional=True, conditional=True),
+    Stage("retrieve_dense", "FAISS search with the query's vector", by_default=True),
+    Stage("retrieve_bm25", "BM25 over the stemmed query", by_default=True),
+    Stage("retrieve_graph", "the linked entities expanded in the graph store (only when an entity was linked)",
+          optional=True, skippable=True, conditional=True),
+    Stage("fuse", "weighted reciprocal-rank fusion of the retrievers' lists", by_default=True),
+    Stage("rerank", "the fused candidates rescored by late interaction (rag/rerank)", optional=True, conditional=True,
+          by_default=True),
+    Stage("generate_prefill", "request sent to the language model -> its first token (the time to first token)",
+          optional=True, language_model=True, instead_of="generate"),
+    Stage("generate_decode", "the language model's first -> last token", language_model=True),
+    Stage("support_check", "each written sentence checked against the passages it cites", language_model=True),
+    Stage("generate", "the extractive answer: the passages' own sentences, cited (also the language model's fallback)",
+          by_default=True),
+)
+STAGE_BY_NAME = {stage.name: stage for stage in STAGE_TABLE}
+
+STAGES = tuple(stage.name for stage in STAGE_TABLE)
+"""Every stage name, in run order: the closed label set."""
+CONDITIONAL_STAGES = tuple(s.name for s in STAGE_TABLE if s.conditional)
+OPTIONAL_STAGES = tuple(s.name for s in STAGE_TABLE if s.optional)
+"""Stages a request may be answered without when its deadline cannot hold them (``generate_prefill`` stands for the
+whole language model; the extractive answer replaces it)."""
+SKIPPABLE_STAGES = tuple(s.name for s in STAGE_TABLE if s.skippable)
+LANGUAGE_MODEL_STAGES = tuple(s.name for s in STAGE_TABLE if s.language_model)
+WAIT_STAGES = tuple(s.name for s in STAGE_TABLE if s.wait)
+DEFAULT_STAGES = tuple(s.name for s in STAGE_TABLE if s.by_default)
+"""The stages the default service runs for a query, in order: hybrid retrieval, reranked, the extractive answer."""
+
+
+def estimated_as(name: str) -> tuple[str, ...]:
+    """The stages whose recent times make up what ``name`` costs: the language model's first stage stands for all
+    of the model's stages (deciding to run it commits to the rest)."""
+    return LANGUAGE_MODEL_STAGES if STAGE_BY_NAME[name].language_model else (name,)
+
+
+def still_to_run(name: str, planned: Iterable[str]) -> tuple[str, ...]:
+    """The mandatory stages of ``planned`` that run after optional stage ``name``: what a deadline must still hold
+    once ``name`` has run. Optional stages are not reserved (each is checked in its turn), nor is the stage ``name``
+    replaces, nor ``name``'s own parts."""
+    stage = STAGE_BY_NAME[name]
+    planned = set(planned)
+    after = STAGES[STAGES.index(name) + 1:]
+    own = set(estimated_as(name))
+    return tuple(n for n in after if n in planned and n not in own and n != stage.instead_of
+                 and not STAGE_BY_NAME[n].optional and not STAGE_BY_NAME[n].wait)
+
+
+def describes(name: str) -> str:
+    """How a deadline's sentence names a stage: the language model's first stage is "the language model"."""
+    return "the language model" if STAGE_BY_NAME[name].language_model else name
+
+
 RETRIEVERS = ("dense", "bm25", "graph")
 RETRIEVER_CHOICES = RETRIEVERS + ("routed",)
 """What a request or ``retrieval.retrievers`` may name: retrievers (fused when several), or ``routed`` alone."""
-SKIPPABLE_STAGES = ("retrieve_graph",)
-"""Stages a request is answered without when their backend is down (the answer is then degraded, never failed)."""
 ROUTER_ARMS = ("hybrid", "hybrid+graph", "bm25-heavy", "dense-heavy", "bm25-heavy+graph")
 """The routes the router chooses between (weights in ``rag.routing.arms``)."""
 RETRIEVAL_ROUTES = ("dense", "bm25", "graph", "hybrid", "dense+graph", "bm25+graph", "hybrid+graph", "bm25-heavy",
@@ -32,9 +109,6 @@ RETRIEVAL_ROUTES = ("dense", "bm25", "graph", "hybrid", "dense+graph", "bm25+gra
 """The ``retrieval_route`` label of request metrics (and the ``rag.route`` span attribute): the retrievers a request
 ran, named as in ``ragheat eval`` (``hybrid`` = dense+bm25), or the router's arm; ``none`` = it ended before
 retrieving (refused, or failed first)."""
-DEFAULT_STAGES = ("embed", "retrieve_dense", "retrieve_bm25", "fuse", "rerank", "generate")
-"""The stages the default service runs for a query, in order: hybrid retrieval, reranked (``rerank.enabled``),
-answered by the extractive generator."""
 DEGRADED_REASONS = ("unavailable", "slow", "unsupported")
 """Why an answer fell back to the extractive generator (``rag.types.DegradedReason``): the model was down or failed
 (``unavailable``), sent no token or finished too late (``slow``), or none of its sentences was supported by the

@@ -186,12 +186,18 @@ class QueryResult:
     degraded_detail: str | None = None
     unsupported_policy: UnsupportedPolicy | None = None  # set when a model wrote (part of) the text
     route: str = "none"  # the retrievers that ran, as a closed label (rag.stages.RETRIEVAL_ROUTES)
-    skipped: dict[str, str] = field(default_factory=dict)  # stage -> why it was skipped (its backend was down)
+    skipped: dict[str, str] = field(default_factory=dict)  # stage -> why it did not run (backend down, deadline)
     cache: CacheOutcome = "off"  # the semantic answer cache: hit (a stored answer), miss (looked, stored), off
 
     @property
-    def degraded(self) -> bool:
+    def fell_back(self) -> bool:
+        """The answer is the extractive fallback of a language model (``degraded_reason`` says why)."""
         return self.degraded_reason is not None
+
+    @property
+    def degraded(self) -> bool:
+        """Less than the full answer: the model's fallback, or a stage skipped (``skipped`` says which and why)."""
+        return self.fell_back or bool(self.skipped)
 
     @property
     def unsupported_sentences(self) -> int:
@@ -223,17 +229,8 @@ class LinkedEntities:
     seeds: Mapping[int, float]
     seconds: float
 
-
-@dataclass
-class RetrievalRun:
-    """What retrieval did for one query, filled in by ``RagPipeline.retrieve``: the route taken (a closed label,
-    ``rag.stages.RETRIEVAL_ROUTES``), hits per retriever before fusion, and the stages skipped because their
-    backend was unavailable (stage -> a sentence), which makes the answer degraded."""
-
-    route: str = "none"
-    retrieved: dict[str, int] = field(default_factory=dict)
-    skipped: dict[str, str] = field(default_factory=dict)
-    budget: object | None = None  # the request's rag.deadline.Deadline: optional stages its deadline cannot hold are skipped
+NO_ENTITIES = LinkedEntities({}, 0.0)
+"""What a query that names no entity links."""
 
 
 @dataclass(frozen=True, eq=False)

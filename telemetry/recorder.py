@@ -214,7 +214,7 @@ class Telemetry:
                         m.generation_inter_token.observe(gap)
                 if result.support and result.unsupported_sentences:
                     m.unsupported_sentences.inc(result.unsupported_sentences)
-                if result.degraded:
+                if result.fell_back:
                     m.child(m.generation_degraded, result.degraded_reason).inc()
         if self.otlp_metrics is not None:
             push = self.otlp_metrics.record
@@ -296,7 +296,7 @@ class Telemetry:
             return f"chat {generation.model}".strip() if stage.name == "generate_prefill" else stage.name, attributes
         if stage.name == "generate" and record.result is not None:
             attributes["rag.generator"] = record.result.generator
-            if record.result.degraded:
+            if record.result.fell_back:
                 attributes.update({"rag.degraded": True, "rag.degraded_reason": record.result.degraded_reason,
                                    "rag.degraded_detail": record.result.degraded_detail or ""})
             if self.settings.capture_content:

@@ -121,7 +121,7 @@ class AdmissionController:
         self.deadline_ms, self.max_timeout_ms = deadline_ms, max_timeout_ms
         self.degrade, self.headroom = degrade, headroom
         self.worker_nice = worker_nice  # applied by each worker thread to itself (rag/api/worker_priority.py)
-        self.hold_s: float | None = None  # recent time a query held its slot (grant to release, on the event loop)
+        self.slot_hold_s: float | None = None  # recent time a query held its slot (grant to release, on the event loop)
         self.in_flight = 0
         self._waiting: collections.deque[asyncio.Future] = collections.deque()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -155,10 +155,10 @@ class AdmissionController:
     def waiting(self) -> int:
         return len(self._waiting)
 
-    def own_s(self) -> float:
+    def least_service_s(self) -> float:
         """What a query will hold its slot for at the least: the recent hold time without the optional stages (which
-        its budget may skip); 0 before anything was measured."""
-        hold = self.hold_s or self.times.service_s or 0.0
+        its deadline may skip); 0 before anything was measured."""
+        hold = self.slot_hold_s or self.times.service_s or 0.0
         optional = max(0.0, (self.times.service_s or 0.0) - (self.times.core_s or 0.0))
         return max(self.times.core_s or 0.0, hold - optional)
 
@@ -166,9 +166,9 @@ class AdmissionController:
         """Seconds until a query with ``ahead`` queries waiting before it would finish: a slot frees every
         ``hold / max_in_flight`` on average (hold: the recent time a query held its slot, which counts what the
         worker's own timing misses: encoding, the hops to and from the event loop), then its own time."""
-        hold = self.hold_s or self.times.service_s or 0.0
+        hold = self.slot_hold_s or self.times.service_s or 0.0
         wait = 0.0 if self.in_flight < self.max_in_flight and ahead == 0 else (ahead + 1) * hold / self.max_in_flight
-        return wait + self.own_s()
+        return wait + self.least_service_s()
 
     def _shed(self, reason: str, sentence: str, wait_s: float, arrival: float) -> Shed:
         with self._lock:
@@ -193,7 +193,7 @@ class AdmissionController:
         left = deadline_s * (1.0 - self.headroom) - (time.perf_counter() - arrival)
         if self.in_flight < self.max_in_flight and not self._waiting:
             # A free slot: nothing to wait for, so nothing to predict; a deadline tighter than the query's own time
-            # is met as well as it can be, by the budget skipping its optional stages.
+            # is met as well as it can be, by skipping its optional stages.
             self.in_flight += 1
             return Slot(self)
         ahead = len(self._waiting)
@@ -207,7 +207,7 @@ class AdmissionController:
         self._waiting.append(waiter)
         try:
             # Waits at most until the deadline, less the least it then needs to run.
-            await asyncio.wait_for(asyncio.shield(waiter), max(0.0, left - self.own_s()))
+            await asyncio.wait_for(asyncio.shield(waiter), max(0.0, left - self.least_service_s()))
         except asyncio.TimeoutError:
             if waiter.done() and not waiter.cancelled():  # granted just as it expired: keep it
                 return Slot(self)
@@ -224,7 +224,7 @@ class AdmissionController:
         return Slot(self)
 
     def _deadline_sentence(self, left: float, ahead: int) -> str:
-        service = (self.hold_s or self.times.service_s or 0.0) * 1000
+        service = (self.slot_hold_s or self.times.service_s or 0.0) * 1000
         return (f"overloaded: {ahead} queries are waiting for {self.max_in_flight} slots at ~{service:.0f} ms each, so "
                 f"this one would finish after its deadline ({max(left, 0.0) * 1000:.0f} ms left); retry later")
 
@@ -233,7 +233,8 @@ class AdmissionController:
         if granted is not None:
             held = time.perf_counter() - granted
             alpha = self.times.alpha
-            self.hold_s = held if self.hold_s is None else self.hold_s + alpha * (held - self.hold_s)
+            old = self.slot_hold_s
+            self.slot_hold_s = held if old is None else old + alpha * (held - old)
         while self._waiting:
             waiter = self._waiting.popleft()
             if not waiter.done():  # a waiter that expired or left was cancelled
@@ -252,6 +253,6 @@ class AdmissionController:
         else:
             loop.call_soon_threadsafe(self._release, granted)
 
-    def budget(self, arrival: float, deadline_s: float) -> Deadline:
-        """The request's budget for optional stages (all allowed with ``admission.degrade`` off)."""
+    def deadline(self, arrival: float, deadline_s: float) -> Deadline:
+        """The request's deadline, which decides its optional stages (all run with ``admission.degrade`` off)."""
         return Deadline(arrival + deadline_s, self.times, self.degrade)

@@ -86,7 +86,7 @@ def _run(request: QueryRequest, http: Request, record: RequestRecord, arrival: f
     lower_this_thread(admission.worker_nice)
     start = time.perf_counter()
     record.result = _pipeline(http).query(record.query, record.top_k, request.retrievers, arrival=arrival,
-                                          budget=admission.budget(arrival, deadline_s), **callbacks)
+                                          deadline=admission.deadline(arrival, deadline_s), **callbacks)
     admission.observe(record.result.stages, time.perf_counter() - start)
     return record.result
 

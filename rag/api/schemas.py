@@ -170,7 +170,7 @@ class QueryResponse(BaseModel):
             generator=result.generator,
             citations=[citation(s) for s in result.sources],
             stages=[StageTimingOut(name=t.name, ms=round(t.ms, 3)) for t in result.stages],
-            degraded=result.degraded or bool(result.skipped),
+            degraded=result.degraded,
             degraded_reason=result.degraded_reason,
             degraded_detail=result.degraded_detail,
             unsupported_sentences=result.unsupported_sentences,

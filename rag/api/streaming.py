@@ -87,10 +87,10 @@ def final_events(result: QueryResult, tokens_sent: int):
     """After the streamed tokens: ``degraded`` (the tokens must be discarded: the extractive answer follows), or
     ``dropped`` (the unsupported sentences left out of the answer); one ``answer`` per sentence of the answer as
     served; then ``done``."""
-    if result.degraded and tokens_sent:
+    if result.fell_back and tokens_sent:
         yield sse("degraded", {"reason": result.degraded_reason, "detail": result.degraded_detail,
                                "discard_tokens": tokens_sent})
-    if result.support and not result.degraded:
+    if result.support and not result.fell_back:
         dropped = [(i, s) for i, s in enumerate(result.support) if result.dropped(s)]
         if dropped:
             yield sse("dropped", {"count": len(dropped), "sentences": [
@@ -111,7 +111,7 @@ def final_events(result: QueryResult, tokens_sent: int):
                        "route": result.route,
                        "skipped_stages": [SkippedStageOut(stage=stage, reason=reason).model_dump()
                                           for stage, reason in result.skipped.items()],
-                       "degraded": result.degraded or bool(result.skipped), "degraded_reason": result.degraded_reason,
+                       "degraded": result.degraded, "degraded_reason": result.degraded_reason,
                        "degraded_detail": result.degraded_detail,
                        "unsupported_sentences": result.unsupported_sentences,
                        "dropped_sentences": result.dropped_sentences, "unsupported_policy": result.unsupported_policy,

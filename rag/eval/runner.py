@@ -22,7 +22,7 @@ import numpy as np
 from rag.eval.beir import Qrels, score_run
 from rag.pipeline import RagPipeline
 from rag.routing.names import parse_eval_names
-from rag.types import RetrievalRun
+from rag.query_context import QueryContext
 
 DEPTH = 100  # documents per query, enough for recall@100
 RERANK = "rerank"
@@ -69,11 +69,11 @@ def split_options(retrievers: Sequence[str]) -> tuple[tuple[str, ...], bool, boo
 
 def run_retrieval(pipeline: RagPipeline, queries: Mapping[str, str], retrievers: Sequence[str],
                   depth: int = DEPTH, advance=None,
-                  reranker=None) -> tuple[dict[str, list[str]], list[float], list[RetrievalRun]]:
+                  reranker=None) -> tuple[dict[str, list[str]], list[float], list[QueryContext]]:
     """Ranked document ids per query, the per-query retrieval latency (seconds) and what each query ran.
     ``retrievers`` ending in ``rerank`` reranks the fused candidates with ``reranker`` (default: the index's
     stored token vectors with the shipped head, ``rag.rerank.reranker.load_reranker``); ``hyde`` before it runs
-    the pipeline's HyDE stage (a query whose passage was not written in time is counted in ``RetrievalRun.skipped``)."""
+    the pipeline's HyDE stage (a query whose passage was not written in time is counted in ``QueryContext.skipped``)."""
     retrievers, hyde, rerank = split_options(retrievers)
     if hyde and getattr(pipeline, "hyde", None) is None:
         raise ValueError("+hyde needs a language model: set generation.generator to openai or vllm (and its server)")
@@ -81,24 +81,23 @@ def run_retrieval(pipeline: RagPipeline, queries: Mapping[str, str], retrievers:
         return _run_reranked(pipeline, queries, retrievers, depth, advance, reranker, hyde)
     run: dict[str, list[str]] = {}
     latencies: list[float] = []
-    runs: list[RetrievalRun] = []
+    runs: list[QueryContext] = []
     # Documents have several chunks: ask for more chunks than documents, then keep each doc's best.
     chunk_depth = depth * 3
     for qid, text in queries.items():
-        retrieval = RetrievalRun()
         start = time.perf_counter()
         # rerank=False, hyde as asked: a set is scored as itself, whatever rerank.enabled and hyde.enabled say.
-        fused = pipeline.retrieve(text, chunk_depth, retrievers, run=retrieval, rerank=False, hyde=hyde)
+        fused = pipeline.retrieve(text, chunk_depth, retrievers, rerank=False, hyde=hyde)
         latencies.append(time.perf_counter() - start)
-        runs.append(retrieval)
+        runs.append(fused)
         run[qid] = [doc for doc, _ in pipeline.chunk_hits_to_docs(fused.hits)][:depth]
         if advance:
             advance()
     return run, latencies, runs
 
 
-def _run_reranked(pipeline: RagPipeline, queries: Mapping[str, str], retrievers: Sequence[str], depth: int,
-                  advance, reranker, hyde: bool = False) -> tuple[dict[str, list[str]], list[float], list[RetrievalRun]]:
+def _run_reranked(pipeline: RagPipeline, queries: Mapping[str, str], retrievers: Sequence[str], depth: int, advance,
+                  reranker, hyde: bool = False) -> tuple[dict[str, list[str]], list[float], list[QueryContext]]:
     from rag.rerank.firststage import FirstStageRecorder
     from rag.rerank.reranker import load_reranker
 
@@ -106,16 +105,15 @@ def _run_reranked(pipeline: RagPipeline, queries: Mapping[str, str], retrievers:
         reranker = getattr(pipeline, "reranker", None) or load_reranker(pipeline.index.folder, pipeline.index.manifest)
     run: dict[str, list[str]] = {}
     latencies: list[float] = []
-    runs: list[RetrievalRun] = []
+    runs: list[QueryContext] = []
     chunk_depth = depth * 3
     with FirstStageRecorder(pipeline) as recorder:
         for qid, text in queries.items():
-            retrieval = RetrievalRun()
             start = time.perf_counter()
-            fused = pipeline.retrieve(text, chunk_depth, retrievers, run=retrieval, rerank=False, hyde=hyde)
+            fused = pipeline.retrieve(text, chunk_depth, retrievers, rerank=False, hyde=hyde)
             reranked = reranker.rerank(recorder.take(text), fused.hits, chunk_depth)
             latencies.append(time.perf_counter() - start)
-            runs.append(retrieval)
+            runs.append(fused)
             run[qid] = [doc for doc, _ in pipeline.chunk_hits_to_docs(reranked.hits)][:depth]
             if advance:
                 advance()

@@ -26,7 +26,6 @@ from rag.types import LinkedEntities
 
 ALIASES_FILE = "graph_aliases.json"
 ENTITY_VECTORS_FILE = "graph_entities.npy"
-NO_ENTITIES = LinkedEntities({}, 0.0)
 
 
 class GazetteerLinker:

@@ -19,7 +19,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from rag.eval.beir import Qrels, ndcg_at, recall_at
-from rag.graph.linker import NO_ENTITIES
+from rag.types import NO_ENTITIES
 from rag.pipeline import RagPipeline
 from rag.routing.arms import ARM_MULTIPLIERS, retrievers_run, without_graph
 from rag.routing.features import FEATURE_NAMES, lexical_features

@@ -35,7 +35,8 @@ from dashboards.snapshot import snapshot
 from dashboards.spec import SCRAPED, expand
 from dashboards.verify import QueryCheck, check_boards, selected
 from rag.childproc import free_port
-from rag.pipeline import STAGES, RagPipeline
+from rag.pipeline import RagPipeline
+from rag.stages import STAGES
 from rag.settings import FaultSettings
 from ragheat.service import build_service
 from stack.prometheus import LocalPrometheus

@@ -18,7 +18,7 @@ from probes.environment import CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN, ProbesUnavai
 from probes.program import FormatError, ProgramOptions, SwitchStateBits, build_program, parse_switch_state_bits
 from probes.stats import (KernelSnapshot, Log2Histogram, aggregate, family_of, stage_of, syscall_family_table,
                           tcp_state_label)
-from rag.pipeline import STAGES
+from rag.stages import STAGES
 from rag.threadnames import stage_comm
 from telemetry.buckets import KERNEL_LOG2_SECONDS
 from telemetry.metrics import KERNEL_METRICS, KERNEL_STAGES, SYSCALL_FAMILIES

@@ -254,14 +254,13 @@ def test_a_new_generation_starts_empty(settings, cached, subset_index):
 
 
 def test_a_degraded_answer_is_not_stored(cached, monkeypatch):
-    retrieve = cached.retrieve
+    run_retrievers = cached._run_retrievers
 
-    def graph_down(*args, run=None, **kwargs):
-        fused = retrieve(*args, run=run, **kwargs)
-        run.skipped["retrieve_graph"] = "the graph store is down"
-        return fused
+    def graph_down(context):
+        run_retrievers(context)
+        context.skipped["retrieve_graph"] = "the graph store is down"
 
-    monkeypatch.setattr(cached, "retrieve", graph_down)
+    monkeypatch.setattr(cached, "_run_retrievers", graph_down)
     question = "Is mitochondrial dysfunction a cause of Parkinson disease in degraded mode?"
     before = cached.cache_stats().entries
     assert [cached.query(question, 2).cache for _ in range(2)] == ["miss", "miss"]

@@ -14,7 +14,6 @@ from rag.eval.runner import parse_retriever_sets, run_retrieval, split_options, 
 from rag.generation.hyde import HydeSkipped, HydeWriter, clean_passage
 from rag.generation.llm import GeneratorTooSlow, GeneratorUnavailable
 from rag.settings import HydeSettings
-from rag.types import RetrievalRun
 
 QUESTION = "What causes the tides of the oceans?"  # nothing in SciFact is about tides
 
@@ -79,9 +78,8 @@ def test_the_passage_drives_a_second_dense_query_fused_with_the_question(pipelin
     target = next(c for c in pipeline.index.chunks if c.doc_id not in before)
     completer = Scripted(text=target.text)
     with_writer(completer)
-    stages, run = [], RetrievalRun()
-    fused = pipeline.retrieve(QUESTION, 30, ["dense"], stages, run=run, hyde=True, rerank=False)
-    names = [s.name for s in stages]
+    fused = run = pipeline.retrieve(QUESTION, 30, ["dense"], hyde=True, rerank=False)
+    names = [s.name for s in run.stages]
     assert names == ["embed", "hyde", "retrieve_dense"], names
     assert len(completer.calls) == 1 and run.skipped == {}
     assert target.doc_id in _docs(pipeline, fused, 3)  # first in the passage's run: near the top once fused
@@ -92,20 +90,19 @@ def test_the_passage_drives_a_second_dense_query_fused_with_the_question(pipelin
 
 def test_a_skipped_passage_leaves_the_question_alone_and_says_so(pipeline, with_writer):
     with_writer(Scripted(error=GeneratorUnavailable("connection refused")))
-    stages, run = [], RetrievalRun()
-    fused = pipeline.retrieve(QUESTION, 10, ["dense", "bm25"], stages, run=run, hyde=True)
+    fused = run = pipeline.retrieve(QUESTION, 10, ["dense", "bm25"], hyde=True)
     assert set(run.skipped) == {"hyde"} and "connection refused" in run.skipped["hyde"]
-    assert "hyde" in [s.name for s in stages]  # the time lost waiting is shown
+    assert "hyde" in [s.name for s in run.stages]  # the time lost waiting is shown
     assert fused.hits == pipeline.retrieve(QUESTION, 10, ["dense", "bm25"], hyde=False).hits
 
 
 def test_hyde_runs_only_when_asked_and_only_with_dense(pipeline, with_writer):
     completer = Scripted(text="The moon's gravity pulls the oceans toward it.")
     with_writer(completer)
-    stages = []
-    pipeline.retrieve(QUESTION, 10, ["dense"], stages)  # hyde.enabled is off by default
-    pipeline.retrieve(QUESTION, 10, ["bm25"], stages, hyde=True)  # no dense run to add a query to
-    assert completer.calls == [] and "hyde" not in [s.name for s in stages]
+    by_default = pipeline.retrieve(QUESTION, 10, ["dense"])  # hyde.enabled is off by default
+    without_dense = pipeline.retrieve(QUESTION, 10, ["bm25"], hyde=True)  # no dense run to add a query to
+    assert completer.calls == []
+    assert "hyde" not in [s.name for s in by_default.stages + without_dense.stages]
 
 
 def test_asking_for_hyde_without_a_language_model_is_refused(pipeline):

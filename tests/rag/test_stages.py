@@ -455,16 +455,16 @@ def test_score_run_without_judgments():
 
 
 def test_a_stage_names_its_thread_for_the_kernel_and_restores_it():
-    from rag.pipeline import _stage, _StageOptions
+    from rag.query_context import StageOptions, StageTimer
 
     def comm() -> str:
         return open("/proc/thread-self/comm").read().strip()
 
     before, stages = comm(), []
-    with _stage("retrieve_bm25", stages, _StageOptions(True, None, 0.0)):
+    with StageTimer("retrieve_bm25", stages, StageOptions(True, None, 0.0)):
         inside = comm()
     assert (inside, comm()) == ("rh:retrieve_bm2", before)  # the kernel keeps 15 bytes
-    with _stage("fuse", stages, _StageOptions(False, "fuse", 0.02)):
+    with StageTimer("fuse", stages, StageOptions(False, "fuse", 0.02)):
         assert comm() == before  # naming off: untouched
     assert [s.name for s in stages] == ["retrieve_bm25", "fuse"]
     assert stages[1].seconds >= 0.02  # the injected delay is inside the stage's timing

@@ -124,7 +124,6 @@ def test_the_support_check_flags_what_the_passages_do_not_say(api):
 
 def test_hyde_writes_an_on_topic_passage_that_drives_dense_retrieval(settings, subset_index, real_server):
     from rag.generation.hyde import HydeWriter
-    from rag.types import RetrievalRun
 
     # A question, not a SciFact claim: given a bare claim the 135M model often restates it (then the stage is
     # skipped, "repeated the question"; benchmarks/bench_hyde.py counts how often).
@@ -138,9 +137,8 @@ def test_hyde_writes_an_on_topic_passage_that_drives_dense_retrieval(settings, s
         passage = HydeWriter(pipeline.llm, hyde).write(claim)
         terms = {w.lower().strip(".,;:()") for w in claim.split() if len(w) > 4}
         assert len(passage.split()) >= 5 and terms & {w.lower().strip(".,;:()") for w in passage.split()}, passage
-        stages, run = [], RetrievalRun()
-        with_hyde = pipeline.retrieve(claim, 10, ["dense"], stages, run=run, hyde=True, rerank=False)
-        assert run.skipped == {} and [s.name for s in stages] == ["embed", "hyde", "retrieve_dense"]
+        with_hyde = pipeline.retrieve(claim, 10, ["dense"], hyde=True, rerank=False)
+        assert with_hyde.skipped == {} and [s.name for s in with_hyde.stages] == ["embed", "hyde", "retrieve_dense"]
         without = pipeline.retrieve(claim, 10, ["dense"], hyde=False, rerank=False)
         assert with_hyde.hits != without.hits  # a second query, fused
     finally:

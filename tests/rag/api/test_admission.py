@@ -122,20 +122,20 @@ def test_a_free_slot_admits_even_a_tight_deadline_and_a_busy_one_sheds_it():
     assert float(busy.headers["Server-Timing"].split("dur=")[1]) < 5
 
 
-def test_budget_skips_an_optional_stage_it_cannot_hold_and_retries_it_when_the_estimate_is_old():
+def test_a_deadline_skips_an_optional_stage_it_cannot_hold_and_retries_it_when_the_estimate_is_old():
     clock = [0.0]
     times = ServiceTimes(alpha=1.0, ttl_s=5.0, clock=lambda: clock[0])
     times.observe([StageTiming("rerank", 0.3), StageTiming("generate", 0.01), StageTiming("queue", 9.0)], 0.35)
     assert times.stage("queue") is None, "waiting is not service"
     assert times.core_s == pytest.approx(0.05) and times.service_s == pytest.approx(0.35)
-    budget = Deadline(deadline_at=time.perf_counter() + 0.2, times=times)
-    assert not budget.allows("rerank", then=("generate",))
-    assert budget.skipped["rerank"].startswith("deadline:") and "rerank" in budget.skipped["rerank"]
-    assert budget.allows("hyde"), "a stage never measured runs (and is measured)"
-    assert Deadline(time.perf_counter() + 1.0, times).allows("rerank", then=("generate",))
-    assert Deadline(time.perf_counter() + 0.2, times, enabled=False).allows("rerank")
+    deadline = Deadline(deadline_at=time.perf_counter() + 0.2, times=times)
+    why = deadline.shortfall("rerank", then=("generate",))
+    assert why.startswith("deadline:") and "rerank" in why
+    assert deadline.shortfall("hyde") is None, "a stage never measured runs (and is measured)"
+    assert Deadline(time.perf_counter() + 1.0, times).shortfall("rerank", then=("generate",)) is None
+    assert Deadline(time.perf_counter() + 0.2, times, enabled=False).shortfall("rerank") is None
     clock[0] = 6.0  # the estimate is older than ttl_s: the stage may have got faster
-    assert Deadline(time.perf_counter() + 0.2, times).allows("rerank")
+    assert Deadline(time.perf_counter() + 0.2, times).shortfall("rerank") is None
 
 
 def test_a_stale_estimate_is_replaced_by_the_next_run_not_averaged_with_it():
@@ -144,11 +144,11 @@ def test_a_stale_estimate_is_replaced_by_the_next_run_not_averaged_with_it():
     clock = [0.0]
     times = ServiceTimes(alpha=0.2, ttl_s=5.0, clock=lambda: clock[0])
     times.observe([StageTiming("rerank", 0.8)], 0.8)
-    assert not Deadline(time.perf_counter() + 0.4, times).allows("rerank")
+    assert Deadline(time.perf_counter() + 0.4, times).shortfall("rerank") is not None
     clock[0] = 6.0
     times.observe([StageTiming("rerank", 0.002)], 0.01)
     assert times.stage("rerank") == pytest.approx(0.002)
-    assert Deadline(time.perf_counter() + 0.4, times).allows("rerank")
+    assert Deadline(time.perf_counter() + 0.4, times).shortfall("rerank") is None
     clock[0] = 7.0  # a fresh estimate is still averaged: one slow run does not decide alone
     times.observe([StageTiming("rerank", 0.102)], 0.11)
     assert times.stage("rerank") == pytest.approx(0.002 + 0.2 * 0.1)
@@ -362,7 +362,7 @@ def test_the_language_model_is_skipped_when_the_deadline_cannot_hold_it(settings
         name, metrics_dir = "stub", None
 
         def stream(self, query, passages):
-            raise AssertionError("the budget should have skipped the language model")
+            raise AssertionError("the deadline should have skipped the language model")
 
         def close(self):
             pass
@@ -374,7 +374,7 @@ def test_the_language_model_is_skipped_when_the_deadline_cannot_hold_it(settings
     times.observe([StageTiming("generate_prefill", 0.3), StageTiming("generate_decode", 0.5),
                    StageTiming("support_check", 0.01)], 0.85)
     arrival = time.perf_counter()
-    result = pipeline.query(QUERY, 3, arrival=arrival, budget=Deadline(arrival + 0.2, times))
+    result = pipeline.query(QUERY, 3, arrival=arrival, deadline=Deadline(arrival + 0.2, times))
     assert result.generator == "extractive" and result.degraded_reason == "slow" and result.sources
     assert list(result.skipped) == ["generate_prefill"] and "language model" in result.skipped["generate_prefill"]
     assert result.degraded_detail == result.skipped["generate_prefill"]

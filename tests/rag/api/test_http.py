@@ -17,7 +17,7 @@ import pytest
 from rag.api.app import create_app
 from stack.servers import BackgroundServer
 from rag.index.store import read_manifest
-from rag.pipeline import STAGES
+from rag.stages import STAGES
 
 QUERY = "0-dimensional biomaterials lack inductive properties."
 MARKER = re.compile(r" \[(\d+)\](?= |$)")  # the generator writes "<sentence> [n]" joined by spaces

@@ -18,7 +18,6 @@ from rag.graph.neo4j import Neo4jStore
 from rag.index.store import read_manifest, resolve_generation
 from rag.ingest.pipeline import ingest
 from rag.pipeline import RagPipeline
-from rag.types import RetrievalRun
 
 from graph_testkit import DOCS, bolt_safe
 
@@ -60,8 +59,7 @@ def test_a_graph_only_change_reuses_chunks_and_embeddings(settings, embedder, gr
     pipeline = RagPipeline(changed, index)
     pipeline.warm_up()
     try:
-        run = RetrievalRun()
-        pipeline.retrieve("Which film did Paul Verhoeven direct?", 5, ["hybrid+graph"], run=run)
+        run = pipeline.retrieve("Which film did Paul Verhoeven direct?", 5, ["hybrid+graph"])
         assert run.route in ("hybrid", "hybrid+graph") and not run.skipped
     finally:
         pipeline.close()
@@ -114,8 +112,7 @@ def test_the_neo4j_backend_loads_beside_the_served_generation_and_prunes_with_th
     pipeline.warm_up()
     try:
         assert pipeline.describe().graph_backend == "neo4j" and isinstance(pipeline.graph.store, Neo4jStore)
-        run = RetrievalRun()
-        fused = pipeline.retrieve("Who directed Black Book?", 5, ["graph"], run=run)
+        fused = run = pipeline.retrieve("Who directed Black Book?", 5, ["graph"])
         assert run.route == "graph" and fused.hits and not run.skipped
         titles = {pipeline.index.chunks[h.chunk_id].title for h in fused.hits}
         assert {"Black Book (film)", "Paul Verhoeven"} <= titles

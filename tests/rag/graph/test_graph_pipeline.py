@@ -14,7 +14,7 @@ import pytest
 from rag.pipeline import RagPipeline
 from rag.stages import RETRIEVAL_ROUTES, ROUTER_ARMS
 from rag.threadnames import get_name, stage_comm
-from rag.types import RetrievalRun, StageTiming
+from rag.types import StageTiming
 
 from graph_testkit import CountingStore
 
@@ -37,19 +37,17 @@ def names(stages: list[StageTiming]) -> list[str]:
 
 def test_the_graph_alone_needs_no_embedding_unless_reranked(graph_pipeline, hotpot_subset):
     question = linked_question(graph_pipeline, hotpot_subset)
-    stages, run = [], RetrievalRun()
-    fused = graph_pipeline.retrieve(question, 10, ["graph"], stages, run=run, rerank=False)
-    assert names(stages) == ["link_entities", "retrieve_graph"] and fused.hits
-    assert run.route == "graph" and run.retrieved["graph"] == len(fused.hits) and not run.skipped
-    stages = []  # reranking (the default) reads the query's token states: one embed run
-    assert graph_pipeline.retrieve(question, 10, ["graph"], stages).hits
-    assert names(stages) == ["link_entities", "embed", "retrieve_graph", "rerank"]
+    run = graph_pipeline.retrieve(question, 10, ["graph"], rerank=False)
+    assert names(run.stages) == ["link_entities", "retrieve_graph"] and run.hits
+    assert run.route == "graph" and run.retrieved["graph"] == len(run.hits) and not run.skipped
+    reranked = graph_pipeline.retrieve(question, 10, ["graph"])  # reranking reads the token states: one embed run
+    assert reranked.hits
+    assert names(reranked.stages) == ["link_entities", "embed", "retrieve_graph", "rerank"]
 
 
 def test_hybrid_plus_graph_runs_every_stage_in_order_and_fuses_three_lists(graph_pipeline, hotpot_subset):
-    stages, run = [], RetrievalRun()
-    graph_pipeline.retrieve(linked_question(graph_pipeline, hotpot_subset), 10, ["hybrid+graph"], stages, run=run)
-    assert names(stages) == ["link_entities", "embed", "retrieve_dense", "retrieve_bm25", "retrieve_graph", "fuse",
+    run = graph_pipeline.retrieve(linked_question(graph_pipeline, hotpot_subset), 10, ["hybrid+graph"])
+    assert names(run.stages) == ["link_entities", "embed", "retrieve_dense", "retrieve_bm25", "retrieve_graph", "fuse",
                              "rerank"]
     assert run.route == "hybrid+graph" and set(run.retrieved) == {"dense", "bm25", "graph"}
 
@@ -57,30 +55,26 @@ def test_hybrid_plus_graph_runs_every_stage_in_order_and_fuses_three_lists(graph
 def test_a_query_that_links_nothing_runs_no_graph_stage_and_makes_no_round_trip(graph_pipeline, monkeypatch):
     counting = CountingStore(graph_pipeline.graph)
     monkeypatch.setattr(graph_pipeline.graph_retriever, "store", counting)
-    stages, run = [], RetrievalRun()
-    graph_pipeline.retrieve(UNLINKED, 10, ["dense", "bm25", "graph"], stages, run=run)
-    assert "retrieve_graph" not in names(stages) and counting.calls == 0
+    run = graph_pipeline.retrieve(UNLINKED, 10, ["dense", "bm25", "graph"])
+    assert "retrieve_graph" not in names(run.stages) and counting.calls == 0
     assert run.route == "hybrid" and "graph" not in run.retrieved
-    assert graph_pipeline.retrieve(UNLINKED, 10, ["graph"], run=(alone := RetrievalRun())).hits == []
+    assert (alone := graph_pipeline.retrieve(UNLINKED, 10, ["graph"])).hits == []
     assert alone.route == "none" and counting.calls == 0
 
 
 def test_the_default_hybrid_request_is_unchanged_by_the_graph(graph_pipeline):
-    stages = []
-    graph_pipeline.retrieve("Who directed Black Book?", 5, ["dense", "bm25"], stages)
-    assert names(stages) == ["embed", "retrieve_dense", "retrieve_bm25", "fuse", "rerank"]
+    run = graph_pipeline.retrieve("Who directed Black Book?", 5, ["dense", "bm25"])
+    assert names(run.stages) == ["embed", "retrieve_dense", "retrieve_bm25", "fuse", "rerank"]
 
 
 def test_routed_picks_a_route_per_query_and_never_the_graph_without_entities(graph_pipeline, hotpot_subset):
-    stages, run = [], RetrievalRun()
-    graph_pipeline.retrieve(UNLINKED, 10, ["routed"], stages, run=run)
-    assert names(stages)[:2] == ["link_entities", "route"] and "retrieve_graph" not in names(stages)
+    run = graph_pipeline.retrieve(UNLINKED, 10, ["routed"])
+    assert names(run.stages)[:2] == ["link_entities", "route"] and "retrieve_graph" not in names(run.stages)
     assert run.route in ROUTER_ARMS and "graph" not in run.route
     questions = [json.loads(line)["text"] for line in (hotpot_subset / "queries.jsonl").read_text().splitlines()]
     routes = set()
     for question in questions:
-        run = RetrievalRun()
-        graph_pipeline.retrieve(question, 10, ["routed"], run=run)
+        run = graph_pipeline.retrieve(question, 10, ["routed"])
         assert run.route in RETRIEVAL_ROUTES and run.route in ROUTER_ARMS
         assert ("graph" in run.retrieved) == ("+graph" in run.route)
         if "graph" in run.route:
@@ -118,8 +112,7 @@ def test_what_a_pipeline_cannot_serve_is_said_in_a_sentence(settings, graph_inde
     try:
         assert without.graph is None and without.graph_retriever is None
         assert "no knowledge graph" in without.check_retrievers(["graph"])
-        run = RetrievalRun()
-        without.retrieve("Who directed Black Book?", 5, ["routed"], run=run)  # routes without graph arms
+        run = without.retrieve("Who directed Black Book?", 5, ["routed"])  # routes without graph arms
         assert run.route in ROUTER_ARMS and "graph" not in run.route
     finally:
         without.close()
