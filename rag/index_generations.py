@@ -33,12 +33,9 @@ from typing import Callable
 from rag.errors import RagheatError
 from rag.index.store import CURRENT, read_manifest
 from rag.pipeline import RagPipeline
+from rag.stages import RELOAD_OUTCOMES as RELOAD_OUTCOMES  # re-exported: the values of ReloadOutcome.outcome
 
 log = logging.getLogger("ragheat.generations")
-
-RELOAD_OUTCOMES = ("swapped", "unchanged", "failed")
-"""What a reload did: a new generation is served, the served one is still the newest, or the new one could not be
-loaded (the old one keeps serving). The ``outcome`` label of ``ragheat_index_reloads_total``."""
 
 
 class ReloadError(RagheatError):

@@ -45,10 +45,11 @@ class EmbeddingSettings(_Section):
                                                               "run (rag/embedding/batcher.py); 1 = no batching, the "
                                                               "default: on the CPU a batch saves no time per query "
                                                               "(padding costs what a run's overhead saves; "
-                                                              "benchmarks/bench_batching.py)")
+                                                              "docs/benchmarks.md, Micro-batched query embedding)")
     query_batch_wait_ms: float = Field(0.0, ge=0.0, le=50.0, description="how long a batch waits for more queries "
                                        "when requests queued behind the previous run; a request arriving with no "
-                                       "run in flight never waits (benchmarks/bench_batching.py)")
+                                       "run in flight never waits (docs/benchmarks.md, Micro-batched query "
+                                       "embedding)")
     query_batch_runs: int = Field(2, ge=1, le=64, description="query model runs in flight at once; queries arriving "
                                                               "while all are busy queue and share the next run")
 
@@ -67,14 +68,15 @@ class RerankSettings(_Section):
 
     enabled: bool = Field(True, description="rerank the fused candidates (the index needs stored token vectors, "
                                             "store_tokens). On by default: it wins on both held-out sets (SciFact "
-                                            "5-fold CV +0.05 nDCG@10, HotpotQA with the SciFact head +0.009) for "
-                                            "~1.5 ms of CPU per query (docs/benchmarks.md, Reranking)")
+                                            "by cross-validation, HotpotQA with the SciFact head) for little CPU per "
+                                            "query (docs/benchmarks.md, Reranking)")
     candidates: int = Field(50, ge=1, le=1000, description="fused candidates the reranker rescores")
     head: Path | None = Field(None, description="the head's .npz (`ragheat train-reranker`); unset = the one shipped "
                                                 "in rag/rerank/heads/")
     store_tokens: bool = Field(True, description="store each chunk's token vectors at ingest (needed to rerank; part "
-                                                 "of the ingest fingerprint). They grow an index about 6-9x in int8 "
-                                                 "(SciFact 34 MiB -> +245 MiB); off only with rerank.enabled off")
+                                                 "of the ingest fingerprint). They grow an index several times over "
+                                                 "(docs/benchmarks.md, Late-interaction reranker: what it costs); "
+                                                 "off only with rerank.enabled off")
     token_dtype: Literal["fp16", "int8"] = Field("int8", description="stored token vectors: int8 with one scale per "
                                                                       "token (half of fp16's size, the same nDCG), or fp16")
 
@@ -156,7 +158,7 @@ class GenerationSettings(_Section):
     max_tokens: int = Field(
         96, ge=1, le=32768, description="most tokens in a written answer. 96 fits the 1-3 cited sentences "
                                         "constrain_citations allows (SmolLM2-135M's constrained answers: "
-                                        "docs/vllm.md) and bounds decode at ~3 s on two CPU cores")
+                                        "docs/vllm.md) and bounds the decode time of an answer on a CPU")
     prompt_budget_tokens: int = Field(
         600, ge=0, le=131072, description="most tokens of passages in a written answer's prompt (estimated); over it "
                                           "each passage is cut to its most query-relevant sentences, so prefill stays "
@@ -312,7 +314,7 @@ class GraphSettings(_Section):
     comma_aliases: Literal["short", "all", "none"] = Field(
         "short", description="'Davenport, Florida' -> 'davenport': short = only for short 'Name, Qualifier' titles")
     link_by_embedding: bool = Field(False, description="also seed the nearest entity titles by embedding (embeds "
-                                                       "every title at ingest; measured to lower fused nDCG)")
+                                                       "every title at ingest; it lowers fused nDCG)")
     embedding_seeds: int = Field(3, ge=1, le=100, description="link_by_embedding: nearest titles added as seeds")
     embedding_min_similarity: float = Field(0.5, ge=-1, le=1, description="link_by_embedding: least cosine")
     embedding_seed_weight: float = Field(0.3, gt=0, le=1, description="link_by_embedding: seed weight per cosine")
@@ -330,7 +332,7 @@ class CacheSettings(_Section):
                                              "retrieving. Off by default: a hit serves the answer given to another "
                                              "wording of the question (cosine >= threshold), every query is then "
                                              "embedded even when no dense retrieval runs, and it pays only where "
-                                             "questions repeat (measured at Zipf s=1.1: benchmarks/bench_cache.py)")
+                                             "questions repeat (docs/benchmarks.md, Semantic answer cache)")
     threshold: float = Field(0.97, ge=0.5, le=1.0, description="least cosine between the query's embedding and a "
                                                                "stored one for a hit (1.0 = the same text, up to case "
                                                                "and spacing)")

@@ -113,3 +113,10 @@ DEGRADED_REASONS = ("unavailable", "slow", "unsupported")
 """Why an answer fell back to the extractive generator (``rag.types.DegradedReason``): the model was down or failed
 (``unavailable``), sent no token or finished too late (``slow``), or none of its sentences was supported by the
 passages (``unsupported``)."""
+RELOAD_OUTCOMES = ("swapped", "unchanged", "failed")
+"""What a reload did (``rag.index_generations``): a new generation is served, the served one is still the newest, or
+the new one could not be loaded (the old one keeps serving). The ``outcome`` label of
+``ragheat_index_reloads_total``."""
+CACHE_OUTCOMES = ("hit", "miss", "off")
+"""What the semantic answer cache did for a query (``rag.types.CacheOutcome``): served a stored answer, looked and
+stored the new one, or was not consulted. The ``result`` label of ``ragheat_cache_requests_total``."""

@@ -3,8 +3,8 @@
 The kernel knows a thread by its ``comm`` (15 bytes, set with ``prctl(PR_SET_NAME)``); eBPF probes read it
 from tracepoint arguments (``sched_switch``'s ``prev_comm``/``next_comm``) or ``bpf_get_current_comm``.
 Naming the thread ``rh:<stage>`` while a stage runs lets ``probes/`` attribute run-queue, off-CPU and
-syscall time to stages without reading any kernel structure. Renaming costs one system call (about
-1.3 µs through ctypes) at each stage boundary: about 13 µs for a five-stage request.
+syscall time to stages without reading any kernel structure. Renaming costs one system call at each stage
+boundary, called straight through ctypes with the GIL held (below).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ PREFIX = "rh:"
 _PR_SET_NAME, _PR_GET_NAME = 15, 16
 
 # PyDLL, not CDLL: CDLL releases the GIL around every call, and re-acquiring it behind busy request threads can
-# cost milliseconds; prctl returns in about a microsecond, so it is called with the GIL held.
+# take far longer than prctl itself, which never blocks; so it is called with the GIL held.
 _libc = ctypes.PyDLL(ctypes.util.find_library("c") or None, use_errno=True) if sys.platform == "linux" else None
 
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Literal, Mapping, get_args
 import numpy as np
 
 from rag.errors import StageError
-from rag.stages import DEGRADED_REASONS
+from rag.stages import CACHE_OUTCOMES, DEGRADED_REASONS
 
 if TYPE_CHECKING:
     from rag.devicetime import DeviceTiming
@@ -26,7 +26,7 @@ UNSUPPORTED_MARK = "[unsupported]"
 CacheOutcome = Literal["hit", "miss", "off"]
 """What the semantic answer cache did for a query (``QueryResult.cache``, the ``result`` label of
 ``ragheat_cache_requests_total``): served a stored answer, looked and stored the new one, or was not consulted."""
-CACHE_OUTCOMES: tuple[str, ...] = get_args(CacheOutcome)
+assert get_args(CacheOutcome) == CACHE_OUTCOMES
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,8 @@ and the closed label sets. Recording lives in ``recorder.py``.
 ``METRICS`` is the single place a metric is named: ``PrometheusMetrics`` (the service), the vLLM plugin and the
 kernel probes' collector create their families from it, ``EXPECTED_METRICS`` (what a scrape must show) and the
 dashboards' contract (``dashboards.contract``) are read off it. Every label value comes from a closed set declared
-here (or in ``rag.stages.STAGES`` and the configured qps buckets); nothing user-controlled (query text, paths, ids)
-ever becomes a label.
+once, here or where rag defines it (``rag.stages``, ``rag.api.access``, ``rag.api.admission``), or from the configured
+qps buckets; nothing user-controlled (query text, paths, ids) ever becomes a label.
 """
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from rag.api.access import REJECTION_REASONS
 from rag.api.admission import SHED_REASONS
-from rag.deadline import OPTIONAL_STAGES
-from rag.stages import (CONDITIONAL_STAGES, DEGRADED_REASONS, RETRIEVAL_ROUTES, RETRIEVERS, SKIPPABLE_STAGES,
-                        STAGES)
+from rag.stages import (CACHE_OUTCOMES, CONDITIONAL_STAGES, DEGRADED_REASONS, OPTIONAL_STAGES, RELOAD_OUTCOMES,
+                        RETRIEVAL_ROUTES, RETRIEVERS, SKIPPABLE_STAGES, STAGES)
 from telemetry.buckets import (KERNEL_LOG2_SECONDS, LATENCY_SECONDS, RETRIEVED_DOCUMENTS, VLLM_STEP_BLOCKS,
                                VLLM_STEP_TOKENS)
 
@@ -28,8 +27,6 @@ STAGE_OUTCOMES = ("ok", "error")
 REQUEST_OUTCOMES = ("ok", "rejected", "error")  # 2xx/3xx, 4xx (bad input, not ready), 5xx
 SIGNALS = ("spans", "metrics")
 DROP_REASONS = ("queue_full", "export_failed")
-RELOAD_OUTCOMES = ("swapped", "unchanged", "failed")  # rag.index_generations.RELOAD_OUTCOMES (tested equal)
-CACHE_RESULTS = ("hit", "miss", "off")  # rag.types.CACHE_OUTCOMES (tested equal)
 KERNEL_STAGES = STAGES + ("http", "other")
 """Stage label values of the kernel metrics: a pipeline stage while a thread carries its ``rh:<stage>`` name
 (``rag.threadnames``), ``http`` for the server's event-loop thread, ``other`` for any other thread."""
@@ -252,7 +249,7 @@ class PrometheusMetrics:
             self.shed.labels(reason)
         for outcome in RELOAD_OUTCOMES:
             self.index_reloads.labels(outcome)
-        for result in CACHE_RESULTS:
+        for result in CACHE_OUTCOMES:
             self.cache_requests.labels(result)
 
     def share_exemplars(self, share) -> None:

@@ -1,8 +1,8 @@
-"""OTLP metrics push with base-2 exponential histograms, recorded in about a microsecond per value.
+"""OTLP metrics push with base-2 exponential histograms, each value recorded with a logarithm and a dict update.
 
-Why not the OpenTelemetry SDK's MeterProvider: its histogram ``record()`` costs about 10 µs per value
-(attribute normalisation, locks, aggregation objects), and a request records six values, which measured
-as a visible share of a saturated two-core service (docs/benchmarks.md). Here each (metric,
+Why not the OpenTelemetry SDK's MeterProvider: its histogram ``record()`` does far more per value
+(attribute normalisation, locks, aggregation objects), and a request records six values, a visible share
+of a saturated service (docs/benchmarks.md, Telemetry overhead). Here each (metric,
 attributes) pair is a plain counter map at a fixed scale; a background thread encodes the cumulative
 state with ``opentelemetry-proto`` and POSTs it to the OTLP/HTTP endpoint every interval.
 

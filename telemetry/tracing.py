@@ -32,8 +32,8 @@ class BoundedSpanProcessor(SpanProcessor):
     A batch is sent when ``batch_size`` spans are waiting or ``delay_s`` after the previous export, whichever
     comes first: one OTLP request costs far more than encoding one more span, so exporting eagerly under
     load (a request per handful of spans) would cost the service real CPU. The hand-off is a ``deque``
-    (``extend`` and ``popleft`` are atomic under the GIL): a request hands over all its spans for about a
-    microsecond, where a ``queue.Queue`` costs a lock and a condition per span. Spans beyond ``max_queue``
+    (``extend`` and ``popleft`` are atomic under the GIL): a request hands over all its spans in one call
+    that takes no lock, where a ``queue.Queue`` costs a lock and a condition per span. Spans beyond ``max_queue``
     waiting are dropped, and so are batches the exporter fails; ``on_drop(reason, count)`` hears of both.
     """
 

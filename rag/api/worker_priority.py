@@ -2,8 +2,8 @@
 
 Past the knee there are more runnable threads than cores: the workers (a query's stages), the event loop (accepting,
 parsing, admitting and refusing), and often a load generator or a proxy beside the service. At equal priority the
-kernel shares the cores evenly, so a refusal that takes the service 0.3 ms waits its turn behind queries it will not
-answer, and reaches the client several milliseconds later. A nice value on the worker threads (Linux schedules threads,
+kernel shares the cores evenly, so a refusal that costs the service next to nothing waits its turn behind queries it
+will not answer, and reaches the client late. A nice value on the worker threads (Linux schedules threads,
 and ``setpriority`` on a thread id lowers that thread alone) lets the event loop run first whenever it is runnable; the
 workers still get every cycle it does not use. Raising one's own nice value needs no privilege. The gain is measured
 side by side in docs/benchmarks.md (Capacity and admission control).

@@ -1,8 +1,8 @@
 """``SemanticCache``: a bounded, thread-safe answer cache looked up by embedding similarity.
 
 The stored query vectors are rows of one float32 matrix, so a lookup is one matrix-vector product over every entry
-(single-threaded, a few hundred microseconds at the default 4,096 entries x 384 dimensions, 6 MiB;
-benchmarks/bench_cache.py measures it) followed by a look at the few rows at or above the threshold, best first. A
+(single-threaded; 6 MiB of rows at the default 4,096 entries x 384 dimensions; its cost is in docs/benchmarks.md,
+"Semantic answer cache") followed by a look at the few rows at or above the threshold, best first. A
 row matches only when its ``CacheKey.scope`` (top_k, retrievers, rerank, generation) equals the query's; an expired
 match is dropped where it is found. Rows freed by eviction or expiry are zeroed (a zero row scores 0, below any threshold) and reused.
 
@@ -116,8 +116,8 @@ class SemanticCache:
             raise ValueError(f"cache_lookup: a {vector.shape[0]}-d query vector, but the cache holds "
                              f"{self._matrix.shape[1]}-d ones")
         # einsum, not ``@``: OpenBLAS runs a matrix-vector product this size on all cores, and on busy cores a
-        # descheduled helper thread stalls the product for tens of ms (bench_cache.py: at 4,096 entries on 2 busy
-        # cores, P90 32 ms through BLAS, 0.4 ms single-threaded). One thread per lookup; requests run in parallel.
+        # descheduled helper thread stalls the product far beyond what one thread takes for it (both side by side:
+        # docs/benchmarks.md, "Semantic answer cache"). One thread per lookup; requests run in parallel.
         scores = np.einsum("ij,j->i", self._matrix[: self._rows], vector)
         near = np.flatnonzero(scores >= self.threshold)
         for row in near[np.argsort(-scores[near], kind="stable")]:

@@ -34,7 +34,7 @@ import numpy as np
 from rag.embedding.embedder import OnnxEmbedder
 from rag.types import EmbeddingResult
 
-PAD_LIMIT = 1.25  # padded tokens per real token allowed in one run (measured: see the module docstring)
+PAD_LIMIT = 1.25  # padded tokens per real token allowed in one run (why: the module docstring)
 
 
 class _Request:

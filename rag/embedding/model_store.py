@@ -20,8 +20,8 @@ from rag.errors import ConfigurationError, IndexLoadError
 
 Precision = Literal["fp32", "int8"]
 PACKAGED_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
-# What an int8 manifest written before issue 19 (no "quantisation" key) was embedded with: ORT's
-# quantize_dynamic, one activation scale per batch. Its vectors differ from today's int8 graph.
+# What an int8 manifest without a "quantisation" key was embedded with: ORT's quantize_dynamic, one
+# activation scale per batch. Its vectors differ from those of the int8 graph built here (INT8_SCHEME).
 LEGACY_INT8_SCHEME = "ort-dynamic-int8-per-batch"
 
 
@@ -98,8 +98,8 @@ def ensure_encoder(model_dir: Path | None, cache_dir: Path, precision: Precision
 
 
 def recorded_quantisation(model: dict) -> str:
-    """The quantisation a manifest's ``model`` block names; a manifest from before the key existed used
-    ``LEGACY_INT8_SCHEME`` for int8 (fp32 has always been unquantised)."""
+    """The quantisation a manifest's ``model`` block names; a manifest without the key used
+    ``LEGACY_INT8_SCHEME`` for int8 (fp32 is unquantised)."""
     if "quantisation" in model:
         return str(model["quantisation"])
     return LEGACY_INT8_SCHEME if model.get("precision") == "int8" else "none"

@@ -21,9 +21,9 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 OPSET = 17  # LayerNormalization is a native op from opset 17 on.
-# Bump when a cached graph changes so it is rebuilt. 2: int8 is blockwise MatMulNBits, batch-independent
-# (issue 19); before, quantize_dynamic's one activation scale per batch. 3: a second output, token_embeddings
-# (the last hidden states, for rag.rerank; issue 15).
+# Bump when the graph built here changes, so a cached one is rebuilt. What this version builds: int8 as
+# blockwise MatMulNBits (rag.embedding.quantize), and a second output, token_embeddings (the last hidden
+# states, for rag.rerank).
 BUILDER_VERSION = 3
 SENTENCE_OUTPUT = "sentence_embedding"
 TOKEN_OUTPUT = "token_embeddings"

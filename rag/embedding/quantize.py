@@ -1,27 +1,18 @@
 """The int8 encoder: int8 weights in blocks, activations quantised row by row at run time.
 
-Why not ORT's ``quantize_dynamic`` (the int8 path before issue 19): it takes one activation scale
-per MatMul input tensor, i.e. per *batch*, so a text's vector depended on its batch neighbours
-(cosine 0.95 between the same text embedded alone and next to a long one). Here every weight
-MatMul becomes ORT's ``MatMulNBits`` (bits=8): weights are int8 with one scale per block of
-``BLOCK`` input channels, and with ``accuracy_level=4`` the kernel quantises each row of the
-activations to int8 per block of the same size. A token's row is quantised from its own values
-alone, so batch size, padding and neighbours cannot change a vector; and the finer scales track
-fp32 more closely than per-tensor scales did. The comparison with the other schemes is
-``benchmarks/bench_embedding.py`` (figures in docs/benchmarks.md).
+Why not ORT's ``quantize_dynamic``: it takes one activation scale per MatMul input tensor, i.e. per *batch*, so a
+text's vector depends on its batch neighbours (the same text embedded alone and next to a long one gets
+another vector). Here every weight MatMul becomes ORT's ``MatMulNBits`` (bits=8): weights are int8 with one
+scale per block of ``BLOCK`` input channels, and with ``accuracy_level=4`` the kernel quantises each row of the
+activations to int8 per block of the same size. A token's row is quantised from its own values alone, so batch
+size, padding and neighbours cannot change a vector; and the finer scales track fp32 more closely than one scale
+per tensor.
 
-Why this scheme (measured with issue 19 on the 2-core AVX-512 VNNI CI machine, 100 SciFact abstracts chunked
-and batched as ingestion does, one thread, CPU seconds so a busy neighbour does not skew it; 2 rounds):
-
-  scheme                               bulk CPU s / 100 docs   batch min cos   cos to fp32 median
-  fp32                                 13.0                    1.000000        1
-  quantize_dynamic (per-batch scale)    6.9                    0.949           0.995
-  MatMulNBits w8, float activations    14.6 (accuracy_level 1) 1.000000        0.9999
-  MatMulNBits w8, int8 rows (this)     10.5 (accuracy_level 4) 1.000000        0.9997
-
-Float activations (level 1) are batch-independent too but dequantise the weights on every call, so they
-are slower than fp32; int8 rows keep ~1.25x fp32's bulk speed and are the only batch-independent scheme
-faster than fp32. The old per-batch scheme is ~1.5x faster still, but its vectors depend on the batch.
+Why int8 activations (level 4) and not float ones (level 1), which are batch-independent too: level 1 dequantises
+the weights on every call, which costs it the speed int8 is for, while int8 rows are the batch-independent scheme
+that runs faster than fp32. ``quantize_dynamic`` is faster still, but its vectors depend on the batch.
+``benchmarks/bench_embedding.py`` compares the schemes (speed, batch independence, agreement with fp32); the
+figures are in docs/benchmarks.md, "Embedding quantisation schemes side by side".
 """
 
 from __future__ import annotations

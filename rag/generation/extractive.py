@@ -1,9 +1,9 @@
 """The default ``Generator``: an answer made of the passages' own most query-relevant sentences.
 
 Sentences are scored lexically (IDF-weighted share of the query's content terms they contain, with
-the index's own IDF and the same stemming as BM25, function words like "how" and "does" left out) plus a prior for the passage's rank. That costs
-microseconds per passage, where re-running the encoder on every sentence would cost milliseconds
-each. Every sentence keeps a ``[n]`` marker pointing at the passage it was copied from.
+the index's own IDF and the same stemming as BM25, function words like "how" and "does" left out) plus a prior for the
+passage's rank. That costs a few look-ups per term, where re-running the encoder on every sentence would cost a
+model run each. Every sentence keeps a ``[n]`` marker pointing at the passage it was copied from.
 """
 
 from __future__ import annotations

@@ -4,9 +4,9 @@ beside the question itself, and the two dense runs are fused by reciprocal rank 
 ``retrieve_dense`` runs both searches and fuses them, so the rest of the path sees one ``dense`` run).
 
 A passage whose facts are wrong can still sit near the right documents in embedding space: the encoder matches
-vocabulary and topic, not truth. A 135M model on two CPU cores is slow (about a second to the first token) and its
-passages are plain, so the stage has a deadline (``hyde.deadline_ms``): a model that is down, slow or writes nothing
-usable is skipped, said so in the answer (``skipped_stages``), and retrieval goes on with the question alone.
+vocabulary and topic, not truth. A small model on a CPU is slow to its first token and its passages are plain, so
+the stage has a deadline (``hyde.deadline_ms``): a model that is down, slow or writes nothing usable is skipped, said
+so in the answer (``skipped_stages``), and retrieval goes on with the question alone.
 
     >>> writer = HydeWriter(llm, settings.hyde)          # llm: a warmed-up openai or vllm generator
     >>> writer.write("what causes tides?")               # 'Tides are caused by the moon ...' or HydeSkipped

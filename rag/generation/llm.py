@@ -55,9 +55,9 @@ EXAMPLE_ANSWER = ("Aspirin inhibits the enzyme COX-1, which lowers platelet aggr
 
 # Constrained decoding (vLLM structured outputs): one to ``MAX_CITED_SENTENCES`` sentences, each ended by ". [n]"
 # with n one of the passages given. The model still chooses every word and which passage it cites (the support
-# check judges both); it can no longer leave a sentence uncited. Inside a sentence "." is allowed only between
+# check judges both); it cannot leave a sentence uncited. Inside a sentence "." is allowed only between
 # digits (2.5), so a sentence cannot end unmarked; the length is left to max_tokens: a counted repetition
-# ({8,240}) makes the grammar compile for tens of seconds per request on two cores.
+# ({8,240}) makes the grammar's compilation, once per request, cost more than the answer it constrains.
 MAX_CITED_SENTENCES = 3
 
 

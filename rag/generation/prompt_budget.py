@@ -18,7 +18,7 @@ from rag.ingest.sentences import sentence_spans
 from rag.retrieval.lexical import LexicalAnalyzer
 from rag.types import Chunk
 
-CHARS_PER_TOKEN = 4.0  # English under a ~50k BPE vocabulary (SmolLM2: 4.6 on SciFact abstracts): errs long
+CHARS_PER_TOKEN = 4.0  # English under a ~50k BPE vocabulary, at the low end: the estimate errs long
 
 
 def estimate_tokens(text: str) -> int:

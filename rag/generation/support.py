@@ -4,8 +4,8 @@ A sentence's score is the IDF-weighted share of its content terms (stemmed, func
 same analysis as BM25) that occur in the passages it cites with ``[n]``. Below ``threshold`` it is flagged
 unsupported; a sentence that cites nothing, or cites a passage that was not given, scores 0. Lexical
 overlap cannot prove entailment, but it catches the usual failures (an invented fact, a citation to the
-wrong passage, an uncited claim) for microseconds per sentence, where a cross-encoder would add tens of
-milliseconds to every answer.
+wrong passage, an uncited claim) for a few look-ups per term, where a cross-encoder would add a model run per
+sentence to every answer.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ folder is never written. Stopped with SIGTERM (a ``SHUTDOWN`` through the client
 retries); asked to die with this process (``rag.childproc``), so a killed service leaves no redis-server behind.
 
 FalkorDB's Bolt listener (``bolt_port``) exists for tests only: it listens on every interface, serves only the graph
-key ``falkordb`` (hence ``GRAPH_KEY``), takes ports up to 32767 only (a larger one is silently ignored) and answers
-each query ~50 ms late, so it is never enabled when serving.
+key ``falkordb`` (hence ``GRAPH_KEY``), takes ports up to 32767 only (a larger one is silently ignored) and delays
+every answer, so it is never enabled when serving.
 """
 
 from __future__ import annotations

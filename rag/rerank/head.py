@@ -73,7 +73,7 @@ class RerankHead:
     @cached_property
     def _onnx(self):
         """The session: from the .onnx shipped beside the .npz when there is one (checked against this projection),
-        else exported now (a head built in memory, as training does, or saved before heads carried one)."""
+        else exported now (a head built in memory, as training does, or a .npz with no .onnx beside it)."""
         from rag.rerank import onnx_head
 
         exported = self.source.with_suffix(".onnx") if self.source is not None else None

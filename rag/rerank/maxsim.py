@@ -10,10 +10,10 @@ def limit_blas_threads() -> None:
     """One BLAS thread for this process's numpy products (MaxSim's matrix product is the reranker's one).
 
     A served query runs on one worker thread beside others; a BLAS call that fans out across the cores only waits
-    for them. Measured on SciFact, 50 candidates, 2 cores, a quiet machine: rerank stage P99 8.2 and 10.2 ms wall
-    with OpenBLAS's default threads (this thread's CPU P99 4.2-4.7 ms: the rest was waiting), 5.0 ms with one
-    (benchmarks/bench_rerank.py). Process-wide and permanent: the limit is a property of the BLAS library, and
-    switching it per call would race between request threads."""
+    for them: with OpenBLAS's default threads the rerank stage's wall time is mostly waiting, with one thread it is
+    the thread's own CPU time (both side by side: docs/benchmarks.md, "Late-interaction reranker: what it costs").
+    Process-wide and permanent: the limit is a property of the BLAS library, and switching it per call would race
+    between request threads."""
     from threadpoolctl import threadpool_limits
 
     threadpool_limits(limits=1, user_api="blas")

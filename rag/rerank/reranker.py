@@ -33,7 +33,7 @@ class LateInteractionReranker:
     def __init__(self, head: RerankHead, vectors: TokenVectors, candidates: int = 50,
                  float_product: bool = False) -> None:
         """``float_product``: numpy's float32 product even over int8 vectors (the reference the integer product is
-        measured against: benchmarks/bench_rerank.py)."""
+        compared with: docs/benchmarks.md, "Late-interaction reranker: what it costs")."""
         if candidates < 1:
             raise ValueError(f"candidates must be greater than 0. Currently, the candidates is {candidates}")
         self.head, self.vectors, self.candidates = head, vectors, candidates

@@ -78,7 +78,7 @@ class TokenVectors:
     def __init__(self, codes: np.ndarray, offsets: np.ndarray, scales: np.ndarray | None) -> None:
         self.codes, self.offsets, self.scales = codes, offsets, scales
         # A plain ndarray over the same mapping: indexing a numpy.memmap builds a memmap object per result (its
-        # __array_finalize__ stood out in the rerank stage of a profile under load).
+        # __array_finalize__ would run on every gather the rerank stage makes).
         self._array = np.asarray(codes)
 
     def __len__(self) -> int:
@@ -86,9 +86,9 @@ class TokenVectors:
 
     def prefault(self, chunk_bytes: int = 16 << 20, available_bytes: int | None = None) -> int:
         """Read every page of the memory-mapped vectors once, so that no query pays a page fault for them: each
-        query reads ~50 chunks scattered over the whole file, and on a cold page cache its first reranks took
-        0.1-0.8 s (enough for the deadline to skip reranking until its estimate ages out; rag/deadline.py). The
-        pages are the page cache's, shared by every worker mapping the file. Vectors larger than half the memory
+        query reads its candidates' chunks scattered over the whole file, and on a cold page cache the first reranks
+        wait on the disk so long that the deadline skips reranking until its estimate ages out (rag/deadline.py).
+        The pages are the page cache's, shared by every worker mapping the file. Vectors larger than half the memory
         available (``available_bytes``, default: the kernel's MemAvailable) are left to fault in as queries read
         them: they would not stay in. Returns the bytes touched (0 when left)."""
         flat = self._array.reshape(-1).view(np.uint8)
@@ -148,7 +148,7 @@ def load_token_vectors(folder: Path, block: dict | None, head: RerankHead, chunk
     are damaged, or they were projected by another head."""
     folder = Path(folder)
     if not block:
-        raise IndexLoadError(folder, "it has no rerank token vectors (built before issue 15, or with "
+        raise IndexLoadError(folder, "it has no rerank token vectors (it was ingested without them, e.g. with "
                                      "rerank.store_tokens off); re-run `ragheat ingest` on its source to add them, or "
                                      "serve it without reranking (RAGHEAT_RERANK__ENABLED=false)")
     if block.get("projection_sha256") != head.projection_sha256:

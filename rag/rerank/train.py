@@ -25,7 +25,7 @@ import numpy as np
 
 from rag.eval.beir import Qrels, ndcg_at
 from rag.rerank.features import candidate_features
-from rag.rerank.head import FEATURES, RerankHead
+from rag.rerank.head import RerankHead
 from rag.rerank.maxsim import maxsim
 from rag.rerank.store import quantize_int8
 

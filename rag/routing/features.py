@@ -1,7 +1,7 @@
 """The router's features: cheap, computed before anything expensive runs (no model call): the query's shape,
 capitalisation, digits, question word, its linked entities (the gazetteer runs anyway), and the rarity of its terms
-in this corpus (BM25's IDF table). The query embedding was measured as a feature too and added nothing under cross-
-validation (it overfits ~1,400 training queries), so the router decides before ``embed`` runs."""
+in this corpus (BM25's IDF table). The query embedding is not a feature: it adds nothing under cross-validation (its
+dimensions overfit the training queries), and without it the router decides before ``embed`` runs."""
 
 from __future__ import annotations
 

@@ -33,8 +33,8 @@ SAMPLE_QUESTIONS = {
     ],
 }
 REPEATS = 20  # each sample question is asked this many times for the timing table
-LLM_REPEATS = 2  # ... and with written answers (seconds each on two cores)
-SWEEP_RATES = (25, 50, 100, 150, 200, 250)  # req/s; on two cores the demo's knee lies in this range
+LLM_REPEATS = 2  # ... and with written answers (each one slow on a CPU)
+SWEEP_RATES = (25, 50, 100, 150, 200, 250)  # req/s: a range wide enough to hold the demo's knee on a small machine
 SWEEP_SECONDS = 3.0
 
 
@@ -113,7 +113,7 @@ def run_demo(settings: RagheatSettings, index: Path, source: str, port: int, *, 
 
     try:
         manifest = read_manifest(index)
-        if settings.rerank.enabled and not manifest.get("rerank"):  # built before reranking was on by default
+        if settings.rerank.enabled and not manifest.get("rerank"):  # ingested with rerank.store_tokens off
             raise IndexLoadError(index, "it has no rerank token vectors")
         console.print(f"using index {index} ({manifest['counts']['chunks']} chunks of {manifest['corpus']['name']})")
     except IndexLoadError as exc:
@@ -213,20 +213,28 @@ def _timing_table(client: httpx.Client, questions: list[str], repeats: int = REP
 
 def _p99_from_metrics(client: httpx.Client) -> str:
     """P99 per stage as the server's own histograms report it (bucket upper bounds, as Prometheus would)."""
+    parts = [f"{stage} <= {p99 * 1000:g} ms" for stage, p99 in stage_p99s(client.get("/metrics").text).items()]
+    return "P99 from GET /metrics (histogram bucket bounds): " + (", ".join(parts) or "no stage has run")
+
+
+def stage_p99s(metrics_text: str) -> dict[str, float]:
+    """Stage -> the upper bound (seconds) of the bucket holding its P99, read off a ``/metrics`` exposition, for
+    the stages that ran: the service registers every stage's series at start-up, so a stage that never ran (an
+    optional one switched off, or one its route does not take) has buckets holding nothing, and is left out."""
     from prometheus_client.parser import text_string_to_metric_families
 
     buckets: dict[str, dict[float, float]] = {}
-    for family in text_string_to_metric_families(client.get("/metrics").text):
+    for family in text_string_to_metric_families(metrics_text):
         if family.name == "ragheat_stage_duration_seconds":
             for sample in family.samples:
                 if sample.name.endswith("_bucket"):
                     stage_buckets = buckets.setdefault(sample.labels["stage"], {})
                     le = float(sample.labels["le"])
                     stage_buckets[le] = stage_buckets.get(le, 0.0) + sample.value
-    parts = []
+    p99s = {}
     for stage, counts in buckets.items():
         edges = sorted(counts)
         total = counts[edges[-1]]
-        p99 = next(edge for edge in edges if counts[edge] >= 0.99 * total) if total else float("nan")
-        parts.append(f"{stage} <= {p99 * 1000:g} ms")
-    return "P99 from GET /metrics (histogram bucket bounds): " + ", ".join(parts)
+        if total:
+            p99s[stage] = next(edge for edge in edges if counts[edge] >= 0.99 * total)
+    return p99s

@@ -86,7 +86,7 @@ def served_model(settings: RagheatSettings, vllm_model: str, console: Console) -
                         max_num_seqs=4, block_size=32, load_format="dummy" if dummy else "auto")
     with server as url:
         console.print(f"vLLM ready in {time.perf_counter() - started:.1f} s at {url} (log {server.log_path})")
-        # Waits sized for two shared cores: a ~500-token prefill takes seconds there.
+        # Waits sized for two shared cores, where even a prompt of three passages is slow to prefill.
         generation = g.model_copy(update={"generator": "openai", "base_url": url, "model": SERVED_NAME,
                                           "passages": min(g.passages, 3),
                                           "first_token_timeout_s": max(g.first_token_timeout_s, 60.0),

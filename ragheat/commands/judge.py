@@ -16,8 +16,8 @@ from ragheat.clikit import fail as _fail, guard, load_settings, out, progress_ba
 _guard = guard()
 DEFAULT_THRESHOLD = 0.0
 """log P(Yes) - log P(No) above which a pair counts as relevant: 0 = the model's own choice between the two words.
-No other threshold carried from one set to another (benchmarks/bench_judge.py: SciFact <-> HotpotQA) did better for
-SmolLM2-135M, so none is tuned in."""
+No other threshold carried from one set to another (SciFact <-> HotpotQA) does better for SmolLM2-135M
+(docs/benchmarks.md, "Relevance labels by an LLM judge"), so none is tuned in."""
 
 
 @_guard
@@ -39,7 +39,7 @@ def judge(
     workers: int = typer.Option(4, "--workers", min=1, max=64, help="requests in flight (the server batches them)"),
     threshold: float = typer.Option(DEFAULT_THRESHOLD, "--threshold",
                                     help="relevant when log P(Yes) - log P(No) of the model's first token exceeds this "
-                                         "(OpenAI-compatible servers; docs/vllm.md says how the default was chosen)"),
+                                         "(OpenAI-compatible servers; docs/vllm.md says why this default)"),
     json_out: Optional[Path] = typer.Option(None, "--json", help="write the agreement report here"),
 ) -> None:
     """Label retrieved passages with the language model; write BEIR qrels; report agreement with the human ones."""

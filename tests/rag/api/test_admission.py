@@ -52,7 +52,7 @@ def _parse_sse(text: str) -> list[tuple[str, dict]]:
     return events
 
 
-# -- the controller and the budget, without a server ---------------------------------------------------------
+# -- the controller and the deadline, without a server ---------------------------------------------------------
 
 
 def test_slots_then_queue_then_queue_full_and_release_hands_on():
@@ -109,7 +109,7 @@ def test_a_free_slot_admits_even_a_tight_deadline_and_a_busy_one_sheds_it():
         times = ServiceTimes()
         times.observe([StageTiming("embed", 0.05)], 0.05)
         controller = AdmissionController(1, 4, times)
-        free = await controller.acquire(time.perf_counter(), 0.01)  # nothing to wait for: its budget degrades it
+        free = await controller.acquire(time.perf_counter(), 0.01)  # nothing to wait for: its deadline degrades it
         busy = await controller.acquire(time.perf_counter(), 0.01)
         ample = asyncio.ensure_future(controller.acquire(time.perf_counter(), 1.0))
         await asyncio.sleep(0.01)
@@ -355,8 +355,8 @@ def test_an_optional_stage_the_deadline_cannot_hold_is_skipped_and_listed(slow_r
 
 
 def test_the_language_model_is_skipped_when_the_deadline_cannot_hold_it(settings, subset_index):
-    """The language model is optional too: with its recent time over the budget, the extractive answer is served,
-    degraded as slow, and the model is never asked."""
+    """The language model is optional too: with its recent time over what the deadline leaves, the extractive answer
+    is served, degraded as slow, and the model is never asked."""
 
     class NeverAsked:
         name, metrics_dir = "stub", None

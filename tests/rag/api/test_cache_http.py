@@ -14,18 +14,12 @@ import pytest
 from api_testkit import KEYS, metric_values, serve_live, with_sections
 from rag.ingest.pipeline import ingest
 from rag.pipeline import RagPipeline
-from rag.types import CACHE_OUTCOMES
-from telemetry.metrics import CACHE_RESULTS
 
 CLAIM = "Vitamin D deficiency is associated with bone density loss."
 PARAPHRASE = "Vitamin D deficiency is linked to loss of bone density."  # cosine 0.984 (tests/rag/test_cache.py)
 OTHER = "0-dimensional biomaterials lack inductive properties."
 COUNTER = "ragheat_cache_requests_total"
 ADMIN = {"Authorization": f"Bearer {KEYS['admin']}"}
-
-
-def test_cache_outcomes_are_the_metric_labels():
-    assert CACHE_RESULTS == CACHE_OUTCOMES
 
 
 def events(response: httpx.Response) -> list[tuple[str, dict]]:

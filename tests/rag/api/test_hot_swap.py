@@ -33,13 +33,6 @@ NEW_DOCS = {
 RELOADS = "ragheat_index_reloads_total"
 
 
-def test_reload_outcomes_are_the_metric_labels():
-    from rag.index_generations import RELOAD_OUTCOMES
-    from telemetry.metrics import RELOAD_OUTCOMES as LABELS
-
-    assert LABELS == RELOAD_OUTCOMES
-
-
 @pytest.fixture
 def index(subset_index, tmp_path) -> Path:
     return Path(shutil.copytree(subset_index, tmp_path / "index", symlinks=True))
