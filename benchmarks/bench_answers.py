@@ -2,7 +2,7 @@
 gold answers of ``questions_full.jsonl``; the share of written sentences the support check flags; and how many
 tokens a constrained written answer takes (what ``generation.max_tokens`` must leave room for).
 
-    # run_all.sh step `answers` (~10 min on two busy cores; starts vLLM on the real model itself)
+    # run_all.sh step `answers` (starts vLLM on the real model itself)
     .venv/bin/python benchmarks/bench_answers.py --beir datasets/hotpotqa-dev --index data/index/hotpotqa-dev \
         --questions 30 --seed 16 --json benchmarks/results/answers.json
 
@@ -11,7 +11,7 @@ top 5; the model reads the top ``generation.passages``, compressed to ``prompt_b
 and token F1 after SQuAD normalisation (lower case, no punctuation or articles), citation markers removed; and
 "gold in answer" (the normalised gold string occurs in the answer), fairer to a sentence-long answer. The written
 answers run with ``--max-tokens`` (default 256, above the default 96) so their natural length is measured: P50/P90 and
-the share that hit the cap. Writes a results file with ``doc_tables``.
+the share that hit the cap. Writes a results file; docs/benchmarks.md, "Written answers from a real model", shows it.
 """
 
 from __future__ import annotations
@@ -24,18 +24,20 @@ import random
 import re
 import statistics
 import string
+import sys
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 
-from loadgen.resultsfile import BenchmarkRun
-from rag.ingest.pipeline import ingest as run_ingest
-from rag.pipeline import RagPipeline
-from rag.settings import RagheatSettings
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-SERVED = "smollm2"
-SMOKE = os.environ.get("RAGHEAT_BENCH_SMOKE") == "1"  # run_all.sh SMOKE=1: a few questions, to prove the step runs
+from benchmarks.common import SERVED, SMOKE, p50_p99, real_model  # noqa: E402
+from benchmarks.docgen.page import preview  # noqa: E402
+from loadgen.resultsfile import BenchmarkRun  # noqa: E402
+from rag.ingest.pipeline import ingest as run_ingest  # noqa: E402
+from rag.pipeline import RagPipeline  # noqa: E402
+from rag.settings import RagheatSettings  # noqa: E402
 
 
 def normalize(text: str) -> str:
@@ -157,67 +159,14 @@ def rates(beir: Path, index: Path, url: str, rates_per_s: list[float], duration_
             # Decode speed one answer saw (tokens after the first over the time after the first), and what the
             # model wrote in all per second of the step (arrivals and the drain after them).
             per_answer = [(n - 1) / d for n, d in zip(tokens, decode_s) if n > 1 and d > 0]
-            out[f"{rate:g}"] = {"requests": len(arrivals), "ttft_ms": _pct(ttft), "e2e_ms": _pct(e2e),
+            out[f"{rate:g}"] = {"requests": len(arrivals), "ttft_ms": p50_p99(ttft), "e2e_ms": p50_p99(e2e),
                                 "outcomes": dict(degraded), "drain_s": elapsed - duration_s,
                                 "output_tokens": int(sum(tokens)), "output_tokens_per_s": sum(tokens) / elapsed,
-                                "decode_tokens_per_s": _pct(per_answer, scale=1.0)}
+                                "decode_tokens_per_s": p50_p99(per_answer, scale=1.0)}
             print(f"rate {rate:g}/s: {out[f'{rate:g}']}", flush=True)
     finally:
         pipeline.close()
     return {"duration_s": duration_s, "max_tokens": base.generation.max_tokens, "by_rate": out}
-
-
-def _pct(values, scale: float = 1000.0) -> dict | None:
-    """P50 / P99 of ``values`` times ``scale`` (default: seconds to ms)."""
-    if not values:
-        return None
-    scaled = np.asarray(values, dtype=float) * scale
-    return {"p50": float(np.percentile(scaled, 50)), "p99": float(np.percentile(scaled, 99)), "n": int(len(scaled))}
-
-
-def doc_tables(data: dict) -> list[dict]:
-    return (_quality_table(data) if "scores" in data else []) + _rates_table(data.get("rates"))
-
-
-def _quality_table(data: dict) -> list[dict]:
-    s = data["scores"]
-    rows = ["| generator | exact match | token F1 | gold in answer |", "|---|---|---|---|"]
-    for name, label in (("extractive", "extractive (default)"), ("llm", "SmolLM2-135M, constrained citations")):
-        m = s[name]
-        rows.append(f"| {label} | {m['exact_match']:.3f} | {m['f1']:.3f} | {m['gold_in_answer']:.3f} |")
-    t, served = data["output_tokens"], data["served"]
-    note = (f"{data['questions']} HotpotQA dev questions (seed {data['seed']}), hybrid top 5, load average "
-            f"{data['load_average'][0]:.1f}. Written answers served as written: {served.get('served', 0)}; fell back "
-            f"to extractive: " + ", ".join(f"{k} {v}" for k, v in served.items() if k != "served") +
-            f". The support check flagged {data['sentences_flagged']} of {data['sentences_written']} written "
-            f"sentences ({(data['flagged_share'] or 0):.0%}). The LLM column scores what was served (a fallback "
-            f"serves the extractive answer).")
-    if t:
-        note += (f" Output tokens of the written answers (cap {data['max_tokens']}): P50 {t['p50']:.0f}, P90 "
-                 f"{t['p90']:.0f}, max {t['max']:.0f}, {t['at_cap']} of {t['n']} at the cap; TTFT P50 "
-                 f"{data['ttft_ms']['p50']:.0f} ms, P99 {data['ttft_ms']['p99']:.0f} ms.")
-    return [{"title": "Answer quality on HotpotQA dev: extractive vs written",
-             "markdown": "\n".join(rows) + "\n\n" + note}]
-
-
-def _rates_table(r: dict | None) -> list[dict]:
-    tables = []
-    if r:
-        lines = ["| offered rate | requests | TTFT P50 / P99 (ms) | end to end P50 / P99 (ms) | decode tokens/s per "
-                 "answer P50 / P99 | tokens/s written in all | outcomes |", "|---|---|---|---|---|---|---|"]
-        for rate, m in r["by_rate"].items():
-            t, e = m["ttft_ms"] or {"p50": float("nan"), "p99": float("nan")}, m["e2e_ms"]
-            d = m.get("decode_tokens_per_s") or {"p50": float("nan"), "p99": float("nan")}
-            written = f"{m['output_tokens_per_s']:.1f}" if "output_tokens_per_s" in m else "–"
-            lines.append(f"| {rate}/s | {m['requests']} | {t['p50']:.0f} / {t['p99']:.0f} | {e['p50']:.0f} / "
-                         f"{e['p99']:.0f} | {d['p50']:.1f} / {d['p99']:.1f} | {written} | "
-                         + ", ".join(f"{k} {v}" for k, v in m["outcomes"].items()) + " |")
-        tables.append({"title": "Written answers under load: TTFT at fixed arrival rates", "markdown": "\n".join(lines)
-                       + f"\n\nOpen loop, Poisson arrivals for {r['duration_s']:g} s per rate, whole queries (hybrid "
-                       f"retrieval + SmolLM2-135M, max_tokens {r['max_tokens']}); end to end from the intended "
-                       f"arrival; tokens/s written in all = output tokens of every answer over the step's arrivals and "
-                       f"drain. Two shared CPU cores."})
-    return tables
 
 
 def main() -> None:
@@ -237,24 +186,15 @@ def main() -> None:
     args = parser.parse_args()
     load = list(os.getloadavg())
     with contextlib.ExitStack() as stack:
-        url = args.llm_url
-        if url is None:
-            from rag.childproc import free_port
-            from stack.smollm import installed_model
-            from stack.vllm import VllmServer
-
-            url = stack.enter_context(VllmServer(installed_model(), port=free_port(), served_name=SERVED,
-                                                 max_model_len=2048, max_num_seqs=4, block_size=32))
+        url = real_model(stack, args.llm_url, max_num_seqs=4)
         data = run(args.beir, args.index, url, args.questions, args.seed, args.max_tokens) \
             if args.part != "rates" else {}
         if args.rates and args.part != "quality":
             data["rates"] = rates(args.beir, args.index, url, [float(x) for x in args.rates.split(",")],
                                   args.rate_duration, args.seed)
     data["load_average"] = load
-    data["doc_tables"] = doc_tables(data)
-    for t in data["doc_tables"]:
-        print(t["title"], t["markdown"], sep="\n", end="\n\n")
     print(f"wrote {record.write(data, args.json)}")
+    print(preview("answers", data))
 
 
 if __name__ == "__main__":

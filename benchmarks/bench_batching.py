@@ -2,8 +2,8 @@
 
 One ``ragheat serve`` per configuration, all over the same index and running for the whole benchmark, measured side
 by side with the project's open-loop generator (Poisson arrivals, latency from the intended send time,
-loadgen/runner.py): ``off`` (``embedding.query_batch_max=1``: every request runs its own query, as before the
-batcher) and ``r<n>w<ms>`` (up to <n> model runs in flight, ``embedding.query_batch_runs``; queries arriving while all
+loadgen/runner.py): ``off`` (``embedding.query_batch_max=1``: every request runs its own
+query) and ``r<n>w<ms>`` (up to <n> model runs in flight, ``embedding.query_batch_runs``; queries arriving while all
 are busy queue and share the next run, up to ``--max-batch``; a runner promoted under load waits up to <ms> for the
 batch to fill; ``w0``: only what queued behind the previous run). Every rate is offered to each configuration in turn,
 the order rotating from rate to rate, so the machine's drift lands on all alike; a configuration past ``--stop-factor``
@@ -11,7 +11,8 @@ SLOs is not offered more. Then the quiet case: one closed-loop client per config
 rotated), whose P99 batching must not make worse.
 
 Reported per configuration and rate: P50/P99, the median ``embed`` and ``queue`` stage (from the responses' stage
-timings: the batch wait is in ``queue``), and the knee.
+timings: the batch wait is in ``queue``), and the knee; docs/benchmarks.md, "Micro-batched query embedding", shows
+them.
 
     .venv/bin/python benchmarks/bench_batching.py --index data/index/scifact \\
         --queries datasets/scifact/queries.jsonl --results-file benchmarks/results/batching.json
@@ -21,47 +22,34 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.common import MAX_ERROR_RATE, check_index, rotated, scifact_queries, sweep_parser  # noqa: E402
+from benchmarks.docgen.page import preview  # noqa: E402
 from loadgen.arrivals import parse_rates  # noqa: E402
 from loadgen.resultsfile import BenchmarkRun  # noqa: E402
-from loadgen.runner import (DEFAULT_QUERIES, StopSignals, closed_loop, load_queries, open_loop,  # noqa: E402
-                            run, shuffled)
+from loadgen.runner import StopSignals, closed_loop, open_loop, run  # noqa: E402
 from loadgen.stats import find_knee  # noqa: E402
-from rag.slo import SLO_MS  # noqa: E402
 from stack.servers import ServeFleet  # noqa: E402
 
-MAX_ERROR_RATE = 0.001  # the knee's error allowance, as `ragheat bench`
 SATURATED_ERRORS = 0.10
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--index", type=Path, default=Path("data/index/scifact"), help="index folder to serve")
+    p = sweep_parser(__doc__.split("\n\n")[0], rates="50,100,150,200,250,300", duration=5.0, stop_factor=5.0,
+                     ready_timeout=300.0, work="server logs")
     p.add_argument("--queries", type=Path, default=None, help="plain lines or a BEIR queries.jsonl "
                                                               "(default datasets/scifact/queries.jsonl if present)")
-    p.add_argument("--rates", default="50,100,150,200,250,300", help="offered req/s, '50,100' or 'start:stop:step'")
     p.add_argument("--windows", default="off,0,2", help="configurations: off, and max waits in ms")
     p.add_argument("--max-batch", type=int, default=8, help="embedding.query_batch_max of the batched configurations")
     p.add_argument("--runs", default="1,2", help="embedding.query_batch_runs values (model runs in flight) to combine "
                                                  "with each window")
-    p.add_argument("--duration", type=float, default=5.0, help="measured seconds per step")
-    p.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds before each step")
     p.add_argument("--c1-duration", type=float, default=8.0, help="measured seconds of each concurrency-1 round")
     p.add_argument("--c1-rounds", type=int, default=2, help="concurrency-1 rounds per configuration")
-    p.add_argument("--slo-ms", type=float, default=SLO_MS, help="P99 objective for the knee")
-    p.add_argument("--stop-factor", type=float, default=5.0, help="stop offering a configuration more past this "
-                                                                   "many SLOs at P99")
-    p.add_argument("--timeout", type=float, default=10.0, help="per-request timeout, seconds")
-    p.add_argument("--ready-timeout", type=float, default=300.0, help="seconds each server may take to load")
-    p.add_argument("--work", type=Path, default=None, help="server logs (default: a temporary folder)")
-    p.add_argument("--results-file", "--json", dest="results_file", type=Path, default=None,
-                   help="write a benchmark results file (loadgen/resultsfile.py) here")
     args = p.parse_args(argv)
     args.configs = []
     for item in (w.strip() for w in args.windows.split(",") if w.strip()):
@@ -78,8 +66,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             args.configs.append((f"r{runs}w{wait:g}", args.max_batch, wait, runs))
     if not args.configs:
         p.error("--windows names no configuration")
-    if not (args.index / "current").exists():
-        p.error(f"--index {args.index} is not an index folder (no 'current'); build one with `ragheat ingest`")
+    check_index(p, args.index)
     return args
 
 
@@ -106,9 +93,7 @@ def _print(name: str, label: str, step) -> None:
 def main(argv: list[str] | None = None) -> int:
     record = BenchmarkRun("batching")
     args = parse_args(argv)
-    queries_file = args.queries or (Path("datasets/scifact/queries.jsonl")
-                                    if Path("datasets/scifact/queries.jsonl").is_file() else None)
-    texts = shuffled(load_queries(queries_file) if queries_file else DEFAULT_QUERIES, 0)
+    queries_file, texts = scifact_queries(args.queries)
     rates = parse_rates(args.rates)
     names = [c[0] for c in args.configs]
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-batching-"))
@@ -122,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
              for name, batch, wait, runs in args.configs}
     with ServeFleet(args.index, fleet, work, args.ready_timeout) as servers, StopSignals() as stop:
         for r in range(args.c1_rounds):  # the quiet case first, on a machine the sweep has not yet heated
-            for name in names[r % len(names):] + names[:r % len(names)]:
+            for name in rotated(names, r):
                 step = run(closed_loop(servers.urls[name] + "/v1/query", texts, 1, args.c1_duration, 1.0,
                                        timeout_s=args.timeout), stop)
                 if step is None or stop.presses:
@@ -130,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
                 c1[name].append(step)
                 _print(name, "c=1", step)
         for i, rate in enumerate(rates):
-            for name in names[i % len(names):] + names[:i % len(names)]:
+            for name in rotated(names, i):
                 if name in stopped or stop.presses:
                     continue
                 step = run(open_loop(servers.urls[name] + "/v1/query", texts, rate, args.duration, args.warmup,
@@ -153,58 +138,10 @@ def main(argv: list[str] | None = None) -> int:
                     for name, batch, wait, runs in args.configs},
         "interrupted": bool(stop.presses),
     }
-    results["doc_tables"] = doc_tables(results)
-    for table in results["doc_tables"]:
-        print(f"\n{table['title']}\n" + "\n".join(" | ".join(str(c) for c in row) for row in [table["columns"]]
-                                                   + table["rows"]))
     if args.results_file is not None:
         print(f"wrote {record.write(results, args.results_file)}")
+    print(preview("batching", results))
     return 0
-
-
-def _ms(value) -> str:
-    return "–" if value is None else f"{value:.1f}"
-
-
-def doc_tables(results: dict) -> list[dict]:
-    """For docs/benchmarks.md: P50 / P99 per offered rate side by side; the knees; the concurrency-1 case."""
-    configs = list(results["configs"])
-    by_rate: dict[float, dict] = {}
-    for c in configs:
-        for s in results["configs"][c]["steps"]:
-            by_rate.setdefault(s["offered_qps"], {})[c] = s
-    rows = []
-    for rate in sorted(by_rate):
-        row = [f"{rate:g}"]
-        for c in configs:
-            s = by_rate[rate].get(c)
-            row.append("not offered (saturated)" if s is None else
-                       f"{_ms(s['latency_ms'].get('p50'))} / {_ms(s['latency_ms'].get('p99'))} "
-                       f"({s['achieved_qps']:.0f}/s; embed {_ms(s['embed_p50_ms'])}, queue {_ms(s['queue_p50_ms'])})"
-                       + (f", {s['errors']} errors" if s["errors"] else "") + (f", {s['shed']} shed" if s["shed"]
-                                                                              else ""))
-        rows.append(row)
-    knees, quiet = [], []
-    for c in configs:
-        conf = results["configs"][c]
-        knees.append([c, f"{conf['query_batch_max']}", f"{conf['query_batch_wait_ms']:g}",
-                      f"{conf['query_batch_runs']}",
-                      "none" if conf["knee_qps"] is None else f"{conf['knee_qps']:g}", conf["stopped"] or "–"])
-        rounds = conf["concurrency1"]
-        p99s = [s["latency_ms"].get("p99") for s in rounds if s["latency_ms"].get("p99") is not None]
-        p50s = [s["latency_ms"].get("p50") for s in rounds if s["latency_ms"].get("p50") is not None]
-        quiet.append([c, _ms(statistics.median(p50s)) if p50s else "–",
-                      _ms(statistics.median(p99s)) if p99s else "–",
-                      f"{min(p99s):.1f}–{max(p99s):.1f}" if p99s else "–", str(len(p99s))])
-    slo = f"{results['slo_ms']:g}"
-    return [{"title": "P50 / P99 latency in ms (answered req/s; median embed and queue stage, ms), per offered rate",
-             "align": "r" + "r" * len(configs), "columns": ["offered req/s", *configs], "rows": rows},
-            {"title": f"Knee: the highest offered rate with P99 ≤ {slo} ms and errors ≤ "
-                      f"{results['max_error_rate'] * 100:g} %, every lower rate meeting it too",
-             "align": "lrrrrl", "columns": ["configuration", "max batch", "wait ms", "runs", "knee req/s", "stopped"],
-             "rows": knees},
-            {"title": "Concurrency 1 (one closed-loop client): latency in ms, median of rounds and spread of P99",
-             "align": "lrrrr", "columns": ["configuration", "P50", "P99", "P99 range", "rounds"], "rows": quiet}]
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """The semantic answer cache (stage ``cache_lookup``, rag/cache) under Zipf-distributed load, side by side:
 
     .venv/bin/python benchmarks/bench_cache.py --beir datasets/scifact --index data/index/scifact \
-        --rates 40,60,80,100,120,140,160,200,240 --duration 6 --warmup 2 --zipf 1.1    # ~3 min on 2 cores
+        --rates 40,60,80,100,120,140,160,200,240 --duration 6 --warmup 2 --zipf 1.1
 
 1. Knee search: two ``ragheat serve`` processes over the same index, one with ``cache.enabled`` and one without;
    for each offered rate (ascending, open loop, Poisson arrivals) both get the same seeded Zipf(s) draw of the
@@ -15,7 +15,8 @@
    unit vectors of the model's dimension, at several cache sizes, P50/P90/P99 over --lookups calls; ``put``; and
    the same product through BLAS (``@``, multi-threaded), the reason the cache does not use it.
 
-Writes a results file (loadgen.resultsfile) to benchmarks/results/cache.json, or to --json, with ``doc_tables``.
+Writes a results file (loadgen.resultsfile) to benchmarks/results/cache.json, or to --json; docs/benchmarks.md,
+"Semantic answer cache", shows it.
 The index is built first when missing (``ragheat ingest``'s code; up to date = nothing to do).
 """
 
@@ -23,20 +24,25 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from loadgen.resultsfile import BenchmarkRun
-from loadgen.runner import open_loop, run as run_step, shuffled
-from loadgen.stats import StepResult, cache_hit_rate, find_knee, percentiles_ms
-from rag.cache import SemanticCache
-from rag.eval.beir import load_qrels, load_queries
-from rag.settings import CacheSettings, RagheatSettings
-from rag.slo import SLO_MS
-from rag.types import CacheKey, QueryResult
-from stack.servers import ServeProcess
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import MAX_ERROR_RATE  # noqa: E402
+from benchmarks.docgen.page import preview  # noqa: E402
+from loadgen.resultsfile import BenchmarkRun  # noqa: E402
+from loadgen.runner import open_loop, run as run_step, shuffled  # noqa: E402
+from loadgen.stats import StepResult, cache_hit_rate, find_knee, percentiles_ms  # noqa: E402
+from rag.cache import SemanticCache  # noqa: E402
+from rag.eval.beir import load_qrels, load_queries  # noqa: E402
+from rag.settings import CacheSettings, RagheatSettings  # noqa: E402
+from rag.slo import SLO_MS  # noqa: E402
+from rag.types import CacheKey, QueryResult  # noqa: E402
+from stack.servers import ServeProcess  # noqa: E402
 
 CONFIGS = ("no cache", "cache")
 
@@ -58,7 +64,7 @@ def step_row(step: StepResult) -> dict:
 
 def _meets(step: StepResult) -> bool:
     p99 = step.latency_ms.get("p99")
-    return bool(step.requests and p99 is not None and p99 <= SLO_MS and step.error_rate <= 0.001)
+    return bool(step.requests and p99 is not None and p99 <= SLO_MS and step.error_rate <= MAX_ERROR_RATE)
 
 
 def knee_search(services: dict, queries: list[str], rates: list[float], args) -> dict:
@@ -74,9 +80,9 @@ def knee_search(services: dict, queries: list[str], rates: list[float], args) ->
                                       seed=args.seed + i, top_k=args.top_k, zipf_s=args.zipf, slo_ms=SLO_MS))
             steps[name].append(step)
             rows[name].append(step_row(step))
-            r = rows[name][-1]
-            print(f"{rate:g} req/s {name:>8}: P50 {_f(r['latency_ms']['p50'])} P99 {_f(r['latency_ms']['p99'])} ms, "
-                  f"errors {step.errors}, hit rate {_pct(r['hit_rate'])}", flush=True)
+            r, nan = rows[name][-1], float("nan")
+            print(f"{rate:g} req/s {name:>8}: P50 {r['latency_ms']['p50'] or nan:.1f} P99 "
+                  f"{r['latency_ms']['p99'] or nan:.1f} ms, errors {step.errors}, hit rate {r['hit_rate']}", flush=True)
             if not r["meets_slo"]:
                 running.discard(name)
             time.sleep(args.pause)
@@ -114,62 +120,6 @@ def bench_lookup(dim: int, sizes: list[int], lookups: int, seed: int) -> list[di
                     "blas_matvec_us": {k: v * 1000 for k, v in percentiles_ms(blas_s).items()},
                     "matrix_bytes": size * dim * 4})
     return out
-
-
-def doc_tables(data: dict) -> list[dict]:
-    knee = data["knee_qps"]
-    note = (f"**Semantic cache at Zipf s = {data['zipf_s']:g}** over {data['queries']} {data['split']} claims "
-            f"(threshold {data['threshold']:g}, top_k {data['top_k']}), knee search {data['duration_s']:g} s per step "
-            f"after {data['warmup_s']:g} s warm-up, both configurations at each rate, alternating which goes first. "
-            f"Knee (P99 <= {SLO_MS:g} ms): without the cache {_knee(knee['no cache'])}, with it "
-            f"{_knee(knee['cache'])}. Load average before: {data['load_average'][0]:.2f}. Latency from the intended "
-            f"send time; hit rate = hit / (hit + miss) of the step's answers (the cache is carried across steps). One "
-            f"step per configuration and rate: a difference within the step-to-step wobble of the no-cache column is "
-            f"noise; "
-            f"a hit still runs the embed stage, so it saves retrieval and generation, not the model run.")
-    rows = []
-    by_rate = {name: {r["offered_qps"]: r for r in data["steps"][name]} for name in CONFIGS}
-    for rate in sorted(set(by_rate["no cache"]) | set(by_rate["cache"])):
-        off, on = by_rate["no cache"].get(rate), by_rate["cache"].get(rate)
-        rows.append([f"{rate:g}", _pair(off), _pair(on), _pct(on and on["hit_rate"]),
-                     _pair(on and {"latency_ms": on["hit_ms"]}), _pair(on and {"latency_ms": on["miss_ms"]}),
-                     _lookup(on)])
-    lookup = [[f"{r['entries']:,}", f"{r['matrix_bytes'] / 2**20:.1f}", _f(r["get_us"]["p50"], 0),
-               _f(r["get_us"]["p90"], 0), _f(r["get_us"]["p99"], 0), _f(r["put_us"]["p50"], 0),
-               _f(r["blas_matvec_us"]["p50"], 0), _f(r["blas_matvec_us"]["p90"], 0)] for r in data["lookup"]]
-    return [{"title": note, "columns": ["offered req/s", "no cache P50 / P99 ms", "cache P50 / P99 ms", "hit rate",
-                                        "hits P50 / P99 ms", "misses P50 / P99 ms", "cache_lookup P50 / P99 ms"],
-             "rows": rows, "align": "rrrrrrr"},
-            {"title": f"`SemanticCache` alone: one lookup (a matrix-vector product over every "
-                      f"{data['lookup'][0]['dim']}-d entry) and one store, in microseconds, {data['lookups']} calls "
-                      f"per size",
-             "columns": ["entries", "matrix MiB", "get P50 us", "get P90 us", "get P99 us", "put P50 us",
-                         "BLAS matvec P50 us", "BLAS matvec P90 us"],
-             "rows": lookup, "align": "rrrrrrrr"}]
-
-
-def _f(v, digits: int = 1) -> str:
-    return "-" if v is None or v == {} else f"{v:.{digits}f}"
-
-
-def _pct(v) -> str:
-    return "-" if v is None else f"{v * 100:.1f}%"
-
-
-def _pair(row) -> str:
-    if not row:
-        return "-"
-    lat = row["latency_ms"]
-    return f"{_f(lat['p50'])} / {_f(lat['p99'])}"
-
-
-def _lookup(row) -> str:
-    stage = (row or {}).get("cache_lookup_ms") or {}
-    return f"{_f(stage.get('p50'), 2)} / {_f(stage.get('p99'), 2)}" if stage else "-"
-
-
-def _knee(value) -> str:
-    return "none of the rates" if value is None else f"{value:g} req/s"
 
 
 def main() -> None:
@@ -215,9 +165,8 @@ def main() -> None:
             "duration_s": args.duration, "warmup_s": args.warmup, "top_k": args.top_k, "seed": args.seed,
             "threshold": CacheSettings().threshold, "slo_ms": SLO_MS, "lookup": lookup, "lookups": args.lookups,
             "load_average": load, "load_average_after": list(os.getloadavg())}
-    data["doc_tables"] = doc_tables(data)
-    print(f"knee: no cache {_knee(data['knee_qps']['no cache'])}, cache {_knee(data['knee_qps']['cache'])}")
     print(f"wrote {record.write(data, args.json)}")
+    print(preview("cache", data))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 Three ``ragheat serve`` processes over the same index, identical but for the admission settings (``on``: the
 defaults, a bounded number of queries in flight and a bounded queue, queries that cannot meet their deadline shed with
 503, the worker threads at ``admission.worker_nice``; ``on-nice-0``: the same with the workers at the event loop's
-priority, what the defaults were before; ``off``: every query queued). All run for the whole benchmark; every step is
+priority; ``off``: every query queued). All run for the whole benchmark; every step is
 measured on each in turn (the order rotating), with the project's open-loop generator (Poisson arrivals, latency from
 the intended send time, loadgen/runner.py), SciFact train claims as queries. Each step also records the CPU ms per
 answer of the service and of the generator (loadgen/cpu.py), and the rate ceiling those set on the shared cores.
@@ -17,6 +17,7 @@ answer of the service and of the generator (loadgen/cpu.py), and the rate ceilin
 Per step: P99 of the answered (admitted) queries, goodput (answers within the SLO per second), shed queries by
 reason and their refusal latency as the client saw it (loopback included), errors. The generator shares the machine's
 cores with both services: on two cores it costs the service capacity, as it would any load test on one machine.
+docs/benchmarks.md, "Capacity and admission control", shows the results.
 
     .venv/bin/python benchmarks/bench_capacity.py --index data/index/scifact \\
         --queries datasets/scifact --results-file benchmarks/results/capacity.json
@@ -34,41 +35,29 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.common import MAX_ERROR_RATE, check_index, rotated, sweep_parser  # noqa: E402
+from benchmarks.docgen.page import preview  # noqa: E402
 from loadgen.arrivals import parse_rates  # noqa: E402
 from loadgen.cpu import CpuWindow  # noqa: E402
 from loadgen.resultsfile import BenchmarkRun  # noqa: E402
 from loadgen.runner import StopSignals, open_loop, run, shuffled  # noqa: E402
 from loadgen.stats import find_knee  # noqa: E402
-from rag.slo import SLO_MS  # noqa: E402
 from stack.servers import ServeFleet  # noqa: E402
 
 CONFIGS = {"on": {}, "on-nice-0": {"RAGHEAT_ADMISSION__WORKER_NICE": "0"},
            "off": {"RAGHEAT_ADMISSION__ENABLED": "false", "RAGHEAT_ADMISSION__DEGRADE": "false"}}
-MAX_ERROR_RATE = 0.001  # the knee's allowance, as `ragheat bench`
 SATURATED = 0.10  # past this share of errors or shed queries a configuration is not offered higher knee rates
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--index", type=Path, default=Path("data/index/scifact"), help="index folder to serve")
+    p = sweep_parser(__doc__.split("\n\n")[0], rates="50:400:50", duration=10.0, stop_factor=3.0,
+                     ready_timeout=240.0, work="service logs")
     p.add_argument("--queries", type=Path, default=Path("datasets/scifact"),
                    help="a BEIR folder (its train claims: qrels/train.tsv) or a queries file")
-    p.add_argument("--rates", default="50:400:50", help="knee search: offered req/s, '50,100' or 'start:stop:step'")
-    p.add_argument("--duration", type=float, default=10.0, help="measured seconds per knee and 2x step")
-    p.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds before each knee and 2x step")
     p.add_argument("--burst", type=float, default=3.0, help="seconds of the 4x burst (all measured)")
     p.add_argument("--rounds", type=int, default=1, help="repeat the 2x and 4x steps this many times")
-    p.add_argument("--slo-ms", type=float, default=SLO_MS, help="P99 objective for the knee and goodput")
-    p.add_argument("--stop-factor", type=float, default=3.0,
-                   help="stop the knee search for a configuration once its P99 passes this many SLOs")
-    p.add_argument("--timeout", type=float, default=10.0, help="per-request timeout, seconds (a timeout is an error)")
-    p.add_argument("--ready-timeout", type=float, default=240.0, help="seconds each service may take to load")
-    p.add_argument("--work", type=Path, default=None, help="service logs (default: a temporary folder)")
-    p.add_argument("--results-file", "--json", dest="results_file", type=Path, default=None,
-                   help="write a benchmark results file (loadgen/resultsfile.py) here")
     args = p.parse_args(argv)
-    if not (args.index / "current").exists():
-        p.error(f"--index {args.index} is not an index folder (no 'current'); build one with `ragheat ingest`")
+    check_index(p, args.index)
     if args.rounds < 1:
         p.error("--rounds must be at least 1")
     return args
@@ -128,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
             return step
 
         for i, rate in enumerate(rates):  # 1. the knee
-            for config in configs[i % len(configs):] + configs[:i % len(configs)]:
+            for config in rotated(configs, i):
                 if config in stopped or stop.presses:
                     continue
                 step = measure(config, rate, args.duration, args.warmup, i)
@@ -144,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         knees = {c: find_knee(knee_steps[c], args.slo_ms, MAX_ERROR_RATE) for c in configs}
         reference = knees["on"] or rates[0]
         for r in range(args.rounds):  # 2. and 3. overload, alternating which configuration goes first
-            for config in configs[r % len(configs):] + configs[:r % len(configs)]:
+            for config in rotated(configs, r):
                 for phase, factor, duration, warmup in (("2x", 2, args.duration, args.warmup),
                                                         ("4x burst", 4, args.burst, 0.0)):
                     if stop.presses:
@@ -162,102 +151,10 @@ def main(argv: list[str] | None = None) -> int:
                     for c in configs},
         "interrupted": bool(stop.presses),
     }
-    results["doc_tables"] = doc_tables(results)
-    for table in results["doc_tables"]:
-        print(f"\n{table['title']}\n" + " | ".join(table["columns"]))
-        for cells in table["rows"]:
-            print(" | ".join(cells))
     if args.results_file is not None:
         print(f"wrote {record.write(results, args.results_file)}")
+    print(preview("capacity", results))
     return 0
-
-
-def _ms(value) -> str:
-    return "–" if value is None else f"{value:.1f}"
-
-
-def _median(values: list) -> float | None:
-    values = sorted(v for v in values if v is not None)
-    if not values:
-        return None
-    mid = len(values) // 2
-    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
-
-
-def _spread(values: list, fmt=_ms) -> str:
-    """``M (L–H)`` over rounds, or the single value."""
-    values = [v for v in values if v is not None]
-    if not values:
-        return "–"
-    if len(values) == 1:
-        return fmt(values[0])
-    return f"{fmt(_median(values))} ({fmt(min(values))}–{fmt(max(values))})"
-
-
-def _cpu_cell(step: dict | None) -> str:
-    """CPU ms per answer of the service and the generator in a step, and the rate the cores hold at that cost."""
-    cpu = (step or {}).get("cpu_ms_per_answer") or {}
-    if not cpu:
-        return "–"
-    ceiling = cpu.get("ceiling_qps")
-    return f"{cpu['service']:.1f} + {cpu['generator']:.1f} ({'–' if ceiling is None else f'{ceiling:.0f}'})"
-
-
-def doc_tables(results: dict) -> list[dict]:
-    """For docs/benchmarks.md: the knee per configuration, then the overload steps side by side."""
-    configs = list(results["configs"])
-    slo = f"{results['slo_ms']:g}"
-    knee_rows = []
-    for c in configs:
-        data = results["configs"][c]
-        steps = {s["offered_qps"]: s for s in data["knee_steps"]}
-        cells = "; ".join(f"{rate:g}: {_ms(s['latency_ms'].get('p99'))}" + (f" (shed {s['shed_rate'] * 100:.0f} %)"
-                                                                             if s["shed"] else "")
-                          for rate, s in sorted(steps.items()))
-        knee_rows.append([c, "none" if data["knee_qps"] is None else f"{data['knee_qps']:g}", cells or "–",
-                          _cpu_cell(steps.get(data["knee_qps"]))])
-    overload_rows = []
-    reference = results["reference_knee_qps"]
-    for phase in ("2x", "4x burst"):
-        for c in configs:
-            steps = [s for s in results["configs"][c]["overload"] if s["phase"] == phase]
-            if not steps:
-                continue
-            goodput = [s["goodput_qps"] for s in steps]
-            reasons: dict[str, int] = {}
-            for s in steps:
-                for reason, n in s["shed_reasons"].items():
-                    reasons[reason] = reasons.get(reason, 0) + n
-            overload_rows.append([
-                phase, f"{steps[0]['offered_qps']:g}", c,
-                _spread([s["latency_ms"].get("p99") for s in steps]),
-                _spread(goodput) + f" ({_median(goodput) / reference:.2f}× knee)" if reference else _spread(goodput),
-                _spread([s["shed_rate"] * 100 for s in steps], lambda v: f"{v:.0f} %")
-                + (f" ({', '.join(f'{r} {n}' for r, n in reasons.items())})" if reasons else ""),
-                _spread([s["refusal_ms"].get("p50") for s in steps], lambda v: f"{v:.1f}") + " / "
-                + _spread([s["refusal_ms"].get("p99") for s in steps], lambda v: f"{v:.1f}"),
-                _spread([s["refusal_server_ms"].get("p99") for s in steps], lambda v: f"{v:.2f}"),
-                str(sum(s["errors"] for s in steps))])
-    note = (f"Admission on = the defaults (bounded in-flight queries and queue, deadline = the SLO, worker threads "
-            f"at a lower priority than the event loop: admission.worker_nice); on-nice-0 = the same with the workers at "
-            f"the event loop's priority; off = every query queued. The overload steps offer multiples of admission-on's "
-            f"knee ({reference:g} req/s). P99 is of "
-            f"answered queries only; goodput = answers within {slo} ms per second; refusal = the latency of a query "
-            f"shed at once (queue_full, deadline; expired ones waited until their deadline), as the client saw it "
-            f"(loopback and the generator's own scheduling included) and as the service timed it (arrival stamp to "
-            f"decision, its Server-Timing header); errors = failures and timeouts ({results['rounds']} round(s), "
-            f"median (low–high) when more; load average {results['load_average_before'][0]:.2f} before, "
-            f"{results['load_average_after'][0]:.2f} after).")
-    return [{"title": f"Knee: the highest offered rate with P99 ≤ {slo} ms, errors and shed queries ≤ "
-                      f"{results['max_error_rate'] * 100:g} %, every lower rate meeting it too",
-             "align": "lrlr", "columns": ["admission", "knee req/s", "P99 ms per offered rate",
-                                          "CPU ms per answer at the knee: service + generator (ceiling req/s)"],
-             "rows": knee_rows},
-            {"title": f"Overload: admitted P99, goodput, shed queries and refusal latency. {note}",
-             "align": "lrlrrrrrr", "columns": ["step", "offered req/s", "admission", "P99 ms (answered)",
-                                               "goodput req/s", "shed", "refusal P50 / P99 ms (client)",
-                                               "refusal P99 ms (service)", "errors"],
-             "rows": overload_rows}]
 
 
 if __name__ == "__main__":

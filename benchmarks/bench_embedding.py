@@ -1,6 +1,6 @@
 """Embedding precision schemes side by side: batch independence, fidelity to fp32, speed, retrieval.
 
-    .venv/bin/python benchmarks/bench_embedding.py            # ~3-5 min on 2 idle cores: 4 schemes, table
+    .venv/bin/python benchmarks/bench_embedding.py            # 4 schemes, the doc section's table
     .venv/bin/python benchmarks/bench_embedding.py --schemes fp32,int8-dynamic,int8-rowwise,int8-static,w8-float,int8 \
         --ndcg fp32,int8-dynamic,int8 --chunks 2000 --rounds 5      # the full comparison (tens of minutes)
 
@@ -13,7 +13,7 @@ session options, feed and batching code:
 
   fp32              the reference graph (rag.embedding.onnx_builder)
   int8-dynamic      ORT quantize_dynamic, per-channel int8 weights, ONE activation scale per batch
-                    (the int8 path before issue 19)
+                    (per-batch scales make a text's vector depend on its batch)
   int8-rowwise      per-token activation scales computed in the graph, MatMulInteger, per-channel weights
   int8-static       QDQ with activation scales calibrated on SciFact windows (Percentile), per-channel weights
   w8-float          int8 weights in blocks of 32 (MatMulNBits), float activations (accuracy_level 1)
@@ -43,6 +43,7 @@ import logging
 import os
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -51,18 +52,21 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 from tokenizers import Tokenizer
 
-from loadgen.resultsfile import BenchmarkRun
-from rag.embedding import quantize
-from rag.embedding.embedder import OnnxEmbedder, _session, _token_budget_batches
-from rag.embedding.model_store import ensure_encoder
-from rag.eval.beir import load_qrels, load_queries, ndcg_at
-from rag.ingest.chunking import TokenWindowChunker
-from rag.ingest.sentences import sentence_spans
-from rag.ingest.sources import load_beir
-from rag.settings import EmbeddingSettings
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.docgen.page import preview  # noqa: E402
+from loadgen.resultsfile import BenchmarkRun  # noqa: E402
+from rag.embedding import quantize  # noqa: E402
+from rag.embedding.embedder import OnnxEmbedder, _session, _token_budget_batches  # noqa: E402
+from rag.embedding.model_store import ensure_encoder  # noqa: E402
+from rag.eval.beir import load_qrels, load_queries, ndcg_at  # noqa: E402
+from rag.ingest.chunking import TokenWindowChunker  # noqa: E402
+from rag.ingest.sentences import sentence_spans  # noqa: E402
+from rag.ingest.sources import load_beir  # noqa: E402
+from rag.settings import EmbeddingSettings  # noqa: E402
 
 SCHEMES = ("fp32", "int8-dynamic", "int8-rowwise", "int8-static", "w8-float", "int8")
-DEFAULT_SCHEMES = ("fp32", "int8-dynamic", "w8-float", "int8")  # the reference, the old int8, the two per-row ones
+DEFAULT_SCHEMES = ("fp32", "int8-dynamic", "w8-float", "int8")  # the reference, per-batch int8, the two per-row ones
 ODD_TEXTS = ["short", "?", "x " * 300, "1234567890 " * 40, "THE THE THE THE THE",
              "α-synuclein, β-amyloid and ΔF508 at 5 µg/mL", "a"]
 
@@ -401,22 +405,8 @@ def main() -> None:
         "bulk_threads": args.bulk_threads, "rounds": args.rounds, "queries_per_round": args.queries_per_round,
         "int8_scheme": quantize.INT8_SCHEME, "machine": platform.processor() or platform.machine(),
         "cpus": os.cpu_count(), "load_average_before": load_before, "load_average_after": os.getloadavg()}
-    print_table(results)
     print(f"wrote {run.write(results, args.json)}")
-
-
-def print_table(results: dict) -> None:
-    fp32 = results["schemes"]["fp32"]
-    print("| scheme | batch min cos | fp32 cos median / min | query P50 / P99 ms | bulk wp/s (x fp32) | bulk docs/s "
-          "| bulk CPU s | dense nDCG@10 |")
-    print("|---|---|---|---|---|---|---|---|")
-    for name, r in results["schemes"].items():
-        bi, ag, q, b = r["batch_independence"], r["agreement_with_fp32"], r["query_ms"], r["bulk_word_pieces_per_s"]
-        ratio = b["median"] / fp32["bulk_word_pieces_per_s"]["median"]
-        ndcg = f"{r['dense_ndcg@10']:.4f}" if "dense_ndcg@10" in r else "-"
-        print(f"| {name} | {bi['min_cosine']:.6f} | {ag['median']:.5f} / {ag['min']:.5f} | "
-              f"{q['p50']:.2f} / {q['p99']:.2f} | {b['median']:.0f} ({ratio:.2f}x) | {r['bulk_docs_per_s']['median']:.1f} "
-              f"| {r['bulk_cpu_s']['median']:.1f} | {ndcg} |")
+    print(preview("embedding", results))
 
 
 if __name__ == "__main__":

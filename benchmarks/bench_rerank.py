@@ -1,10 +1,10 @@
 """The late-interaction reranker (stage ``rerank``, rag/rerank): its quality, held out, and its costs.
 
-    # quality (run_all.sh step `rerank`, ~30 min): the training report of `ragheat train-reranker --cv 5`, and each
+    # quality (run_all.sh step `rerank`): the training report of `ragheat train-reranker --cv 5`, and each
     # --cross set scored hybrid vs hybrid+rerank query by query with a head trained on the other set
     .venv/bin/python benchmarks/bench_rerank.py --part quality --train-report train.json \
         --cross hotpotqa-dev=datasets/hotpotqa-dev:dev:data/index/hotpotqa-dev-tokens --json benchmarks/results/rerank.json
-    # costs (step `rerank-latency`, ~3 min, a quiet machine)
+    # costs (step `rerank-latency`, a quiet machine)
     .venv/bin/python benchmarks/bench_rerank.py --part latency --index data/index/scifact-tokens --beir datasets/scifact \
         --json benchmarks/results/rerank-latency.json
 
@@ -21,7 +21,7 @@ Measured (latency part):
 Quality part: the k-fold CV of the training report (train on k-1 folds, score the held-out one) and, per --cross
 set, nDCG@10 of hybrid and hybrid+rerank per query (paired: mean gain and its standard error).
 
-Writes a results file (loadgen.resultsfile) with ``doc_tables`` for docs/benchmarks.md.
+Writes a results file (loadgen.resultsfile); docs/benchmarks.md, "Reranking", shows both parts.
 """
 
 from __future__ import annotations
@@ -30,27 +30,26 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import httpx
 import numpy as np
 
-from loadgen.resultsfile import BenchmarkRun
-from rag.eval.beir import load_qrels, load_queries, ndcg_at
-from rag.eval.runner import run_retrieval
-from rag.index.store import resolve_generation
-from rag.pipeline import RagPipeline
-from rag.rerank.firststage import FirstStageRecorder
-from rag.rerank.reranker import load_reranker
-from rag.settings import RagheatSettings
-from stack.servers import ServeProcess
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-
-def _ms(values) -> dict:
-    ms = np.asarray(values) * 1000.0
-    return {"p50": float(np.percentile(ms, 50)), "p99": float(np.percentile(ms, 99)), "n": int(len(ms))}
-
+from benchmarks.common import p50_p99, parse_set  # noqa: E402
+from benchmarks.docgen.page import preview  # noqa: E402
+from loadgen.resultsfile import BenchmarkRun  # noqa: E402
+from rag.eval.beir import load_qrels, load_queries, ndcg_at  # noqa: E402
+from rag.eval.runner import run_retrieval  # noqa: E402
+from rag.index.store import resolve_generation  # noqa: E402
+from rag.pipeline import RagPipeline  # noqa: E402
+from rag.rerank.firststage import FirstStageRecorder  # noqa: E402
+from rag.rerank.reranker import load_reranker  # noqa: E402
+from rag.settings import RagheatSettings  # noqa: E402
+from stack.servers import ServeProcess  # noqa: E402
 
 def _settings(head: Path | None = None) -> RagheatSettings:
     """Defaults without the graph; ``head``: the one the index's token vectors were projected with (reranking is on
@@ -101,12 +100,12 @@ def stage_costs(index: Path, beir: Path, split: str, head: Path | None, candidat
     total = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
     pipeline.close()
     return {"candidates": candidates, "queries": len(texts), "rounds": rounds,
-            "rerank_ms": _ms(rerank_s), "rerank_cpu_ms": _ms(rerank_cpu_s), "embed_ms": _ms(embed_s),
-            "float_product": {"rerank_ms": _ms(float_s), "rerank_cpu_ms": _ms(float_cpu_s),
+            "rerank_ms": p50_p99(rerank_s), "rerank_cpu_ms": p50_p99(rerank_cpu_s), "embed_ms": p50_p99(embed_s),
+            "float_product": {"rerank_ms": p50_p99(float_s), "rerank_cpu_ms": p50_p99(float_cpu_s),
                               "max_score_gap": max(score_gap), "median_score_gap": float(np.median(score_gap)),
                               "same_top10": float(np.mean(same_top)), "queries": len(score_gap)}
             if reranker._int8 is not None else None,
-            "embed_with_tokens_ms": _ms(embed_tokens_s),
+            "embed_with_tokens_ms": p50_p99(embed_tokens_s),
             "index": {"rerank_bytes": block["bytes"], "other_bytes": total - block["bytes"], "dtype": block["dtype"],
                       "tokens": block["tokens"], "chunks": block["chunks"], "dim": block["dim"]},
             "head": reranker.head.meta.get("command")}
@@ -139,12 +138,12 @@ def http_costs(index: Path, texts: list[str], rounds: int) -> dict:
                 for which in order:
                     times[which].append(ask(which, text))
             for which in times:
-                per_round[which].append(_ms(times[which]))
+                per_round[which].append(p50_p99(times[which]))
     out = {which: {"p50": statistics.median(r["p50"] for r in rounds_), "p99": statistics.median(r["p99"] for r in rounds_),
                    "rounds_p50": [r["p50"] for r in rounds_], "rounds_p99": [r["p99"] for r in rounds_]}
            for which, rounds_ in per_round.items()}
     out["p99_ratio_on_over_off"] = [b["p99"] / a["p99"] for a, b in zip(per_round["off"], per_round["on"])]
-    out["server_rerank_ms"] = _ms(server_rerank) if server_rerank else {"n": 0}
+    out["server_rerank_ms"] = p50_p99(server_rerank) or {"n": 0}
     out["queries"] = len(texts)
     return out
 
@@ -185,74 +184,6 @@ def cross_quality(name: str, beir: Path, split: str, index: Path, head: Path | N
             "hybrid": float(a.mean()), "rerank": float(b.mean()), "gain": float(gain.mean()),
             "gain_se": float(gain.std(ddof=1) / np.sqrt(len(gain))), "better": int((gain > 0).sum()),
             "worse": int((gain < 0).sum())}
-
-
-def doc_tables(data: dict) -> list[dict]:
-    tables = []
-    if "cv" in data:
-        cv = data["cv"]
-        rows = [[str(f["fold"]), str(f["queries"]), f"{f['hybrid']:.4f}", f"{f['rerank']:.4f}",
-                 f"{f['rerank'] - f['hybrid']:+.4f}"] for f in cv["folds"]]
-        s = cv["summary"]
-        rows.append(["mean", str(sum(f["queries"] for f in cv["folds"])), f"{s['hybrid']:.4f}",
-                     f"{s['rerank']:.4f} ±{s['rerank_std']:.4f}", f"{s['gain_mean']:+.4f} (smallest {s['gain_min']:+.4f})"])
-        tables.append({"title": f"{len(cv['folds'])}-fold cross-validation on {data.get('cv_set', 'the training set')} "
-                                "(trained on the other folds, scored on the held-out one): nDCG@10",
-                       "align": "rrrrr", "columns": ["fold", "queries", "hybrid", "hybrid+rerank", "gain"], "rows": rows})
-        if data.get("train_command"):
-            tables.append({"markdown": f"The folds' training report came from `{data['train_command']}`."})
-    if data.get("cross"):
-        rows = [[c["name"], str(c["queries"]), f"{c['hybrid']:.4f}", f"{c['rerank']:.4f}",
-                 f"{c['gain']:+.4f} ± {c['gain_se']:.4f}", f"{c['better']} / {c['worse']}",
-                 "noise" if abs(c["gain"]) < 2 * c["gain_se"] else ("gain" if c["gain"] > 0 else "loss")]
-                for c in data["cross"]]
-        tables.append({"title": "A head trained on another set (the head's training command is in the results file): "
-                                "nDCG@10, paired per query (gain ± standard error)",
-                       "align": "lrrrrrl", "columns": ["set", "queries", "hybrid", "hybrid+rerank", "gain",
-                                                       "better / worse queries", "verdict (2 SE)"], "rows": rows})
-    if "rerank_ms" in data:
-        r, c, e, t, i = (data["rerank_ms"], data["rerank_cpu_ms"], data["embed_ms"], data["embed_with_tokens_ms"],
-                         data["index"])
-        rows = [[f"rerank stage, {data['candidates']} candidates (wall)", f"{r['p50']:.2f}", f"{r['p99']:.2f}"],
-                ["rerank stage (this thread's CPU)", f"{c['p50']:.2f}", f"{c['p99']:.2f}"]]
-        f = data.get("float_product")
-        if f:
-            rows += [["rerank stage with numpy's float32 MaxSim product instead, same runs (wall)",
-                      f"{f['rerank_ms']['p50']:.2f}", f"{f['rerank_ms']['p99']:.2f}"],
-                     ["rerank stage with the float32 product (this thread's CPU)",
-                      f"{f['rerank_cpu_ms']['p50']:.2f}", f"{f['rerank_cpu_ms']['p99']:.2f}"]]
-        rows += [["embed, pooled vector only", f"{e['p50']:.2f}", f"{e['p99']:.2f}"],
-                 ["embed, with token states (reranking on)", f"{t['p50']:.2f}", f"{t['p99']:.2f}"]]
-        note = None
-        if f:
-            note = {"markdown": f"MaxSim's product on int8 vectors (served) against float32 (reference), same "
-                                f"candidates, {f['queries']} queries: largest score difference "
-                                f"{f['max_score_gap']:.5f} (median {f['median_score_gap']:.5f}); the same top 10 in "
-                                f"the same order for {f['same_top10'] * 100:.0f} % of queries."}
-        if "http" in data:
-            h = data["http"]
-            for which in ("off", "on"):
-                rows.append([f"/v1/query at concurrency 1, rerank {which} (median of {len(h[which]['rounds_p99'])} "
-                             f"rounds; P99 per round {', '.join(f'{v:.1f}' for v in h[which]['rounds_p99'])})",
-                             f"{h[which]['p50']:.2f}", f"{h[which]['p99']:.2f}"])
-        tables.append({"title": f"Latency in ms ({data['queries']} queries x {data['rounds']} rounds)", "align": "lrr",
-                       "columns": ["what", "P50", "P99"], "rows": rows})
-        if note:
-            tables.append(note)
-        if data.get("products"):
-            tables.append({"title": "hybrid+rerank with the int8 product (served) and the float32 product: nDCG@10, "
-                                    "paired per query", "align": "lrrrrr",
-                           "columns": ["set", "queries", "int8 product", "float32 product", "difference",
-                                       "better / worse queries"],
-                           "rows": [[p["name"], str(p["queries"]), f"{p['int8']:.4f}", f"{p['float32']:.4f}",
-                                     f"{p['diff']:+.4f} ± {p['diff_se']:.4f}", f"{p['better']} / {p['worse']}"]
-                                    for p in data["products"]]})
-        growth = (i["rerank_bytes"] + i["other_bytes"]) / i["other_bytes"]
-        tables.append({"title": "Index size", "align": "lrrl",
-                       "columns": ["stored token vectors", "rest of the generation", "growth", "vectors"],
-                       "rows": [[f"{i['rerank_bytes'] / 2**20:.1f} MiB", f"{i['other_bytes'] / 2**20:.1f} MiB",
-                                 f"x{growth:.1f}", f"{i['tokens']} tokens x {i['dim']} ({i['dtype']})"]]})
-    return tables
 
 
 def main() -> None:
@@ -311,16 +242,15 @@ def main() -> None:
             data["cross"].append(result)
             print(f"{name}: hybrid {result['hybrid']:.4f} -> rerank {result['rerank']:.4f} "
                   f"({result['gain']:+.4f} ± {result['gain_se']:.4f})")
-    data["doc_tables"] = doc_tables(data)
     print(f"wrote {run.write(data, args.json)}")
+    print(preview(run.name, data))
 
 
 def _set_spec(parser: argparse.ArgumentParser, flag: str, spec: str) -> tuple[str, Path, str, Path, Path | None]:
-    name, _, rest = spec.partition("=")
-    parts = rest.split(":")
-    if len(parts) not in (3, 4):
-        parser.error(f"{flag} {spec}: expected NAME=BEIR:SPLIT:INDEX[:HEAD]")
-    return name, Path(parts[0]), parts[1], Path(parts[2]), Path(parts[3]) if len(parts) == 4 else None
+    try:
+        return parse_set(spec)
+    except ValueError as exc:
+        parser.error(f"{flag} {exc}")
 
 
 if __name__ == "__main__":

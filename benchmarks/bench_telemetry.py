@@ -25,21 +25,23 @@ import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import httpx
 import numpy as np
 
-from rag.eval.beir import load_queries
-from rag.pipeline import RagPipeline
-from rag.settings import RagheatSettings
-from loadgen.cpu import cpu_seconds
-from loadgen.resultsfile import BenchmarkRun
-from rag.types import RequestRecord
-from stack.servers import ServeProcess
-from telemetry.recorder import Telemetry
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import closed_loop_round  # noqa: E402
+from loadgen.cpu import cpu_seconds  # noqa: E402
+from loadgen.resultsfile import BenchmarkRun  # noqa: E402
+from rag.eval.beir import load_queries  # noqa: E402
+from rag.pipeline import RagPipeline  # noqa: E402
+from rag.settings import RagheatSettings  # noqa: E402
+from rag.types import RequestRecord  # noqa: E402
+from stack.servers import ServeProcess  # noqa: E402
+from telemetry.recorder import Telemetry  # noqa: E402
 
 
 RECEIVER = """
@@ -83,24 +85,9 @@ def throughput_rounds(urls: dict[str, str], pids: dict[str, int], queries: list[
     for _ in range(rounds):
         for name, url in urls.items():
             cpu_before = cpu_seconds(pids[name])
-            done = [0] * clients
-            stop = time.monotonic() + round_s
-
-            def worker(i: int) -> None:
-                with httpx.Client(base_url=url) as client:
-                    j = i
-                    while time.monotonic() < stop:
-                        client.post("/v1/query", json={"query": queries[j % len(queries)]}).raise_for_status()
-                        done[i] += 1
-                        j += clients
-
-            threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            per_round[name].append(sum(done) / round_s)
-            cpu_per_request[name].append((cpu_seconds(pids[name]) - cpu_before) / sum(done) * 1e6)
+            rps, latencies = closed_loop_round(url, queries, clients, round_s)
+            per_round[name].append(rps)
+            cpu_per_request[name].append((cpu_seconds(pids[name]) - cpu_before) / len(latencies) * 1e6)
     return {name: {"median_rps": statistics.median(v), "rounds_rps": v,
                    "server_cpu_us_per_request": statistics.median(cpu_per_request[name]),
                    "rounds_server_cpu_us_per_request": cpu_per_request[name]}

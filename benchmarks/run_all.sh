@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Re-measure every section of docs/benchmarks.md, in order, with the final parameters, then render the doc.
 #
-#   bash benchmarks/run_all.sh                 every step (about 48 minutes on 2 cores, benchmarks/README.md)
+#   bash benchmarks/run_all.sh                 every step (how long: benchmarks/README.md)
 #   bash benchmarks/run_all.sh query ann       only those steps (then `render`, if you want the doc updated)
 #   bash benchmarks/run_all.sh --list          the steps, in order
 #
 # Each step writes one results file under $RESULTS (default benchmarks/results/) through loadgen/resultsfile.py,
-# which records the command, commit, machine and how quiet the machine was. Run it on a quiet machine: nothing
-# else running, from the repository root, after `bash scripts/install.sh` (and scripts/install_vllm.sh for
-# tune-vllm and vllm-ttft). The probes step needs root (eBPF). Logs go to data/bench/run_all/.
+# which records the command, commit, machine and how quiet the machine was. Run it on a quiet machine, from the
+# repository root, after `bash scripts/install.sh` (and scripts/install_vllm.sh for the vLLM steps). The probes
+# step needs root (eBPF). Logs go to data/bench/run_all/.
 #
 # SMOKE=1 runs every step with tiny parameters (seconds each) against BEIR=... (a small BEIR folder) into
 # RESULTS=... (a scratch folder): it proves the scripts and the renderer work, it measures nothing worth keeping
@@ -35,22 +35,22 @@ QUERY_ARGS=(--queries 300 --rounds 3)
 TELEMETRY_ARGS=(--rounds 12 --round-s 5)
 LOADGEN_ARGS=(--rates 500,1000,2000,2500,3000 --duration 5)
 KNEE_ARGS=(--rates 50,100,150,200,250,300 --duration 6 --warmup 2)
-REPLICAS_ARGS=(--rates 50,100,150,200,250,300 --duration 5 --warmup 2 --rounds 3)  # 5 configurations side by side, 3 sweeps: ~10 minutes
+REPLICAS_ARGS=(--rates 50,100,150,200,250,300 --duration 5 --warmup 2 --rounds 3)  # 5 configurations, 3 sweeps
 ANN_ARGS=()
 PROBES_ARGS=(--rounds 12 --round-s 4)
 FUSION_ARGS=()
 GRAPH_ARGS=(--rounds 3 --http-queries 200)
 RERANK_LATENCY_ARGS=(--queries 200 --rounds 3 --http-queries 200)
-HYDE_ARGS=(--queries 40 --seed 16)          # SciFact train + HotpotQA dev (~6 minutes on busy cores)
-JUDGE_ARGS=(--limit 20 --seed 16)           # 200 pairs per set (~7 minutes)
-ANSWERS_ARGS=(--questions 30 --seed 16 --rates 1,4)  # HotpotQA dev answers, then TTFT at 1 and 4 req/s (~10 minutes)
-BOARDS_LLM_ARGS=(--rates 0.25,0.5,1 --duration 60 --warmup 5 --timeout 60)  # the real model's pace (~4 minutes)
+HYDE_ARGS=(--queries 40 --seed 16)          # SciFact train + HotpotQA dev
+JUDGE_ARGS=(--limit 20 --seed 16)           # 20 queries x top 10 per set
+ANSWERS_ARGS=(--questions 30 --seed 16 --rates 1,4)  # HotpotQA dev answers, then TTFT at 1 and 4 req/s
+BOARDS_LLM_ARGS=(--rates 0.25,0.5,1 --duration 60 --warmup 5 --timeout 60)  # the real model's pace
 BOARDS_LLM_OUT=docs/images/dashboards
 TUNE_REAL_ARGS=(--max-num-seqs 1,4 --max-model-len 1024,2048 --block-size 32 --rate 0.5 --duration 20
                 --prompt-tokens 300 --max-tokens 96 --slo-ttft-ms 2000 --slo-e2e-ms 6000)
 CACHE_ARGS=(--rates 40,60,80,100,120,140,160,200,240 --duration 6 --warmup 2 --zipf 1.1)
-CAPACITY_ARGS=(--rates 50:400:50 --duration 10 --warmup 2 --burst 3 --rounds 3)  # ~6-8 minutes
-BATCHING_ARGS=()  # bench_batching.py's defaults: off and windows 0/2 ms x 1/2 run slots, side by side (~5.5 minutes)
+CAPACITY_ARGS=(--rates 50:400:50 --duration 10 --warmup 2 --burst 3 --rounds 3)
+BATCHING_ARGS=()  # bench_batching.py's defaults: off and windows 0/2 ms x 1/2 run slots, side by side
 EMBEDDING_ARGS=()  # bench_embedding.py's defaults: 4 schemes, 3 rounds, 300 chunks, no nDCG (the eval steps have it)
 TTFT_ARGS=(--queries 40)
 TUNE_ARGS=(--max-num-seqs 1,4,8 --max-model-len 256,512 --block-size 32 --rate 30 --duration 10
@@ -130,31 +130,15 @@ step_tune-vllm() {
   "$RH" tune-vllm --model "$MODELS/tiny-llama" --load-format dummy "${TUNE_ARGS[@]}" --out "$LOGS/tune-vllm" \
     --results-file "$RESULTS/tune-vllm.json"
 }
-# Slots: benchmarks being written by others. Each runs once its script writes a results file (BenchmarkRun).
-slot() {  # slot SCRIPT ARGS...: run it if it has adopted loadgen/resultsfile.py, else say why not
-  local script=benchmarks/$1
-  shift
-  if [ -f "$script" ] && grep -q BenchmarkRun "$script"; then "$PY" "$script" "$@"; else
-    echo "skipped: $script does not write a results file yet (benchmarks/README.md, 'Adopting the results file')"
-    return 3
-  fi
-}
-step_embedding() {  # bench_embedding.py writes plain JSON until it adopts the results file; wrap it meanwhile
-  if grep -q BenchmarkRun benchmarks/bench_embedding.py; then
-    "$PY" benchmarks/bench_embedding.py --beir "$BEIR" --split "$SPLIT" --work "$LOGS/embedding-schemes" \
-      "${EMBEDDING_ARGS[@]}" --json "$RESULTS/embedding.json"
-  else
-    "$PY" benchmarks/wrap_results.py embedding "$RESULTS/embedding.json" -- "$PY" benchmarks/bench_embedding.py \
-      --beir "$BEIR" --split "$SPLIT" --work "$LOGS/embedding-schemes" "${EMBEDDING_ARGS[@]}"
-  fi
-}
+step_embedding() { "$PY" benchmarks/bench_embedding.py --beir "$BEIR" --split "$SPLIT" --work "$LOGS/embedding-schemes" \
+                     "${EMBEDDING_ARGS[@]}" --json "$RESULTS/embedding.json"; }
 step_graph() {
   local index=$INDEX_ROOT/$(basename "$HOTPOT")
   "$RH" ingest "$HOTPOT" --index "$index" --force  # with the graph (the default), at this commit
   "$PY" benchmarks/bench_graph.py --beir "$HOTPOT" --split "$HOTPOT_SPLIT" --index "$index" "${GRAPH_ARGS[@]}" \
     --json "$RESULTS/graph.json"
 }
-step_rerank() {  # quality, held out (~40 min): SciFact 5-fold CV; each set scored with a head trained on the other
+step_rerank() {  # quality, held out: SciFact 5-fold CV; each set scored with a head trained on the other
   local sci=$INDEX_ROOT/$NAME-tokens hot=$INDEX_ROOT/$(basename "$HOTPOT")-tokens
   local sci_hot=$INDEX_ROOT/$NAME-tokens-$(basename "$HOTPOT")-head hot_head=$LOGS/rerank-head-$(basename "$HOTPOT").npz
   export RAGHEAT_RERANK__STORE_TOKENS=true
@@ -171,7 +155,7 @@ step_rerank() {  # quality, held out (~40 min): SciFact 5-fold CV; each set scor
     --json "$RESULTS/rerank.json"
 }
 step_rerank-latency() {  # the rerank and embed stages, /v1/query rerank off vs on, index size, int8 vs float32
-  # MaxSim products on the rerank step's indexes (~6 min; a quiet machine)
+  # MaxSim products on the rerank step's indexes (a quiet machine)
   local hot=$INDEX_ROOT/$(basename "$HOTPOT")-tokens products=()
   local sci_hot=$INDEX_ROOT/$NAME-tokens-$(basename "$HOTPOT")-head hot_head=$LOGS/rerank-head-$(basename "$HOTPOT").npz
   if [ "${SMOKE:-0}" != 1 ]; then
@@ -183,23 +167,23 @@ step_rerank-latency() {  # the rerank and embed stages, /v1/query rerank off vs 
   "$PY" benchmarks/bench_rerank.py --part latency --index "$INDEX_ROOT/$NAME-tokens" --beir "$BEIR" --split "$SPLIT" \
     "${RERANK_LATENCY_ARGS[@]}" "${products[@]}" --json "$RESULTS/rerank-latency.json"
 }
-step_answers() { slot bench_answers.py "${ANSWERS_ARGS[@]}" --json "$RESULTS/answers.json"; }
-step_cache() { slot bench_cache.py --beir "$BEIR" --split "$SPLIT" --index "$INDEX" "${CACHE_ARGS[@]}" \
+step_answers() { "$PY" benchmarks/bench_answers.py "${ANSWERS_ARGS[@]}" --json "$RESULTS/answers.json"; }
+step_cache() { "$PY" benchmarks/bench_cache.py --beir "$BEIR" --split "$SPLIT" --index "$INDEX" "${CACHE_ARGS[@]}" \
                  --json "$RESULTS/cache.json"; }
-step_capacity() { slot bench_capacity.py --index "$INDEX" --queries "$BEIR" "${CAPACITY_ARGS[@]}" \
+step_capacity() { "$PY" benchmarks/bench_capacity.py --index "$INDEX" --queries "$BEIR" "${CAPACITY_ARGS[@]}" \
                     --results-file "$RESULTS/capacity.json"; }
 step_batching() { "$PY" benchmarks/bench_batching.py --index "$INDEX" --queries "$BEIR/queries.jsonl" \
                     "${BATCHING_ARGS[@]}" --results-file "$RESULTS/batching.json"; }
-step_replicas() { slot bench_replicas.py --index "$INDEX" --queries "$BEIR/queries.jsonl" "${REPLICAS_ARGS[@]}" \
-                    --work "$LOGS/replicas" --results-file "$RESULTS/replicas.json"; }
-step_hyde() { slot bench_hyde.py "${HYDE_ARGS[@]}" --json "$RESULTS/hyde.json"; }    # starts vLLM on SmolLM2 itself
-step_judge() { slot bench_judge.py "${JUDGE_ARGS[@]}" --json "$RESULTS/judge.json"; }
-step_tune-vllm-real() {  # the same sweep on the real model scripts/install_vllm.sh converts (~6 minutes on 2 cores)
+step_replicas() { "$PY" benchmarks/bench_replicas.py --index "$INDEX" --queries "$BEIR/queries.jsonl" \
+                    "${REPLICAS_ARGS[@]}" --work "$LOGS/replicas" --results-file "$RESULTS/replicas.json"; }
+step_hyde() { "$PY" benchmarks/bench_hyde.py "${HYDE_ARGS[@]}" --json "$RESULTS/hyde.json"; }  # starts vLLM itself
+step_judge() { "$PY" benchmarks/bench_judge.py "${JUDGE_ARGS[@]}" --json "$RESULTS/judge.json"; }
+step_tune-vllm-real() {  # the same sweep on the real model scripts/install_vllm.sh converts
   "$RH" tune-vllm --model "$MODELS/SmolLM2-135M-Instruct" "${TUNE_REAL_ARGS[@]}" --out "$LOGS/tune-vllm-real" \
     --results-file "$RESULTS/tune-vllm-real.json"
 }
 step_boards-llm() {  # the vLLM and Kernel boards' pictures under the real model: `stack up` (vLLM serving SmolLM2,
-  # the probes as root), open-loop load at the model's pace, then a snapshot of the last minutes (~8 minutes)
+  # the probes as root), open-loop load at the model's pace, then a snapshot of the last minutes
   local folder="$LOGS/boards-llm-stack" api prom minutes
   api=$("$PY" -c 'from rag.childproc import free_port; print(free_port())')
   prom=$("$PY" -c 'from rag.childproc import free_port; print(free_port())')
@@ -227,7 +211,7 @@ if [ "${1:-}" = --list ]; then printf '%s\n' "${ALL[@]}"; exit 0; fi
 steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=("${ALL[@]}")
 mkdir -p "$RESULTS" "$LOGS"
-failed=() skipped=()
+failed=()
 for step in "${steps[@]}"; do
   declare -F "step_$step" >/dev/null || { echo "unknown step $step; steps: ${ALL[*]}" >&2; exit 2; }
   echo "== $step ($(date -u +%H:%M:%S) UTC)"
@@ -237,7 +221,6 @@ for step in "${steps[@]}"; do
   status=${PIPESTATUS[0]}
   set -e
   echo "== $step: exit $status after $((SECONDS - start)) s"
-  if [ "$status" = 3 ]; then skipped+=("$step"); elif [ "$status" != 0 ]; then failed+=("$step"); fi
+  [ "$status" = 0 ] || failed+=("$step")
 done
-[ ${#skipped[@]} -eq 0 ] || echo "skipped (no results file yet): ${skipped[*]}"
 [ ${#failed[@]} -eq 0 ] || { echo "FAILED: ${failed[*]} (logs in $LOGS)"; exit 1; }

@@ -1,2 +1,2 @@
-"""docs/benchmarks.md from benchmarks/doc_template.md and the results files in benchmarks/results/
+"""docs/benchmarks.md from the results files in benchmarks/results/: the page is ``page.PAGE``
 (``python benchmarks/render_docs.py``; ``--check`` in CI and tests/test_benchmarks_doc.py)."""

@@ -1,87 +1,259 @@
-"""Sections on capacity: the load generator, the SciFact service's knee, ANN indexes, probe overhead, vLLM tuning."""
+"""Sections on capacity: the load generator, the SciFact service's knee, admission control, micro-batching,
+replicas, ANN indexes and what the eBPF probes cost."""
 
 from __future__ import annotations
 
-from typing import Mapping
+from .stats import (blocks, bold, compare, count, join_words, knee_rate, median, noise_verdict, num, opt, pct, spread,
+                    table, with_range)
 
-from .stats import bold, compare, count, join_words, median, noise_verdict, num, pct, spread, table, with_range
-
-SEND_ERROR_TARGET_MS = 1.0  # the generator must fire within 1 ms of schedule at P99 (issue 6)
+SEND_ERROR_TARGET_MS = 1.0  # the generator must fire within 1 ms of its schedule at P99
 OFFERED_TARGET = 2000.0
-SCHEDULER_BUDGET_PCT = 2.0  # issue 8's budget for the default probes
+SCHEDULER_BUDGET_PCT = 2.0  # the throughput the default probes may cost
 
 
-def _opt(value, digits: int = 2) -> str:
-    return "–" if value is None else num(value, digits)
+def _ms1(value) -> str:
+    return "–" if value is None else f"{value:.1f}"
 
 
-def loadgen(results: Mapping[str, dict]) -> dict:
-    data = results["loadgen"]
-    steps = data["steps"]
-    keeping = [s for s in steps if s["send_error_ms"].get("p99") is not None
+def _by_rate(configs: dict, key: str = "steps") -> dict[float, dict]:
+    """offered rate -> configuration -> its step, for tables with a column per configuration."""
+    out: dict[float, dict] = {}
+    for name, conf in configs.items():
+        for s in conf[key]:
+            out.setdefault(s["offered_qps"], {})[name] = s
+    return dict(sorted(out.items()))
+
+
+def loadgen(d: dict) -> str:
+    data = d["loadgen"]
+    keeping = [s for s in data["steps"] if s["send_error_ms"].get("p99") is not None
                and s["send_error_ms"]["p99"] < SEND_ERROR_TARGET_MS and s["achieved"] >= 0.98 * s["offered"]
                and s["errors"] == 0]
     top = max(keeping, key=lambda s: s["offered"]) if keeping else None
     rows = []
-    for s in steps:
-        e, l = s["send_error_ms"], s["latency_ms"]
-        strong = top is not None and s is top
-        offered = count(s["offered"])
-        rows.append([bold(offered) if strong else offered, num(s["achieved"], 1), count(s["errors"]),
-                     f"{_opt(e.get('p50'), 3)} / {bold(_opt(e.get('p99'), 3)) if strong else _opt(e.get('p99'), 3)}"
-                     f" / {_opt(e.get('p99.9'), 3)}", f"{_opt(l.get('p50'))} / {_opt(l.get('p99'))}"])
+    for s in data["steps"]:
+        e, lat, strong = s["send_error_ms"], s["latency_ms"], s is top
+        p99 = bold(opt(e.get("p99"), 3)) if strong else opt(e.get("p99"), 3)
+        rows.append([bold(count(s["offered"])) if strong else count(s["offered"]), num(s["achieved"], 1),
+                     count(s["errors"]), f"{opt(e.get('p50'), 3)} / {p99} / {opt(e.get('p99.9'), 3)}",
+                     f"{opt(lat.get('p50'))} / {opt(lat.get('p99'))}"])
+    verdict = (f"Target: at least {count(OFFERED_TARGET)} req/s offered with send-time error P99 under "
+               f"{SEND_ERROR_TARGET_MS:g} ms — ")
     if top is None:
-        verdict = (f"Target: at least {count(OFFERED_TARGET)} req/s offered with send-time error P99 under "
-                   f"{SEND_ERROR_TARGET_MS:g} ms — {bold('not met')}: no rate kept the send-time error P99 under "
-                   f"{SEND_ERROR_TARGET_MS:g} ms.")
+        verdict += f"{bold('not met')}: no rate kept the send-time error P99 under {SEND_ERROR_TARGET_MS:g} ms."
     else:
-        ok = top["offered"] >= OFFERED_TARGET
-        verdict = (f"Target: at least {count(OFFERED_TARGET)} req/s offered with send-time error P99 under "
-                   f"{SEND_ERROR_TARGET_MS:g} ms — {'met' if ok else bold('not met')}: the highest rate that kept it "
-                   f"is {count(top['offered'])} req/s ({num(top['send_error_ms']['p99'], 3)} ms).")
-    return {"duration": f"{data['duration_s']:g}", "warmup": f"{data['warmup_s']:g}",
-            "table": table(["offered req/s", "achieved", "errors", "send-time error P50 / P99 / P99.9 ms",
-                            "latency P50 / P99 ms"], rows, "rrrrr"),
-            "verdict": verdict}
+        verdict += (f"{'met' if top['offered'] >= OFFERED_TARGET else bold('not met')}: the highest rate that kept it "
+                    f"is {count(top['offered'])} req/s ({num(top['send_error_ms']['p99'], 3)} ms).")
+    return f"""\
+Open loop (Poisson arrivals) against a trivial aiohttp endpoint in another process, {data['duration_s']:g} s per rate
+after {data['warmup_s']:g} s of warm-up. Send-time error is how late the generator fired each request against its
+schedule.
+
+{table(["offered req/s", "achieved", "errors", "send-time error P50 / P99 / P99.9 ms", "latency P50 / P99 ms"], rows,
+       "rrrrr")}
+
+{verdict} Once the generator's one core falls behind, its send-time error grows; the report shows that
+column for every step so a late generator is visible rather than silently flattering. Two things made the
+difference when it was built: uvloop (from uvicorn's `standard` extra) and taking every timestamp from
+`perf_counter` (uvloop's `loop.time()` is libuv's cached millisecond clock, which put up to a millisecond of
+error into every send time), plus sleeping on the timer only until 1.5 ms before each send and yielding to the
+loop for the rest."""
 
 
-def knee(results: Mapping[str, dict]) -> dict:
-    data = results["knee-scifact"]
-    slo = data["slo_ms"]
-    knee_qps = data["knee_qps"]
+KNEE_PIPELINE = """\
+This is the default pipeline: its one optional stage on by default is `rerank` (the late-interaction reranker over
+the fused candidates, on since it won on both held-out sets); the router and the graph retriever
+(`retrieval.retrievers` is `dense,bm25`), the answer cache and HyDE stay off. Each is measured in its own section: what reranking costs in capacity side by side in "Replicas behind
+nginx" (`direct-1` against `direct-1-no-rerank`) and in latency in "Late-interaction reranker: what it costs"; the
+answer cache's knee in "Semantic answer cache"; the graph retriever in "Graph retrieval and routing". At the knee the
+`embed` stage (one MiniLM run per query on one thread: "Embedding quantisation schemes side by side") is most of each
+query's CPU, then `rerank`, so the machine's cores, shared with the generator, bound the rate; batching queries into
+one run buys nothing on this CPU ("Micro-batched query embedding")."""
+
+
+def knee(d: dict) -> str:
+    data = d["knee-scifact"]
+    slo, knee_qps, allowed = data["slo_ms"], data["knee_qps"], data["max_error_rate"]
     rows = []
     for s in data["steps"]:
         lat = s["latency_ms"]
-        # As find_knee: a step meets the SLO with its P99 within it and errors and shed queries each within the
-        # allowance (a shed query got no answer).
+        # As find_knee: P99 within the SLO, errors and shed queries each within the allowance (a shed query got no
+        # answer).
         shed_rate = s.get("shed_rate", 0.0)
-        meets = (lat["p99"] is not None and lat["p99"] <= slo and s["error_rate"] <= data["max_error_rate"]
-                 and shed_rate <= data["max_error_rate"])
+        meets = lat["p99"] is not None and lat["p99"] <= slo and s["error_rate"] <= allowed and shed_rate <= allowed
         is_knee = knee_qps is not None and s["offered_qps"] == knee_qps
         offered = count(s["offered_qps"]) + (" (cut)" if s["interrupted"] else "")
-        stages = s.get("stages_ms") or {}
-        embed, rerank = stages.get("embed") or {}, stages.get("rerank") or {}
-        cpu = s.get("cpu_ms_per_answer") or {}
+        stages, cpu = s.get("stages_ms") or {}, s.get("cpu_ms_per_answer") or {}
         rows.append([bold(offered) if is_knee else offered, num(s["achieved_qps"], 1),
-                     *(_opt(lat[k]) for k in ("p50", "p90", "p99", "p99.9")),
-                     f"{count(s.get('shed', 0))} ({shed_rate * 100:.1f} %)", _opt(embed.get("p50")),
-                     _opt(rerank.get("p50")),
+                     *(opt(lat[k]) for k in ("p50", "p90", "p99", "p99.9")),
+                     f"{count(s.get('shed', 0))} ({shed_rate * 100:.1f} %)", opt((stages.get("embed") or {}).get("p50")),
+                     opt((stages.get("rerank") or {}).get("p50")),
                      f"{num(cpu['service'], 1)} + {num(cpu['generator'], 1)}" if cpu else "–",
-                     _opt(cpu.get("ceiling_qps"), 0) if cpu else "–",
-                     _opt(s["send_error_ms"].get("p99")),
+                     opt(cpu.get("ceiling_qps"), 0) if cpu else "–", opt(s["send_error_ms"].get("p99")),
                      bold("yes (knee)") if is_knee else ("yes" if meets else "no")])
     sends = [s["send_error_ms"]["p99"] for s in data["steps"] if s["send_error_ms"].get("p99") is not None]
     service = data.get("service") or {}
-    return {"table": table(["offered req/s", "answered", "P50 ms", "P90 ms", "P99 ms", "P99.9 ms", "shed",
-                            "embed P50 ms", "rerank P50 ms", "CPU ms/answer service + generator", "CPU ceiling req/s",
-                            "send err P99 ms", f"meets the SLO (P99 ≤ {slo:g} ms, ≤ "
-                            f"{data['max_error_rate'] * 100:g} % errors and shed)"], rows, "rrrrrrrrrrrrl"),
-            "knee": bold(f"{count(knee_qps)} req/s") if knee_qps is not None else bold("none of the offered rates"),
-            "slo": f"{slo:g}",
-            "duration": f"{data['duration_s']:g}", "warmup": f"{data['warmup_s']:g}",
-            "send_range": f"{num(min(sends))}–{num(max(sends))} ms" if sends else "not recorded",
-            "served": (f"{count(service['chunks'])} chunks of {service.get('corpus', '?')}" if service.get("chunks")
-                       else "the SciFact index")}
+    served = (f"{count(service['chunks'])} chunks of {service.get('corpus', '?')}" if service.get("chunks")
+              else "the SciFact index")
+    columns = ["offered req/s", "answered", "P50 ms", "P90 ms", "P99 ms", "P99.9 ms", "shed", "embed P50 ms",
+               "rerank P50 ms", "CPU ms/answer service + generator", "CPU ceiling req/s", "send err P99 ms",
+               f"meets the SLO (P99 ≤ {slo:g} ms, ≤ {allowed * 100:g} % errors and shed)"]
+    return f"""\
+The service answered from {served}, with default telemetry on; {data['duration_s']:g} s per rate after
+{data['warmup_s']:g} s of warm-up.
+
+{table(columns, rows, "rrrrrrrrrrrrl")}
+
+Knee (the highest offered rate whose P99 meets {slo:g} ms, every lower rate meeting it too): \
+{bold(f"{count(knee_qps)} req/s") if knee_qps is not None else bold("none of the offered rates")}, the service and the
+generator sharing the machine's cores. The CPU columns say why: the CPU time the service and the generator spent per
+answer (`ragheat bench --server-pid`, from `/proc`; past the knee the refusals' cost is in it), and the answers per
+second at which that cost fills every core, a ceiling no queueing or admission policy can pass on this machine; the
+knee sits below it because waiting grows without bound as the cores fill. Latencies count from each request's
+intended send time, so queueing past the knee shows in full. The generator's send-time error P99 ranged over
+{f"{num(min(sends))}–{num(max(sends))} ms" if sends else "not recorded"} here, more than against the trivial endpoint
+because the service saturates the cores.
+
+{KNEE_PIPELINE}"""
+
+
+def _over_rounds(values: list, fmt=_ms1) -> str:
+    """``M (L–H)`` over rounds (values not measured left out), or the single value."""
+    values = [v for v in values if v is not None]
+    return "–" if not values else with_range(values, fmt)
+
+
+def capacity(d: dict) -> str:
+    c = d["capacity"]
+    configs, slo, reference = c["configs"], f"{c['slo_ms']:g}", c["reference_knee_qps"]
+    knees = []
+    for name, conf in configs.items():
+        steps = {s["offered_qps"]: s for s in conf["knee_steps"]}
+        cells = "; ".join(f"{rate:g}: {_ms1(s['latency_ms'].get('p99'))}"
+                          + (f" (shed {s['shed_rate'] * 100:.0f} %)" if s["shed"] else "")
+                          for rate, s in sorted(steps.items()))
+        cpu = (steps.get(conf["knee_qps"]) or {}).get("cpu_ms_per_answer") or {}
+        ceiling = cpu.get("ceiling_qps")
+        knees.append([name, knee_rate(conf["knee_qps"]), cells or "–",
+                      f"{cpu['service']:.1f} + {cpu['generator']:.1f} ({'–' if ceiling is None else f'{ceiling:.0f}'})"
+                      if cpu else "–"])
+    overload = []
+    for phase in ("2x", "4x burst"):
+        for name, conf in configs.items():
+            steps = [s for s in conf["overload"] if s["phase"] == phase]
+            if not steps:
+                continue
+            goodput = [s["goodput_qps"] for s in steps]
+            reasons: dict[str, int] = {}
+            for s in steps:
+                for reason, n in s["shed_reasons"].items():
+                    reasons[reason] = reasons.get(reason, 0) + n
+            overload.append([
+                phase, f"{steps[0]['offered_qps']:g}", name, _over_rounds([s["latency_ms"].get("p99") for s in steps]),
+                _over_rounds(goodput) + (f" ({median(goodput) / reference:.2f}× knee)" if reference else ""),
+                _over_rounds([s["shed_rate"] * 100 for s in steps], lambda v: f"{v:.0f} %")
+                + (f" ({', '.join(f'{r} {n}' for r, n in reasons.items())})" if reasons else ""),
+                _over_rounds([s["refusal_ms"].get("p50") for s in steps]) + " / "
+                + _over_rounds([s["refusal_ms"].get("p99") for s in steps]),
+                _over_rounds([s["refusal_server_ms"].get("p99") for s in steps], lambda v: f"{v:.2f}"),
+                str(sum(s["errors"] for s in steps))])
+    return blocks(
+        table(["admission", "knee req/s", "P99 ms per offered rate",
+               "CPU ms per answer at the knee: service + generator (ceiling req/s)"], knees, "lrlr",
+              f"Knee: the highest offered rate with P99 ≤ {slo} ms, errors and shed queries ≤ "
+              f"{c['max_error_rate'] * 100:g} %, every lower rate meeting it too"),
+        table(["step", "offered req/s", "admission", "P99 ms (answered)", "goodput req/s", "shed",
+               "refusal P50 / P99 ms (client)", "refusal P99 ms (service)", "errors"], overload, "lrlrrrrrr",
+              f"Overload: admitted P99, goodput, shed queries and refusal latency. Admission on = the defaults (bounded "
+              f"in-flight queries and queue, deadline = the SLO, worker threads at a lower priority than the event "
+              f"loop: admission.worker_nice); on-nice-0 = the same with the workers at the event loop's priority; off = "
+              f"every query queued. The overload steps offer multiples of admission-on's knee ({reference:g} req/s). "
+              f"P99 is of answered queries only; goodput = answers within {slo} ms per second; refusal = the latency "
+              f"of a query shed at once (queue_full, deadline; expired ones waited until their deadline), as the "
+              f"client saw it (loopback and the generator's own scheduling included) and as the service timed it "
+              f"(arrival stamp to decision, its Server-Timing header); errors = failures and timeouts ({c['rounds']} "
+              f"round(s), median (low–high) when more; load average {c['load_average_before'][0]:.2f} before, "
+              f"{c['load_average_after'][0]:.2f} after)."))
+
+
+def _p50_p99(s: dict) -> str:
+    return f"{_ms1(s['latency_ms'].get('p50'))} / {_ms1(s['latency_ms'].get('p99'))}"
+
+
+def _errors(s: dict) -> str:
+    return f", {s['errors']} errors" if s["errors"] else ""
+
+
+def _saturated(conf: dict) -> str:
+    """Where the sweep stopped offering a configuration more: its last step."""
+    if not conf["stopped"] or not conf["steps"]:
+        return "–"
+    s = conf["steps"][-1]
+    return f"at {s['offered_qps']:g} req/s (P99 {_ms1(s['latency_ms'].get('p99'))} ms, errors {s['error_rate']:.1%})"
+
+
+def batching(d: dict) -> str:
+    b = d["batching"]
+    configs = b["configs"]
+    rows = [[f"{rate:g}", *("not offered (saturated)" if s is None else
+                            f"{_p50_p99(s)} ({s['achieved_qps']:.0f}/s; embed {_ms1(s['embed_p50_ms'])}, queue "
+                            f"{_ms1(s['queue_p50_ms'])}){_errors(s)}" + (f", {s['shed']} shed" if s["shed"] else "")
+                            for s in (steps.get(name) for name in configs))]
+            for rate, steps in _by_rate(configs).items()]
+    knees, quiet = [], []
+    for name, conf in configs.items():
+        knees.append([name, conf["query_batch_max"], f"{conf['query_batch_wait_ms']:g}", conf["query_batch_runs"],
+                      knee_rate(conf["knee_qps"]), _saturated(conf)])
+        p50s, p99s = ([s["latency_ms"].get(k) for s in conf["concurrency1"] if s["latency_ms"].get(k) is not None]
+                      for k in ("p50", "p99"))
+        quiet.append([name, _ms1(median(p50s)) if p50s else "–", _ms1(median(p99s)) if p99s else "–",
+                      f"{min(p99s):.1f}–{max(p99s):.1f}" if p99s else "–", len(p99s)])
+    return blocks(
+        """Queries that arrive while every embedding run slot is busy can share one ONNX run (`embedding.query_batch_max`,
+`query_batch_runs`, `query_batch_wait_ms`); a query that finds a free slot never waits, and the wait for a shared
+run is reported in the `queue` stage, not in `embed`. The configurations are measured side by side, in rotation, on
+one index: batching off, and each window with one or two run slots.""",
+        table(["offered req/s", *configs], rows, "r" * (len(configs) + 1), "P50 / P99 latency in ms (answered req/s; "
+              "median embed and queue stage, ms), per offered rate"),
+        table(["configuration", "max batch", "wait ms", "runs", "knee req/s", "stopped"], knees, "lrrrrl",
+              f"Knee: the highest offered rate with P99 ≤ {b['slo_ms']:g} ms and errors ≤ "
+              f"{b['max_error_rate'] * 100:g} %, every lower rate meeting it too"),
+        table(["configuration", "P50", "P99", "P99 range", "rounds"], quiet, "lrrrr",
+              "Concurrency 1 (one closed-loop client): latency in ms, median of rounds and spread of P99"))
+
+
+def _last_offered(conf: dict) -> str:
+    """Where each round stopped offering more: its last step's rate, P99 and shed share."""
+    if not conf["stopped"]:
+        return "–"
+    return "; ".join("–" if not steps else f"{steps[-1]['offered_qps']:g}/s (P99 "
+                     f"{_ms1(steps[-1]['latency_ms'].get('p99'))} ms, {steps[-1].get('shed_rate', 0) * 100:.0f} % shed)"
+                     for steps in conf["rounds"])
+
+
+def replicas(d: dict) -> str:
+    r = d["replicas"]
+    configs = r["configs"]
+    rows = [[f"{rate:g}", *("not offered (saturated)" if s is None else f"{_p50_p99(s)} ({s['achieved_qps']:.0f}/s"
+                            f"{_errors(s)}" + (f", {s['shed']} shed)" if s.get("shed") else ")")
+                            for s in (steps.get(name) for name in configs))]
+            for rate, steps in _by_rate(configs).items()]
+    knees = [[name, knee_rate(conf["knee_qps"]), ", ".join(knee_rate(k) for k in conf["knees_qps"]), _last_offered(conf)]
+             for name, conf in configs.items()]
+    return blocks(
+        """One `ragheat serve` answering directly (`direct-1`, the default pipeline, reranking on), the same with reranking
+off (`direct-1-no-rerank`, when the run has it: what the default-on rerank stage costs in capacity), one
+`ragheat serve --workers 2` (`workers-2`: two worker processes on one port, SO_REUSEPORT, no proxy), the first replica
+behind nginx (`nginx-1`: the proxy's own cost) and two replicas behind nginx (`nginx-2`, `least_conn`, keepalive to
+the replicas: the config of `ragheat stack up --replicas 2`), each rate offered to each in turn (open loop, Poisson
+arrivals, latency from the intended send time), the whole sweep repeated `--rounds` times with the order rotated. The
+processes, nginx and the load generator share the machine's cores, so a second process competes with the first for
+them; each process admits its own `admission.max_in_flight` queries, so two processes admit twice as many.""",
+        table(["offered req/s", *configs], rows, "r" * (len(configs) + 1), "P50 / P99 latency in ms (achieved req/s), "
+              f"per offered rate{' (the first round)' if r['rounds'] > 1 else ''}"),
+        table(["configuration", "knee req/s", "per round", "last rate offered, per round"], knees, "lrll",
+              f"Knee: the highest offered rate with P99 ≤ {r['slo_ms']:g} ms and errors and shed each ≤ "
+              f"{r['max_error_rate'] * 100:g} %, every lower rate meeting it too (median of rounds)"))
 
 
 def _point(points, dataset: str, index: str, search: str):
@@ -92,15 +264,23 @@ def _cell(p) -> str:
     return "–" if p is None else f"{p['recall_at_10']:.3f} / {count(p['qps_1'])} / {num(p['p99_ms_1'])}"
 
 
-def ann(results: Mapping[str, dict]) -> dict:
-    data = results["ann"]
-    points = data["points"]
-    datasets = list(data["datasets"])
+ANN_REFERENCE = """\
+**Against the published reference** (1 M 768-d vectors, 128 concurrent searchers on a large server: HNSW M=16
+1,842 QPS / P99 63 ms; HNSW M=64 1,521 / 117 ms; IVF-PQ nlist=4096 2,105 / 48 ms; cited, not measured here):
+our sets are far smaller and half the dimension, so each HNSW hop and each exact scan costs less; throughput
+stops growing once the searchers outnumber the cores, after which P99 grows with the queue, which is where the
+reference's 128 searchers sit. IVF-PQ's recall is capped by its 48 sub-quantisers of 8 bits on 384-d vectors
+with no re-ranking (more probes add little), not by the probing; a production IVF-PQ would re-rank on exact
+vectors (IndexRefineFlat)."""
+
+
+def ann(d: dict) -> str:
+    data = d["ann"]
+    points, datasets, threads = data["points"], list(data["datasets"]), [str(t) for t in data["threads"]]
     show = {"hnsw": ("efSearch=16", "efSearch=64", "efSearch=256"), "ivfpq": ("nprobe=1", "nprobe=16", "nprobe=64")}
     families: dict[str, dict[str, str]] = {}  # "flat", "hnsw M=16", ..., "ivfpq" -> data set -> index name
     for p in points:
-        family = "ivfpq" if p["index"].startswith("ivfpq") else p["index"]
-        families.setdefault(family, {})[p["dataset"]] = p["index"]
+        families.setdefault("ivfpq" if p["index"].startswith("ivfpq") else p["index"], {})[p["dataset"]] = p["index"]
     rows = []
     for family, names in families.items():
         kind = family.split()[0]
@@ -112,26 +292,35 @@ def ann(results: Mapping[str, dict]) -> dict:
         for dataset in datasets:
             name = names.get(dataset)
             text = " · ".join(_cell(_point(points, dataset, name, s)) for s in searches) if name else "–"
-            if kind == "ivfpq" and name:
-                text += f" ({name.split(' ', 1)[1]})"
-            cells.append(text)
+            cells.append(text + (f" ({name.split(' ', 1)[1]})" if kind == "ivfpq" and name else ""))
         rows.append([label, *cells])
-    sweep_rows = []
-    threads = [str(t) for t in data["threads"]]
-    for p in points:
-        if not p["concurrency"]:
-            continue
-        sweep_rows.append([p["dataset"], f"{p['index']} {p['search']}".replace(" exact", ""), num(p["build_s"], 1),
-                           num(p["memory_mb"], 1),
-                           *(f"{count(p['concurrency'][t]['qps'])} / {num(p['concurrency'][t]['p99_ms'])}"
-                             for t in threads)])
-    out = {"sweep_table": table(["index", *datasets], rows, "l" + "r" * len(datasets)),
-           "concurrency_table": table(["data", "index", "build s", "MB", *threads], sweep_rows, "llrr" + "r" * len(threads)),
-           "sets": join_words([f"{bold(name)}: {count(d['vectors'])} vectors, {count(d['queries'])} queries"
-                               for name, d in data["datasets"].items()]),
-           "seconds": f"{data['seconds']:g}", "precision": data["model_precision"]}
-    out["findings"] = "\n".join(_ann_findings(points, datasets, data["threads"]))
-    return out
+    sweep = [[p["dataset"], f"{p['index']} {p['search']}".replace(" exact", ""), num(p["build_s"], 1),
+              num(p["memory_mb"], 1), *(f"{count(p['concurrency'][t]['qps'])} / {num(p['concurrency'][t]['p99_ms'])}"
+                                        for t in threads)] for p in points if p["concurrency"]]
+    sets = join_words([f"{bold(name)}: {count(s['vectors'])} vectors, {count(s['queries'])} queries"
+                       for name, s in data["datasets"].items()])
+    return f"""\
+Vector sets of all-MiniLM-L6-v2 {data['model_precision']} embeddings (384-d, normalised, inner product): {sets}. The
+SciFact vectors are the index's chunks queried with the train claims; the wiki vectors are the Wikipedia
+summaries cut into 20-token windows, with random chunks held out as queries.
+
+Recall@10 is measured against exact search on the same vectors. Throughput and latency come from threads each
+searching one query at a time, with FAISS's OpenMP pinned to one thread per search, for {data['seconds']:g} s per
+point. Builds use every core. "MB" is the serialised index.
+
+Search-parameter sweeps at one searcher (recall@10 / QPS / P99 ms):
+
+{table(["index", *datasets], rows, "l" + "r" * len(datasets))}
+
+Concurrency at the default search settings (QPS / P99 ms by concurrent searchers):
+
+{table(["data", "index", "build s", "MB", *threads], sweep, "llrr" + "r" * len(threads))}
+
+What the figures show:
+
+{chr(10).join(_ann_findings(points, datasets, data["threads"]))}
+
+{ANN_REFERENCE}"""
 
 
 def _ann_findings(points, datasets, threads) -> list[str]:
@@ -143,13 +332,12 @@ def _ann_findings(points, datasets, threads) -> list[str]:
         m16, m64 = (next((p for p in hnsw if p["index"] == f"hnsw M={m}"), None) for m in (16, 64))
         if m16 and m64 and len(threads) > 1:
             first, last = str(threads[0]), str(threads[-1])
-            peak = max(threads, key=lambda t: m16["concurrency"][str(t)]["qps"])
-            lines.append(f"- **{dataset}, HNSW M=16 efSearch 128**: {count(m16['concurrency'][first]['qps'])} QPS at "
-                         f"{first} searcher(s), most ({count(m16['concurrency'][str(peak)]['qps'])}) at {peak}; P99 goes "
-                         f"from {num(m16['concurrency'][first]['p99_ms'])} ms at {first} to "
-                         f"{num(m16['concurrency'][last]['p99_ms'])} ms at {last}.")
-            low16 = _point(points, dataset, "hnsw M=16", "efSearch=16")
-            low64 = _point(points, dataset, "hnsw M=64", "efSearch=16")
+            by = m16["concurrency"]
+            peak = max(threads, key=lambda t: by[str(t)]["qps"])
+            lines.append(f"- **{dataset}, HNSW M=16 efSearch 128**: {count(by[first]['qps'])} QPS at {first} "
+                         f"searcher(s), most ({count(by[str(peak)]['qps'])}) at {peak}; P99 goes from "
+                         f"{num(by[first]['p99_ms'])} ms at {first} to {num(by[last]['p99_ms'])} ms at {last}.")
+            low16, low64 = (_point(points, dataset, f"hnsw M={m}", "efSearch=16") for m in (16, 64))
             if low16 and low64:
                 lines.append(f"- **{dataset}, M=16 against M=64**: at efSearch 16 recall@10 "
                              f"{compare(low64['recall_at_10'], low16['recall_at_10'], 'rises', 'falls', 'stays')} from "
@@ -173,121 +361,63 @@ def _ann_findings(points, datasets, threads) -> list[str]:
     return lines
 
 
-def probes(results: Mapping[str, dict]) -> dict:
-    data = results["probes"]
-    service, sched, sysc = data["service"], data["scheduler"], data["syscall"]
-    settings = data["settings"]
-    labels = {"off": "off", "scheduler": "scheduler (default: run-queue, off-CPU, TCP retransmits)",
-              "scheduler+syscalls": "scheduler + syscalls"}
-    rows = []
-    for name, row in service.items():
-        losses = row["rounds_throughput_loss_pct"]
-        rows.append([labels.get(name, name), with_range(row["rps_rounds"], lambda v: num(v, 1)),
-                     "—" if name == "off" else with_range(losses, pct), num(row["p50_ms"]),
-                     with_range(row["rounds_p99_ms"]), count(row["requests"])])
-    micro = [
-        ["pipe round trip, target and child pinned to one CPU (2 wake-ups, 4 context switches)",
-         with_range(sched["runs"]["off"], lambda v: count(v)), with_range(sched["runs"]["on"], lambda v: count(v)),
-         f"{count(sched['probe_cost_ns_round_trip'])} ns per round trip"],
-        ["`getppid()` in the target", with_range(sysc["runs"]["off"], lambda v: count(v)),
-         with_range(sysc["runs"]["on_target"], lambda v: count(v)),
-         bold(f"{count(sysc['probe_cost_ns_target'])} ns per system call")],
-        ["`getppid()` in another process while the target is probed", with_range(sysc["runs"]["off"], lambda v: count(v)),
-         with_range(sysc["runs"]["on_other_process"], lambda v: count(v)),
-         f"{count(sysc['probe_cost_ns_other_process'])} ns per system call, paid by every process on the host"],
-    ]
-    sched_losses = service["scheduler"]["rounds_throughput_loss_pct"]
-    rates = service["scheduler+syscalls"].get("rounds_service_syscalls_per_s") or []
-    out = {
-        "rounds": settings["rounds"], "round_s": settings["round_s"], "clients": settings["clients"],
-        "runs": settings["syscall_runs"],
-        "table": table(["probes", "req/s (median, min–max)", "throughput loss per round (median, min–max)", "P50 ms",
-                        "P99 ms per round (median, min–max)", "requests"], rows, "lrrrrr"),
-        "micro_table": table(["what", "off ns (median, min–max)", "on ns (median, min–max)", "probe cost (medians)"],
-                             micro, "lrrr"),
-        "scheduler_verdict": noise_verdict(sched_losses, "Throughput loss with the scheduler probes"),
-        "syscalls_verdict": noise_verdict(service["scheduler+syscalls"]["rounds_throughput_loss_pct"],
-                                          "Throughput loss with the syscall probe too"),
-        "budget": (f"The budget for the default probes is {pct(SCHEDULER_BUDGET_PCT, 0)}: "
-                   + _budget_sentence(sched_losses)),
-        "per_switch": num(sched["probe_cost_ns_round_trip"] / 4 / 1000, 2),
-        "syscall_ratio": num(sysc["ns_per_call_median"]["on_target"] / sysc["ns_per_call_median"]["off"], 1),
-        "syscall_cost": count(sysc["probe_cost_ns_target"]),
-        "syscall_other": count(sysc["probe_cost_ns_other_process"]),
-    }
-    if rates:
-        per_s = median(rates)
-        out["syscall_load"] = (f"Under this load the service made {count(per_s)} system calls per second (median over "
-                               f"rounds, from the exporter's own counts), which at "
-                               f"{count(sysc['probe_cost_ns_target'])} ns each is "
-                               f"{pct(per_s * sysc['probe_cost_ns_target'] / 1e9 * 100, 2)} of a core, plus the cost "
-                               f"to the rest of the host.")
-    else:
-        out["syscall_load"] = "The service's system-call rate was not recorded in this run."
-    return out
-
-
-def _budget_sentence(losses: list[float]) -> str:
+def _budget(losses: list[float]) -> str:
     low, high = spread(losses)
     mid = median(losses)
+    text = f"The budget for the default probes is {pct(SCHEDULER_BUDGET_PCT, 0)}: "
     if high <= SCHEDULER_BUDGET_PCT:
-        return f"every round stayed within it (highest {pct(high)})."
+        return text + f"every round stayed within it (highest {pct(high)})."
     if mid <= SCHEDULER_BUDGET_PCT:
-        return (f"the median round ({pct(mid)}) is within it, but single rounds reached {pct(high)}, so this run "
-                f"cannot promise it.")
-    return f"the median round ({pct(mid)}) is over it."
+        return text + (f"the median round ({pct(mid)}) is within it, but single rounds reached {pct(high)}, so this "
+                       f"run cannot promise it.")
+    return text + f"the median round ({pct(mid)}) is over it."
 
 
-def tune_vllm(results: Mapping[str, dict]) -> dict:
-    data = results["tune-vllm"]
-    cells = data["cells"]
-    slo = data["slo"]
-    rows = []
-    for c in sorted(cells, key=lambda c: (c["block_size"] or 0, c["max_model_len"], c["max_num_seqs"])):
-        if c["failure"]:
-            rows.append([count(c["max_model_len"]), count(c["max_num_seqs"]), "–", "–", "–", "–", "failed to start"])
-            continue
-        rows.append([count(c["max_model_len"]), count(c["max_num_seqs"]), num(c["tokens_per_s"], 1),
-                     _opt(c["ttft_p99_ms"], 1), _opt(c["e2e_p99_ms"], 1), f"{c['errors']}/{c['requests']}",
-                     bold("meets") if c["meets_slo"] else "misses"])
-    requests = max((c["requests"] for c in cells), default=0)
-    offered_tok = requests * data["max_tokens"] / data["duration_s"]
-    model = data.get("model_config") or {}
-    return {
-        "table": table(["max_model_len", "max_num_seqs", "output tok/s", "TTFT P99 ms", "E2E P99 ms", "errors",
-                        f"SLO (TTFT ≤ {slo['ttft_p99_ms']:g}, E2E ≤ {count(slo['e2e_p99_ms'])} ms)"], rows, "rrrrrrl"),
-        "requests": count(requests), "rate": f"{data['rate']:g}", "duration": f"{data['duration_s']:g}",
-        "prompt_tokens": count(data["prompt_tokens"]), "max_tokens": count(data["max_tokens"]),
-        "offered_tok": count(offered_tok),
-        "model": (f"{model.get('model_type', '?')}, {model.get('num_hidden_layers', '?')} layers, hidden "
-                  f"{model.get('hidden_size', '?')}"),
-        "axes": _axes_sentence(cells),
-    }
+def probes(d: dict) -> str:
+    data = d["probes"]
+    service, sched, sysc, settings = data["service"], data["scheduler"], data["syscall"], data["settings"]
+    labels = {"off": "off", "scheduler": "scheduler (default: run-queue, off-CPU, TCP retransmits)",
+              "scheduler+syscalls": "scheduler + syscalls"}
+    rows = [[labels.get(name, name), with_range(row["rps_rounds"], lambda v: num(v, 1)),
+             "—" if name == "off" else with_range(row["rounds_throughput_loss_pct"], pct), num(row["p50_ms"]),
+             with_range(row["rounds_p99_ms"]), count(row["requests"])] for name, row in service.items()]
+    ns = lambda values: with_range(values, count)  # noqa: E731
+    cost, other = count(sysc["probe_cost_ns_target"]), count(sysc["probe_cost_ns_other_process"])
+    micro = [["pipe round trip, target and child pinned to one CPU (2 wake-ups, 4 context switches)",
+              ns(sched["runs"]["off"]), ns(sched["runs"]["on"]),
+              f"{count(sched['probe_cost_ns_round_trip'])} ns per round trip"],
+             ["`getppid()` in the target", ns(sysc["runs"]["off"]), ns(sysc["runs"]["on_target"]),
+              bold(f"{cost} ns per system call")],
+             ["`getppid()` in another process while the target is probed", ns(sysc["runs"]["off"]),
+              ns(sysc["runs"]["on_other_process"]), f"{other} ns per system call, paid by every process on the host"]]
+    rates = service["scheduler+syscalls"].get("rounds_service_syscalls_per_s") or []
+    load = (f"Under this load the service made {count(median(rates))} system calls per second (median over rounds, from "
+            f"the exporter's own counts), which at {cost} ns each is "
+            f"{pct(median(rates) * sysc['probe_cost_ns_target'] / 1e9 * 100, 2)} of a core, plus the cost to the rest "
+            f"of the host." if rates else "The service's system-call rate was not recorded in this run.")
+    ratio = num(sysc["ns_per_call_median"]["on_target"] / sysc["ns_per_call_median"]["off"], 1)
+    return f"""\
+One `ragheat serve` on the SciFact index; {settings['rounds']} rounds of {settings['round_s']} s with \
+{settings['clients']} closed-loop clients. Each round runs `off`, `scheduler` and `scheduler+syscalls` back to back;
+each "on" configuration is a real `ragheat probes --pid` exporter, scraped once per round. A round's loss is its
+throughput against the `off` run of the same round, so load from other processes mostly cancels; the table gives the
+median and the range of those per-round losses.
 
+{table(["probes", "req/s (median, min–max)", "throughput loss per round (median, min–max)", "P50 ms",
+        "P99 ms per round (median, min–max)", "requests"], rows, "lrrrrr")}
 
-def tune_vllm_real(results: Mapping[str, dict]) -> dict:
-    """The same sweep on the real model (``tune-vllm-real``)."""
-    return tune_vllm({"tune-vllm": results["tune-vllm-real"]})
+- {noise_verdict(service['scheduler']['rounds_throughput_loss_pct'], 'Throughput loss with the scheduler probes')}
+- {_budget(service['scheduler']['rounds_throughput_loss_pct'])}
+- {noise_verdict(service['scheduler+syscalls']['rounds_throughput_loss_pct'], 'Throughput loss with the syscall '
+                'probe too')}
 
+Micro-benchmarks in the same run ({settings['syscall_runs']} alternating runs each):
 
-def _axes_sentence(cells: list[dict]) -> str:
-    """Which setting decides whether a cell meets the SLO: one that changes the outcome with the other held fixed."""
-    ok = {(c["max_num_seqs"], c["max_model_len"], c["block_size"]): c["meets_slo"] for c in cells}
-    seqs = sorted({k[0] for k in ok})
-    lens = sorted({k[1] for k in ok})
+{table(["what", "off ns (median, min–max)", "on ns (median, min–max)", "probe cost (medians)"], micro, "lrrr")}
 
-    def varies(axis: int) -> bool:
-        groups: dict = {}
-        for key, meets in ok.items():
-            groups.setdefault(tuple(v for i, v in enumerate(key) if i != axis), set()).add(meets)
-        return any(len(v) > 1 for v in groups.values())
-
-    decide = [name for name, axis, values in (("`max_num_seqs`", 0, seqs), ("`max_model_len`", 1, lens))
-              if len(values) > 1 and varies(axis)]
-    still = [name for name, axis, values in (("`max_num_seqs`", 0, seqs), ("`max_model_len`", 1, lens))
-             if len(values) > 1 and not varies(axis)]
-    if not decide:
-        verdict = "all" if all(ok.values()) else "none" if not any(ok.values()) else "some"
-        return f"No single setting decides the outcome here: {verdict} of the cells meet the SLO."
-    return (f"{join_words(decide)} decides whether a cell meets the SLO here"
-            + (f"; {join_words(still)} does not change the outcome at any value of the other" if still else "") + ".")
+- **The scheduler probes cost about {num(sched['probe_cost_ns_round_trip'] / 4 / 1000, 2)} µs per context switch or
+  wake-up** (a round trip is two wake-ups and four switches).
+- **The syscall probe costs {cost} ns per call of the service ({ratio}× a bare `getppid()`), plus {other} ns per call
+  of every other process**: any enabled syscall tracepoint puts every task on the kernel's slow syscall path, plus
+  the in-kernel pid filter. {load} It stays **off by default** (`probes.syscalls=false`, `--syscalls` to turn it on
+  while investigating)."""

@@ -1,5 +1,5 @@
-"""Honest figures for the benchmarks doc: medians with their spread across rounds, paired comparisons, and
-sentences that say so when the spread across rounds is larger than the effect being reported.
+"""Honest figures for the benchmarks doc: numbers as text, one Markdown table, medians with their spread across
+rounds, paired comparisons, and sentences that say so when the spread is larger than the effect reported.
 
 Every function takes measured values (from a results file) and returns text; nothing here holds a figure.
 """
@@ -13,12 +13,15 @@ from typing import Callable, Mapping, Sequence
 MINUS = "\u2212"
 
 
-# --- numbers as text ------------------------------------------------------------------------------------------
-
 def num(value: float, digits: int = 2) -> str:
     """``1234.5`` -> ``1,234.50``; a negative sign is a real minus."""
     text = f"{value:,.{digits}f}"
     return MINUS + text[1:] if text.startswith("-") else text
+
+
+def opt(value: float | None, digits: int = 2) -> str:
+    """:func:`num`, or ``–`` where nothing was measured."""
+    return "–" if value is None else num(value, digits)
 
 
 def count(value: float) -> str:
@@ -27,8 +30,7 @@ def count(value: float) -> str:
 
 def signed(value: float, digits: int = 2) -> str:
     """``+0.19`` / ``−0.02`` (zero is ``+0.00``)."""
-    text = num(abs(value), digits)
-    return (MINUS if value < 0 and round(abs(value), digits) > 0 else "+") + text
+    return (MINUS if value < 0 and round(abs(value), digits) > 0 else "+") + num(abs(value), digits)
 
 
 def pct(value: float, digits: int = 1) -> str:
@@ -46,26 +48,33 @@ def duration(seconds: float) -> str:
     return f"{hours} h {minutes} min"
 
 
+def knee_rate(value: float | None, none: str = "none", unit: str = "") -> str:
+    """A knee (an offered rate), or ``none`` where no rate met the SLO."""
+    return none if value is None else f"{value:g}{unit}"
+
+
 def bold(text: str) -> str:
     return f"**{text}**"
 
 
-def table(header: Sequence[str], rows: Sequence[Sequence[str]], align: str = "") -> str:
-    """A Markdown table; ``align`` is one letter per column (``l`` or ``r``; default left)."""
-    marks = ["---:" if (align[i:i + 1] == "r") else "---" for i in range(len(header))]
+def table(header: Sequence[str], rows: Sequence[Sequence[object]], align: str = "", title: str = "") -> str:
+    """The one way this doc draws a table: a header, rows of cells (``str()`` of each) and ``align``, one letter per
+    column (``r`` right, anything else left); ``title``, a paragraph above it."""
+    marks = ["---:" if align[i:i + 1] == "r" else "---" for i in range(len(header))]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(marks) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return (f"{title}\n\n" if title else "") + "\n".join(lines)
+
+
+def blocks(*parts: str) -> str:
+    """Paragraphs (and tables) one blank line apart; an empty part is left out."""
+    return "\n\n".join(p for p in parts if p)
 
 
 def join_words(items: Sequence[str]) -> str:
     items = list(items)
-    if len(items) <= 1:
-        return "".join(items)
-    return ", ".join(items[:-1]) + " and " + items[-1]
+    return "".join(items) if len(items) <= 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
-
-# --- spreads --------------------------------------------------------------------------------------------------
 
 def median(values: Sequence[float]) -> float:
     return float(statistics.median(values))
@@ -74,15 +83,6 @@ def median(values: Sequence[float]) -> float:
 def spread(values: Sequence[float]) -> tuple[float, float]:
     """(min, max) across rounds."""
     return float(min(values)), float(max(values))
-
-
-def iqr(values: Sequence[float]) -> tuple[float, float]:
-    """(first quartile, third quartile), linear interpolation; a single value is its own IQR."""
-    ordered = sorted(values)
-    if len(ordered) == 1:
-        return float(ordered[0]), float(ordered[0])
-    q = statistics.quantiles(ordered, n=4, method="inclusive")
-    return float(q[0]), float(q[2])
 
 
 def with_range(values: Sequence[float], fmt: Callable[[float], str] = num) -> str:
@@ -100,27 +100,13 @@ def paired_ratios(treated: Sequence[float], control: Sequence[float]) -> list[fl
     return [t / c for t, c in zip(treated, control)]
 
 
-def losses_pct(treated: Sequence[float], control: Sequence[float]) -> list[float]:
-    """Each round's throughput loss in per cent, ``100 * (1 - treated / control)``."""
-    return [100.0 * (1.0 - r) for r in paired_ratios(treated, control)]
-
-
-# --- effect against noise -------------------------------------------------------------------------------------
-
 def noise_verdict(per_round: Sequence[float], what: str, fmt: Callable[[float], str] = pct) -> str:
     """One sentence on an effect measured once per round (a throughput loss, a latency difference): whether the
-    rounds agree, and whether their spread is larger than the effect itself.
-
-    - rounds disagree on the sign -> the effect is within the noise; only a bound can be read;
-    - the spread (max - min) exceeds the median's size -> the median is reported with a warning;
-    - otherwise every round shows it, with the range.
-    """
+    rounds agree on its sign (if not, only a bound can be read), and whether their spread is larger than it."""
     values = list(per_round)
     if not values:
         raise ValueError(f"{what}: no rounds")
-    mid = median(values)
-    low, high = spread(values)
-    n = len(values)
+    mid, (low, high), n = median(values), spread(values), len(values)
     if n == 1:
         return f"{what}: {fmt(mid)} in the only round measured, so there is no spread to judge it by."
     if low < 0 < high:
@@ -140,8 +126,7 @@ def paired_difference(a: Mapping[str, float], b: Mapping[str, float]) -> dict:
     if len(keys) < 2:
         raise ValueError("a paired difference needs at least two shared keys")
     diffs = [a[k] - b[k] for k in keys]
-    mean = statistics.fmean(diffs)
-    se = statistics.stdev(diffs) / math.sqrt(len(diffs))
+    mean, se = statistics.fmean(diffs), statistics.stdev(diffs) / math.sqrt(len(diffs))
     return {"mean": mean, "se": se, "n": len(diffs), "significant": abs(mean) > 2 * se}
 
 

@@ -1,0 +1,138 @@
+"""What the benchmark scripts share: percentiles of timed calls, the options and rotation of the side-by-side
+capacity benchmarks, and the real model the language-model benchmarks start.
+
+A script run as ``.venv/bin/python benchmarks/bench_x.py`` puts the repository root on ``sys.path`` first
+(``sys.path.insert(0, str(Path(__file__).resolve().parents[1]))``) and imports ``benchmarks.common``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Sequence, TypeVar
+
+import numpy as np
+
+from rag.slo import SLO_MS
+
+SMOKE = os.environ.get("RAGHEAT_BENCH_SMOKE") == "1"  # run_all.sh SMOKE=1: tiny parameters, to prove a step runs
+MAX_ERROR_RATE = 0.001  # the knee's error allowance, as `ragheat bench`
+SERVED = "smollm2"  # the name the real model is served under
+DEFAULT_SETS = ("scifact=datasets/scifact:train:data/index/scifact",
+                "hotpotqa-dev=datasets/hotpotqa-dev:dev:data/index/hotpotqa-dev")
+T = TypeVar("T")
+
+
+def p50_p99(values: Sequence[float], scale: float = 1000.0) -> dict | None:
+    """P50 / P99 of ``values`` times ``scale`` (default: seconds to ms) and how many there were; None when empty."""
+    if len(values) == 0:
+        return None
+    scaled = np.asarray(values, dtype=float) * scale
+    return {"p50": float(np.percentile(scaled, 50)), "p99": float(np.percentile(scaled, 99)), "n": int(len(scaled))}
+
+
+def closed_loop_round(url: str, queries: Sequence[str], clients: int, seconds: float) -> tuple[float, list[float]]:
+    """``clients`` closed-loop clients posting ``queries`` (each its own share, in turn) to ``url``'s /v1/query for
+    ``seconds``: requests per second, and every request's latency in seconds."""
+    import httpx
+
+    latencies: list[list[float]] = [[] for _ in range(clients)]
+    stop = time.monotonic() + seconds
+
+    def client(i: int) -> None:
+        with httpx.Client(base_url=url, timeout=30) as http:
+            k = i
+            while time.monotonic() < stop:
+                start = time.perf_counter()
+                http.post("/v1/query", json={"query": queries[k % len(queries)]}).raise_for_status()
+                latencies[i].append(time.perf_counter() - start)
+                k += clients
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    flat = [x for per in latencies for x in per]
+    return len(flat) / seconds, flat
+
+
+def rotated(items: Sequence[T], shift: int) -> list[T]:
+    """``items`` starting at ``shift`` (modulo its length): the order that changes from step to step, so that a slow
+    drift of the machine lands on every configuration alike."""
+    shift %= len(items)
+    return [*items[shift:], *items[:shift]]
+
+
+def sweep_parser(description: str, *, rates: str, duration: float, stop_factor: float, ready_timeout: float,
+                 work: str) -> argparse.ArgumentParser:
+    """The options every side-by-side sweep takes (bench_batching, bench_capacity, bench_replicas)."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--index", type=Path, default=Path("data/index/scifact"), help="index folder to serve")
+    p.add_argument("--rates", default=rates, help="offered req/s, '50,100' or 'start:stop:step'")
+    p.add_argument("--duration", type=float, default=duration, help="measured seconds per step")
+    p.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds before each step")
+    p.add_argument("--slo-ms", type=float, default=SLO_MS, help="P99 objective for the knee")
+    p.add_argument("--stop-factor", type=float, default=stop_factor,
+                   help="stop offering a configuration more once its P99 passes this many SLOs")
+    p.add_argument("--timeout", type=float, default=10.0, help="per-request timeout, seconds (a timeout is an error)")
+    p.add_argument("--ready-timeout", type=float, default=ready_timeout, help="seconds each server may take to load")
+    p.add_argument("--work", type=Path, default=None, help=f"{work} (default: a temporary folder)")
+    p.add_argument("--results-file", "--json", dest="results_file", type=Path, default=None,
+                   help="write a benchmark results file (loadgen/resultsfile.py) here")
+    return p
+
+
+def check_index(parser: argparse.ArgumentParser, index: Path) -> None:
+    if not (index / "current").exists():
+        parser.error(f"--index {index} is not an index folder (no 'current'); build one with `ragheat ingest`")
+
+
+def scifact_queries(path: Path | None) -> tuple[Path | None, list[str]]:
+    """The queries file (``path``, else SciFact's when present) and its queries shuffled with seed 0 (the built-in
+    ones without a file)."""
+    from loadgen.runner import DEFAULT_QUERIES, load_queries, shuffled
+
+    scifact = Path("datasets/scifact/queries.jsonl")
+    path = path or (scifact if scifact.is_file() else None)
+    return path, shuffled(load_queries(path) if path else DEFAULT_QUERIES, 0)
+
+
+def parse_set(spec: str) -> tuple[str, Path, str, Path, Path | None]:
+    """``NAME=BEIR:SPLIT:INDEX[:HEAD]`` -> its parts (HEAD: a reranker head, None when not given)."""
+    name, _, rest = spec.partition("=")
+    parts = rest.split(":")
+    if not name or len(parts) not in (3, 4):
+        raise ValueError(f"{spec}: expected NAME=BEIR:SPLIT:INDEX[:HEAD]")
+    return name, Path(parts[0]), parts[1], Path(parts[2]), Path(parts[3]) if len(parts) == 4 else None
+
+
+def model_sets_parser(description: str) -> argparse.ArgumentParser:
+    """The options of the benchmarks that run the real model over judged query sets (bench_hyde, bench_judge)."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--set", action="append", metavar="NAME=BEIR:SPLIT:INDEX",
+                   help=f"default: {' and '.join(DEFAULT_SETS)} (an index absent is built first)")
+    p.add_argument("--seed", type=int, default=16, help="draws the queries of each set")
+    p.add_argument("--llm-url", help=f"a running OpenAI-compatible server's /v1 URL serving the model as {SERVED!r} "
+                                     "(default: start vLLM on it)")
+    p.add_argument("--json", type=Path, help="the results file (default benchmarks/results/<name>.json)")
+    return p
+
+
+def real_model(stack: contextlib.ExitStack, url: str | None, max_num_seqs: int) -> str:
+    """``url``, or that of a vLLM server started in ``stack`` on the real model ``scripts/install_vllm.sh``
+    installs, served as ``SERVED``."""
+    if url is not None:
+        return url
+    from rag.childproc import free_port
+    from stack.smollm import installed_model
+    from stack.vllm import VllmServer
+
+    folder = installed_model()
+    if folder is None:
+        raise SystemExit("the real model is not installed: run `bash scripts/install_vllm.sh` (or give --llm-url)")
+    return stack.enter_context(VllmServer(folder, port=free_port(), served_name=SERVED, max_model_len=2048,
+                                          max_num_seqs=max_num_seqs, block_size=32))
