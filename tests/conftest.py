@@ -132,6 +132,13 @@ def settings() -> RagheatSettings:
 
 
 @pytest.fixture(scope="session")
+def no_graph_settings(settings) -> RagheatSettings:
+    """The defaults with the knowledge graph off: for a pipeline whose test does not exercise the graph, so that
+    its warm-up does not start the graph store (a child process)."""
+    return settings.model_copy(update={"graph": settings.graph.model_copy(update={"enabled": False})})
+
+
+@pytest.fixture(scope="session")
 def embedder(settings):
     from rag.embedding.embedder import OnnxEmbedder
 
@@ -154,24 +161,119 @@ def subset_index(scifact_subset, settings, embedder, tmp_path_factory) -> Path:
 class FullIndex:
     path: Path
     manifest: dict
-    cpu_s: float  # user + system CPU seconds of this process during the ingest (every thread)
+    cpu_s: float  # user + system CPU seconds of the process that built it, during the ingest (every thread)
+    settings: RagheatSettings  # what it was built with, and is served with
 
 
-@pytest.fixture(scope="session")
-def scifact_index(scifact_dir, settings, embedder, tmp_path_factory) -> FullIndex:
-    """The whole SciFact corpus (5,183 abstracts) ingested once per session, shared by the slow tests that need it
-    (minutes on two cores: a test that asks for it first needs a @pytest.mark.timeout above the default 900 s).
-    Also the ingest's CPU seconds, which a CPU hog beside the suite barely moves, unlike its wall time."""
+def measured_settings(settings: RagheatSettings) -> RagheatSettings:
+    """The quality tests' ingest: what they measure (chunks, embeddings, FAISS, BM25) and nothing else: no token
+    vectors for the reranker, no knowledge graph (their retrievers are dense, bm25 and hybrid, unreranked)."""
+    return settings.model_copy(update={
+        "rerank": settings.rerank.model_copy(update={"enabled": False, "store_tokens": False}),
+        "graph": settings.graph.model_copy(update={"enabled": False})})
+
+
+def _code_key() -> str:
+    """What an index built by this checkout depends on beyond the ingest's own fingerprint: the code of rag/ (its
+    syntax trees without docstrings: a comment or a docstring changes nothing built) and every installed package
+    with its version (onnxruntime, faiss, tokenizers, ...)."""
+    import ast
+    import hashlib
+    from importlib.metadata import distributions
+
+    digest = hashlib.sha256()
+    for path in sorted((REPO / "rag").rglob("*.py")):
+        tree = ast.parse(path.read_bytes())
+        for node in ast.walk(tree):
+            body = getattr(node, "body", None)
+            if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
+                    and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                    and isinstance(body[0].value.value, str)):
+                node.body = body[1:] or [ast.Pass()]
+        digest.update(f"{path.relative_to(REPO)}\0{ast.dump(tree)}\0".encode())
+    packages = sorted(f"{d.metadata['Name']}=={d.version}" for d in distributions())
+    digest.update("\n".join(packages).encode())
+    return digest.hexdigest()[:16]
+
+
+def _index_cache(settings: RagheatSettings) -> Path | None:
+    """Where the whole-SciFact index is kept between runs: beside the ONNX conversions in the user's cache folder
+    (which outlives a fresh clone on the same machine, as CI's is), or RAGHEAT_TEST_INDEX_CACHE; ``off`` builds
+    it in every run."""
+    chosen = os.environ.get("RAGHEAT_TEST_INDEX_CACHE", "")
+    if chosen == "off":
+        return None
+    return Path(chosen) if chosen else settings.embedding.cache_dir / "test-indexes"
+
+
+def _measured_ingest(source: Path, index: Path, settings: RagheatSettings, embedder, force: bool = False):
+    """Ingest and its CPU seconds (user + system, every thread of this process)."""
     import resource
 
     from rag.ingest.pipeline import ingest
 
-    index = tmp_path_factory.mktemp("scifact-full") / "index"
     before = resource.getrusage(resource.RUSAGE_SELF)
-    report = ingest(str(scifact_dir), index, settings, embedder=embedder)
+    report = ingest(str(source), index, settings, embedder=embedder, force=force)
     after = resource.getrusage(resource.RUSAGE_SELF)
-    cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return FullIndex(index, report.manifest, cpu_s)
+    return report, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+@pytest.fixture(scope="session")
+def scifact_index(scifact_dir, settings, embedder, tmp_path_factory):
+    """The whole SciFact corpus (5,183 abstracts) ingested with ``measured_settings``, shared by the slow tests that
+    need it (embedding it takes minutes on two cores: a test that asks for it first needs a @pytest.mark.timeout
+    above the default 900 s). Also the ingest's CPU seconds, which a CPU hog beside the suite barely moves, unlike
+    its wall time.
+
+    Kept between runs (``_index_cache``) in a folder named by ``_code_key``: with the same code and packages, and
+    the ingest itself finding the index up to date by its own fingerprint (corpus, model, chunking, BM25 and FAISS
+    parameters), a run reuses exactly what it would build, with the CPU seconds measured when that was built.
+    Anything else changed, and it is built (and measured) again."""
+    import fcntl
+
+    built_with = measured_settings(settings)
+    cache = _index_cache(settings)
+    if cache is None:
+        index = tmp_path_factory.mktemp("scifact-full") / "index"
+        report, cpu_s = _measured_ingest(scifact_dir, index, built_with, embedder)
+        yield FullIndex(index, report.manifest, cpu_s, built_with)
+        return
+
+    folder = cache / f"scifact-{_code_key()}"
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / "build.lock", "w") as build:
+        fcntl.flock(build, fcntl.LOCK_EX)  # one run at a time from here: one that waited finds the index up to date
+        folder.mkdir(exist_ok=True)
+        in_use = open(folder / "in-use.lock", "w")
+        fcntl.flock(in_use, fcntl.LOCK_SH)  # until the session ends: no other run removes the folder meanwhile
+        _remove_unused(cache, keep=folder)
+        measured = folder / "ingest-cpu.json"
+        report, cpu_s = _measured_ingest(scifact_dir, folder / "index", built_with, embedder)
+        kept = json.loads(measured.read_text()) if measured.is_file() else {}
+        if report.skipped and kept.get("fingerprint") == report.manifest["fingerprint"]:
+            cpu_s = kept["cpu_s"]
+        elif report.skipped or "reused" in report.manifest["timings_s"]:  # not the cost of a whole ingest
+            report, cpu_s = _measured_ingest(scifact_dir, folder / "index", built_with, embedder, force=True)
+        if not report.skipped:
+            measured.write_text(json.dumps({"fingerprint": report.manifest["fingerprint"], "cpu_s": cpu_s}))
+    with in_use:
+        yield FullIndex(folder / "index", report.manifest, cpu_s, built_with)
+
+
+def _remove_unused(cache: Path, keep: Path) -> None:
+    """Remove the indexes other code built, unless a run is using one now."""
+    import fcntl
+    import shutil
+
+    for stale in cache.glob("scifact-*"):
+        if stale == keep or not stale.is_dir():
+            continue
+        with open(stale / "in-use.lock", "w") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue
+            shutil.rmtree(stale, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -68,6 +68,18 @@ def _offcpu_counts(text: str) -> dict[str, float]:
     return counts
 
 
+def _probed_pids(log: str) -> set[int] | None:
+    """The pids the exporter probes now, from the last of its lines that name them: ``serving kernel probes for pid
+    A, B`` when it starts, then ``now probing pid A, B`` each time it follows the workers. Which lines there are
+    depends on timing: it may start while one worker listens, then follow the second. None before it serves."""
+    probed = None
+    for line in log.splitlines():
+        for prefix in ("serving kernel probes for pid ", "now probing pid "):
+            if line.startswith(prefix):
+                probed = {int(p) for p in line.removeprefix(prefix).split(" (")[0].split(", ")}
+    return probed
+
+
 def test_serve_workers_with_probes_counts_every_worker_and_follows_a_restart(ebpf, subset_index, tmp_path):
     """``serve --workers 2 --probes``: one exporter on probes.port probes both workers (found at the service's
     port), and a worker that dies is replaced in the probes by its successor."""
@@ -95,11 +107,11 @@ def test_serve_workers_with_probes_counts_every_worker_and_follows_a_restart(ebp
 
         workers = serving_workers()
         deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and "serving kernel probes for pid " + ", ".join(
-                map(str, sorted(workers))) not in log.read_text():  # both workers bound, then the probes compiled
+        while time.monotonic() < deadline and _probed_pids(log.read_text()) != workers:  # compiled, both probed
             time.sleep(0.5)
-        assert "serving kernel probes for pid " + ", ".join(map(str, sorted(workers))) in log.read_text(), \
-            log.read_text()[-3000:]
+        text = log.read_text()
+        assert "serving kernel probes for pid " in text and _probed_pids(text) == workers, (workers, text[-3000:])
+
         def ask(i: int) -> int:  # a new connection each time: the kernel spreads connections over the workers
             with httpx.Client(timeout=30) as client:
                 return client.post(url + "/v1/query", json={"query": QUERIES[i % len(QUERIES)]}).status_code
@@ -115,10 +127,8 @@ def test_serve_workers_with_probes_counts_every_worker_and_follows_a_restart(ebp
         successor = set()
         while time.monotonic() < deadline and not successor:  # the successor bound the port and is probed
             time.sleep(0.5)
-            probed = [line for line in log.read_text().splitlines() if line.startswith("now probing pid ")]
-            if probed:
-                pids = {int(p) for p in probed[-1].split(" (")[0].removeprefix("now probing pid ").split(", ")}
-                successor = pids - workers if len(pids) == 2 else set()
+            pids = _probed_pids(log.read_text()) or set()
+            successor = pids - workers if len(pids) == 2 else set()
         text = log.read_text()
         assert "restarting it" in text and successor, text[-3000:]
         assert successor <= serving_workers() and victim not in serving_workers()

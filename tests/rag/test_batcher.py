@@ -251,10 +251,13 @@ class _Queued:
 def test_pipeline_reports_the_batch_wait_as_queue_not_embed():
     from rag.pipeline import RagPipeline
 
+    from rag.query_context import QueryContext
+
     pipeline = RagPipeline(RagheatSettings(), Path("unused"))
     pipeline.embedder = _Queued(0.05)
-    stages = []
-    pipeline._embed("q", stages)
+    context = QueryContext("q", 3, ("dense",))
+    pipeline._embedding(context)
+    stages = context.stages
     names = [s.name for s in stages]
     assert names == ["queue", "embed"], names
     queue, embed = stages
@@ -262,12 +265,13 @@ def test_pipeline_reports_the_batch_wait_as_queue_not_embed():
     assert embed.seconds < 0.05  # the wait is not counted twice
 
 
-def test_the_settings_choose_the_request_paths_embedder(settings, subset_index):
+def test_the_settings_choose_the_request_paths_embedder(no_graph_settings, subset_index):
     """query_batch_max > 1 puts the batcher on the request path, with the settings' batch, wait and runs; 1 (the
     default) leaves the plain embedder; a query answers the same either way."""
     from rag import protocols
     from rag.pipeline import RagPipeline
 
+    settings = no_graph_settings
     assert RagheatSettings().embedding.query_batch_max == 1
     embedding = settings.embedding.model_copy(update={"query_batch_max": 4, "query_batch_wait_ms": 2.0,
                                                       "query_batch_runs": 3})

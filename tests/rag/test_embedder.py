@@ -90,7 +90,7 @@ def _batch_compositions(embedder: OnnxEmbedder, texts: list[str], fillers: list[
 @pytest.mark.parametrize("precision,floor", [("fp32", 0.9999), ("int8", 0.999)])
 def test_embeddings_are_normalised_and_batch_independent(scifact_dir, settings, precision, floor):
     """Same text, any batch: the same vector. int8 quantises activations per row (and block), so a
-    text's neighbours, padding and batch size cannot move it (issue 19: per-batch scales did)."""
+    text's neighbours, padding and batch size cannot move it (per-batch scales would)."""
     embedder = OnnxEmbedder(settings.embedding.model_copy(update={"precision": precision}))
     sentences = _real_sentences(scifact_dir, 60)
     texts = ["short", "?", "a somewhat longer sentence about protein folding in cells", "x " * 300,

@@ -535,8 +535,8 @@ def test_folder_that_is_not_an_index(tmp_path, settings):
 
 def test_index_of_the_old_int8_scheme_is_refused_until_re_ingested(subset_index, scifact_subset, tmp_path, settings,
                                                                    embedder):
-    """A manifest written before issue 19 (int8, no "quantisation" key, fingerprints over the old identity) was
-    embedded with per-batch dynamic int8: serving it with today's int8 would mix two vector spaces, so loading
+    """A manifest of the legacy int8 scheme (no "quantisation" key, fingerprints over the old identity) was
+    embedded with per-batch dynamic int8: serving it with the current int8 would mix two vector spaces, so loading
     it names the cause and `ragheat ingest`, and re-running ingest re-embeds it (no reuse of the old vectors)."""
     from rag.embedding.model_store import LEGACY_INT8_SCHEME
     from rag.pipeline import RagPipeline

@@ -1,37 +1,39 @@
-"""``ragheat ann-bench`` as a command (the installed entry point, a real subprocess) on the SciFact subset's
+"""``ragheat ann-bench`` as a command (the one the entry point runs, in this process) on the SciFact subset's
 index: every index and search setting in results.json, exact flat recall, the concurrency sweep at the default
 settings, both plots, the table; and a clear refusal of bad flags."""
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from typer.testing import CliRunner
 
 from rag.index.store import read_manifest
+from ragheat.cli import app
 
-RAGHEAT = Path(sys.executable).parent / "ragheat"
 PNG = b"\x89PNG\r\n\x1a\n"
 
 pytestmark = pytest.mark.slow
 
 
-def ann_bench(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "COLUMNS": "400", "NO_COLOR": "1", "TERM": "dumb"}
-    return subprocess.run([str(RAGHEAT), "ann-bench", *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=600)
+def ann_bench(cwd: Path, *args: str):
+    """``ragheat ann-bench ARGS`` run from ``cwd``, on a wide console; a traceback would be an exception other
+    than the exit (and exit code 1)."""
+    with contextlib.chdir(cwd):
+        done = CliRunner(env={"COLUMNS": "400", "NO_COLOR": "1"}).invoke(app, ["ann-bench", *args])
+    assert done.exception is None or isinstance(done.exception, SystemExit), done.exception
+    return done
 
 
 def test_ann_bench_command_on_the_subset(scifact_subset, subset_index, tmp_path):
     out = tmp_path / "ann"
     done = ann_bench(tmp_path, "--beir", str(scifact_subset), "--index", str(subset_index), "--no-wiki",
                      "--threads", "1,2", "--seconds", "0.1", "--out", str(out))
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.exit_code == 0, done.stdout + done.stderr
     n = read_manifest(subset_index)["counts"]["chunks"]
     queries = sum(1 for line in (scifact_subset / "queries.jsonl").read_text().splitlines() if line.strip())
     dataset = scifact_subset.resolve().name
@@ -65,7 +67,7 @@ def test_ann_bench_command_on_the_subset(scifact_subset, subset_index, tmp_path)
 @pytest.mark.parametrize("threads", ["0", "two", ""])
 def test_ann_bench_refuses_bad_threads(scifact_subset, tmp_path, threads):
     done = ann_bench(tmp_path, "--beir", str(scifact_subset), "--no-wiki", "--threads", threads)
-    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.exit_code == 2, done.stdout + done.stderr
     assert "--threads takes positive whole numbers" in done.stdout + done.stderr
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "data").exists(), "nothing is ingested before the flags are checked"

@@ -1,24 +1,28 @@
-"""``ragheat eval`` as a real subprocess: it ingests a fresh index, scores dense/BM25/hybrid on the SciFact
-subset's train claims and writes a JSON report; bad arguments exit 2 with a sentence, not a traceback."""
+"""``ragheat eval`` (the command the entry point runs, in this process): it ingests a fresh index, scores
+dense/BM25/hybrid on the SciFact subset's train claims and writes a JSON report; bad arguments exit 2 with a
+sentence, not a traceback."""
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
-RAGHEAT = Path(sys.executable).parent / "ragheat"
+from ragheat.cli import app
+
 METRICS = ("ndcg@10", "recall@10", "recall@100", "mrr@10")
 
 
-def run_cli(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = {**os.environ, "COLUMNS": "1000", "NO_COLOR": "1", "TERM": "dumb"}
-    return subprocess.run([str(RAGHEAT), *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+def run_cli(*args: str, cwd: Path):
+    """``ragheat ARGS`` run from ``cwd``; a wide console, so that rich wraps no path. A traceback would be an
+    exception other than the exit (and exit code 1)."""
+    with contextlib.chdir(cwd):
+        result = CliRunner(env={"COLUMNS": "1000", "NO_COLOR": "1"}).invoke(app, list(args))
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    return result
 
 
 def judged_queries(beir: Path, split: str = "train") -> int:
@@ -32,7 +36,7 @@ def test_eval_ingests_a_fresh_index_and_reports_every_retriever(scifact_subset, 
     index, report_path = tmp_path / "fresh-index", tmp_path / "out" / "report.json"
     result = run_cli("eval", "--beir", str(scifact_subset), "--index", str(index), "--split", "train",
                      "--retrievers", "dense,bm25,hybrid", "--json", str(report_path), cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.exit_code == 0, result.stderr[-3000:]
 
     # It built the index first: a published generation behind the `current` link.
     assert (index / "current").is_symlink() and (index / "current" / "manifest.json").is_file()
@@ -59,8 +63,8 @@ def test_eval_ingests_a_fresh_index_and_reports_every_retriever(scifact_subset, 
 def test_eval_bad_retrievers_exit_2(scifact_subset, tmp_path, spec):
     index = tmp_path / "never-built"
     result = run_cli("eval", "--beir", str(scifact_subset), "--index", str(index), "--retrievers", spec,
-                     cwd=tmp_path, timeout=120)
-    assert result.returncode == 2, (result.stdout, result.stderr)
+                     cwd=tmp_path)
+    assert result.exit_code == 2, (result.stdout, result.stderr)
     assert "--retrievers" in result.stderr and "Traceback" not in result.stderr, result.stderr
     assert not index.exists(), "nothing should be built when the arguments are wrong"
 
@@ -68,8 +72,8 @@ def test_eval_bad_retrievers_exit_2(scifact_subset, tmp_path, spec):
 def test_eval_missing_split_exit_2_naming_the_qrels_path(scifact_subset, tmp_path):
     index = tmp_path / "never-built"
     result = run_cli("eval", "--beir", str(scifact_subset), "--index", str(index), "--split", "test",
-                     cwd=tmp_path, timeout=120)
-    assert result.returncode == 2, (result.stdout, result.stderr)
+                     cwd=tmp_path)
+    assert result.exit_code == 2, (result.stdout, result.stderr)
     assert str(scifact_subset / "qrels" / "test.tsv") in result.stderr, result.stderr
     assert "train" in result.stderr, "the message should list the splits that exist"
     assert "Traceback" not in result.stderr and not index.exists()
@@ -77,6 +81,6 @@ def test_eval_missing_split_exit_2_naming_the_qrels_path(scifact_subset, tmp_pat
 
 def test_eval_missing_beir_folder_exit_2(tmp_path):
     missing = tmp_path / "no-beir"
-    result = run_cli("eval", "--beir", str(missing), "--index", str(tmp_path / "idx"), cwd=tmp_path, timeout=120)
-    assert result.returncode == 2, (result.stdout, result.stderr)
+    result = run_cli("eval", "--beir", str(missing), "--index", str(tmp_path / "idx"), cwd=tmp_path)
+    assert result.exit_code == 2, (result.stdout, result.stderr)
     assert str(missing) in result.stderr and "Traceback" not in result.stderr, result.stderr

@@ -1,32 +1,28 @@
-"""``ragheat ingest`` as a command (the installed entry point, a real subprocess): each ``--index-kind`` with its
+"""``ragheat ingest`` as a command (the one the entry point runs, in this process): each ``--index-kind`` with its
 build flags, and ``--chunker semantic``, each recorded in the manifest exactly as given and searchable."""
 
 from __future__ import annotations
 
-import os
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from rag.index import dense
 from rag.index.store import load_index, read_manifest
 from rag.ingest.chunking import plain_tokenizer
 from rag.ingest.sources import load_source
 from rag.settings import IndexSettings
-
-RAGHEAT = Path(sys.executable).parent / "ragheat"
+from ragheat.cli import app
 
 pytestmark = pytest.mark.slow
 
 
 def ingest_cli(source: Path, index: Path, *flags: str) -> dict:
-    env = {**os.environ, "COLUMNS": "400", "NO_COLOR": "1", "TERM": "dumb"}
-    done = subprocess.run([str(RAGHEAT), "ingest", str(source), "--index", str(index), *flags], env=env,
-                          capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout + done.stderr
+    runner = CliRunner(env={"COLUMNS": "400", "NO_COLOR": "1"})
+    done = runner.invoke(app, ["ingest", str(source), "--index", str(index), *flags])
+    assert done.exit_code == 0 and done.exception is None, (done.exception, done.stdout + done.stderr)
     manifest = read_manifest(index)
     assert f"indexed {manifest['counts']['documents']} documents as {manifest['counts']['chunks']} chunks" \
         in " ".join(done.stdout.split()), done.stdout

@@ -1,5 +1,6 @@
 """``ragheat serve`` refuses to start on a missing or damaged index, naming the path; ``ragheat query`` works
-in-process and against a running server. The CLI runs as a real subprocess (the installed entry point)."""
+in-process and against a running server. ``serve`` runs as a real subprocess (the installed entry point): that it
+exits before it binds is what is tested; ``query`` runs in this process."""
 
 from __future__ import annotations
 
@@ -13,12 +14,14 @@ import time
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from rag.api.app import create_app
 from stack.servers import BackgroundServer
 from rag.errors import IndexLoadError
 from rag.index.store import resolve_generation
 from rag.pipeline import RagPipeline
+from ragheat.cli import app
 
 RAGHEAT = Path(sys.executable).parent / "ragheat"
 QUERY = "0-dimensional biomaterials lack inductive properties."
@@ -29,6 +32,14 @@ def run_cli(*args: str, cwd: Path, timeout: float = 120) -> subprocess.Completed
     env = {**os.environ, "COLUMNS": "1000", "NO_COLOR": "1", "TERM": "dumb"}
     return subprocess.run([str(RAGHEAT), *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=timeout)
+
+
+def query_cli(*args: str, env: dict | None = None):
+    """``ragheat query ARGS`` in this process, on a wide console; a traceback would be an exception other than
+    the exit (and exit code 1)."""
+    result = CliRunner(env={"COLUMNS": "1000", "NO_COLOR": "1", **(env or {})}).invoke(app, ["query", *args])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    return result
 
 
 def damage(folder: Path, kind: str) -> Path:
@@ -147,15 +158,20 @@ def test_warm_up_raises_for_a_missing_index(settings, tmp_path):
 def test_warm_up_succeeds_on_an_intact_copy(settings, index_copy, pipeline):
     copy = RagPipeline(settings, index_copy)
     copy.warm_up()
-    assert copy.ready and len(copy.index.chunks) == len(pipeline.index.chunks)
+    try:
+        assert copy.ready and len(copy.index.chunks) == len(pipeline.index.chunks)
+    finally:
+        copy.close()  # its graph store's process
 
 
 # ------------------------------------------------------------------------------------------- query
 
 
-def test_query_in_process_prints_json(subset_index, tmp_path):
-    result = run_cli("query", QUERY, "--index", str(subset_index), "--top-k", "3", "--json", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
+def test_query_in_process_prints_json(subset_index):
+    # The graph is not in this path (no entity-linked retriever asked for): its store is not started.
+    result = query_cli(QUERY, "--index", str(subset_index), "--top-k", "3", "--json",
+                       env={"RAGHEAT_GRAPH__ENABLED": "false"})
+    assert result.exit_code == 0, result.stderr
     data = json.loads(result.stdout)
     markers = {int(n) for n in re.findall(r"\[(\d+)\]", data["answer"])}
     assert data["answer"].strip() and markers and markers <= {1, 2, 3}, data["answer"]
@@ -165,10 +181,9 @@ def test_query_in_process_prints_json(subset_index, tmp_path):
     assert [s["name"] for s in data["stages"]] == ["embed", "retrieve_dense", "retrieve_bm25", "fuse", "rerank", "generate"]
 
 
-def test_query_against_a_server_matches_in_process(server_url, pipeline, tmp_path):
-    result = run_cli("query", QUERY, "--url", server_url, "--top-k", "3", "--retrievers", "bm25", "--json",
-                     cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
+def test_query_against_a_server_matches_in_process(server_url, pipeline):
+    result = query_cli(QUERY, "--url", server_url, "--top-k", "3", "--retrievers", "bm25", "--json")
+    assert result.exit_code == 0, result.stderr
     data = json.loads(result.stdout)
     expected = pipeline.query(QUERY, 3, ["bm25"])
     assert data["answer"] == expected.answer
@@ -176,26 +191,26 @@ def test_query_against_a_server_matches_in_process(server_url, pipeline, tmp_pat
     assert [s["name"] for s in data["stages"]] == ["queue", "embed", "retrieve_bm25", "rerank", "generate"]
 
 
-def test_query_against_a_server_prints_a_readable_answer(server_url, tmp_path):
-    result = run_cli("query", QUERY, "--url", server_url, cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
+def test_query_against_a_server_prints_a_readable_answer(server_url):
+    result = query_cli(QUERY, "--url", server_url)
+    assert result.exit_code == 0, result.stderr
     assert "[1]" in result.stdout and "extractive" in result.stdout and "generate" in result.stdout
 
 
-def test_query_empty_text_exits_2(subset_index, tmp_path):
-    result = run_cli("query", "", "--index", str(subset_index), cwd=tmp_path)
-    assert result.returncode == 2, (result.stdout, result.stderr)
+def test_query_empty_text_exits_2(subset_index):
+    result = query_cli("", "--index", str(subset_index))
+    assert result.exit_code == 2, (result.stdout, result.stderr)
     assert "empty" in result.stderr and "Traceback" not in result.stderr, result.stderr
 
 
-def test_query_blank_text_against_a_server_exits_2(server_url, tmp_path):
-    result = run_cli("query", "   ", "--url", server_url, cwd=tmp_path)
-    assert result.returncode == 2, (result.stdout, result.stderr)
+def test_query_blank_text_against_a_server_exits_2(server_url):
+    result = query_cli("   ", "--url", server_url)
+    assert result.exit_code == 2, (result.stdout, result.stderr)
     assert "422" in result.stderr and "empty" in result.stderr, result.stderr
 
 
 def test_query_missing_index_exits_2_naming_it(tmp_path):
     missing = tmp_path / "nowhere"
-    result = run_cli("query", QUERY, "--index", str(missing), cwd=tmp_path)
-    assert result.returncode == 2, (result.stdout, result.stderr)
+    result = query_cli(QUERY, "--index", str(missing))
+    assert result.exit_code == 2, (result.stdout, result.stderr)
     assert str(missing) in result.stderr and "Traceback" not in result.stderr, result.stderr

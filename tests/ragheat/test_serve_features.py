@@ -49,9 +49,10 @@ def error_body(response: httpx.Response, status: int, error: str) -> dict:
 
 # -- 503 until the index is loaded ----------------------------------------------------------------------
 
-def test_queries_get_503_until_the_index_is_loaded(settings, subset_index):
+def test_queries_get_503_until_the_index_is_loaded(no_graph_settings, subset_index):
     """``ragheat serve`` loads in the app's lifespan and binds only then; a host that serves the app without
     running its lifespan (or before warm_up has finished) must answer 503 with a reason, never a 500."""
+    settings = no_graph_settings
     pipeline = RagPipeline(settings, subset_index)  # not warmed up
     app = create_app(settings, pipeline=pipeline)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -118,8 +119,9 @@ def test_serve_refuses_an_index_of_other_weights_before_binding(other_weights_in
 # -- the mid-stream error event ---------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def instrumented(settings, subset_index):
+def instrumented(no_graph_settings, subset_index):
     """Its own pipeline (a test breaks one of its stages) served with telemetry on a private registry."""
+    settings = no_graph_settings
     pipeline = RagPipeline(settings, subset_index)
     with build_service(settings, pipeline, registry=CollectorRegistry(), environ={}) as service, \
             BackgroundServer(service.app) as url, httpx.Client(base_url=url, timeout=60) as client:

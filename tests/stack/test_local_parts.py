@@ -66,7 +66,7 @@ def test_the_rules_profile_replaces_composes_profile(tmp_path):
 
 
 def test_a_relative_rendered_folder_is_refused(tmp_path):
-    """The trap of issue 20: Prometheus reads relative rule_files from its config file's folder."""
+    """A trap: Prometheus reads relative rule_files from its config file's folder."""
     with pytest.raises(ConfigurationError, match="absolute"):
         topology.local_prometheus_config(topology.LocalAddresses(ALL_LOCAL), Path("data/stack/rendered"))
     # ...and the check that catches such a config: the same pattern, relative, matches nothing from the config's folder.

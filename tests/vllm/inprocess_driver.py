@@ -91,7 +91,9 @@ def main() -> None:
         "vllm_max_num_seqs": 4, "max_tokens": MAX_TOKENS,
         "passages": 1, "prompt_budget_tokens": 120,  # prompt + answer within 512 tokens
         "first_token_timeout_s": 60.0, "deadline_s": 120.0, "vllm_metrics_dir": work / "prometheus"})
-    settings = prepare_vllm_engine(base.model_copy(update={"generation": generation}))
+    # The question links no entity: the graph would not run, so its store is not started.
+    no_graph = base.graph.model_copy(update={"enabled": False})
+    settings = prepare_vllm_engine(base.model_copy(update={"generation": generation, "graph": no_graph}))
     pipeline = RagPipeline(settings, Path(args.index))
     started = time.perf_counter()
     pipeline.warm_up()
