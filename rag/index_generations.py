@@ -33,7 +33,6 @@ from typing import Callable
 from rag.errors import RagheatError
 from rag.index.store import CURRENT, read_manifest
 from rag.pipeline import RagPipeline
-from rag.stages import RELOAD_OUTCOMES as RELOAD_OUTCOMES  # re-exported: the values of ReloadOutcome.outcome
 
 log = logging.getLogger("ragheat.generations")
 
