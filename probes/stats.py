@@ -12,14 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from rag.stages import STAGES
 from rag.threadnames import stages_by_comm
 from telemetry.buckets import KERNEL_LOG2_SECONDS
 from telemetry.metrics import KERNEL_STAGES, KERNEL_TCP_STATES, SYSCALL_FAMILIES
 
-STAGE_BY_COMM: dict[bytes, str] = stages_by_comm((*STAGES, "http"))  # raises if two truncate alike
+STAGE_BY_COMM: dict[bytes, str] = stages_by_comm(KERNEL_STAGES)  # raises if two truncate alike
 """Kernel thread names (``comm``, truncated to 15 bytes as the kernel does) that identify a stage."""
-assert set(STAGE_BY_COMM.values()) | {"other"} == set(KERNEL_STAGES)
 
 TCP_STATE_LABELS = KERNEL_TCP_STATES
 TCP_STATES = KERNEL_TCP_STATES[:-1]  # numbered from TCP_ESTABLISHED = 1; the last label is "other"

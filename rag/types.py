@@ -305,6 +305,7 @@ class RequestRecord:
     top_k: int | None = None
     result: QueryResult | None = None
     error: BaseException | None = None
+    observed: list[StageTiming] | None = None  # a service ragheat did not write: its stage scopes' timings
 
     @property
     def failed_stage(self) -> str | None:
@@ -314,6 +315,8 @@ class RequestRecord:
     @property
     def stages(self) -> list[StageTiming]:
         """The stages that ran: all of them, or those up to (and including) the one that failed."""
+        if self.observed is not None:
+            return self.observed
         if self.result is not None:
             return self.result.stages
         return self.error.stages if isinstance(self.error, StageError) else []

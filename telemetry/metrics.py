@@ -27,9 +27,15 @@ STAGE_OUTCOMES = ("ok", "error")
 REQUEST_OUTCOMES = ("ok", "rejected", "error")  # 2xx/3xx, 4xx (bad input, not ready), 5xx
 SIGNALS = ("spans", "metrics")
 DROP_REASONS = ("queue_full", "export_failed")
-KERNEL_STAGES = STAGES + ("http", "other")
-"""Stage label values of the kernel metrics: a pipeline stage while a thread carries its ``rh:<stage>`` name
-(``rag.threadnames``), ``http`` for the server's event-loop thread, ``other`` for any other thread."""
+FOREIGN_STAGES = ("retrieve", "tool", "other")
+"""Stage label values only a service ragheat did not write uses (``telemetry.observe``): a retriever of unknown kind,
+a tool call, and ``other`` for any stage name outside the closed set."""
+STAGE_LABELS = STAGES + FOREIGN_STAGES
+"""Every value the ``stage`` label of the stage histograms may take."""
+KERNEL_STAGES = STAGE_LABELS + ("http", "event_loop")
+"""Stage label values of the kernel metrics: a stage while a thread carries its ``rh:<stage>`` name
+(``rag.threadnames``), ``http`` for ragheat's server thread, ``event_loop`` for the asyncio loop of an observed
+service (where stages interleave on one thread, so its time is no one stage's), ``other`` for any other thread."""
 OFFCPU_REASONS = ("preempted", "blocked", "uninterruptible")
 SYSCALL_FAMILIES = ("read", "write", "network", "poll", "futex", "memory", "file", "sleep", "other")
 KERNEL_TCP_STATES = ("established", "syn_sent", "syn_recv", "fin_wait1", "fin_wait2", "time_wait", "close",
@@ -87,6 +93,9 @@ METRICS: tuple[MetricSpec, ...] = (
                ("stage",)),
     MetricSpec("service", "stage_errors", "ragheat_stage_errors_total", "counter",
                "Requests that failed in a pipeline stage, by stage.", ("stage",)),
+    MetricSpec("service", "unmapped_stages", "ragheat_unmapped_stage_names_total", "counter",
+               "Stage names an observed service used that are neither ragheat's nor a known alias: recorded as "
+               "stage=\"other\" (telemetry.observe), counted here instead of becoming series of their own."),
     MetricSpec("service", "stage_device", "ragheat_stage_device_seconds", "histogram",
                "Device time of the GPU-capable work inside one stage (embed, retrieve_dense): CUDA events "
                "(clock=cuda), or that work's own host time without a GPU (clock=monotonic).",
@@ -195,8 +204,9 @@ class PrometheusMetrics:
     """The service's metric objects (the ``service`` and ``generation`` groups of ``METRICS``), registered on
     ``registry`` (a fresh one per app or test)."""
 
-    def __init__(self, registry: CollectorRegistry, qps_labels: Sequence[str]) -> None:
+    def __init__(self, registry: CollectorRegistry, qps_labels: Sequence[str], routes: Sequence[str] = ROUTES) -> None:
         self.qps_labels = tuple(qps_labels)
+        self.routes = tuple(routes)
         service, generation = specs("service"), specs("generation")
         self.stage_duration = create_metric(service["stage_duration"], registry)
         self.request_duration = create_metric(service["request_duration"], registry)
@@ -206,6 +216,7 @@ class PrometheusMetrics:
         self.qps = create_metric(service["qps"], registry)
         self.retrieved = create_metric(service["retrieved"], registry)
         self.stage_errors = create_metric(service["stage_errors"], registry)
+        self.unmapped_stages = create_metric(service["unmapped_stages"], registry)
         self.retrieval_routes = create_metric(service["retrieval_routes"], registry)
         self.stage_skipped = create_metric(service["stage_skipped"], registry)
         self.stage_device = create_metric(service["stage_device"], registry)
@@ -223,7 +234,7 @@ class PrometheusMetrics:
         self._children: dict = {}
         self.exemplar_share = None  # a worker of `serve --workers N`: see share_exemplars
         # Create every closed-set series up front: a rate() over a series that appears late reads as missing.
-        for route in ROUTES:
+        for route in self.routes:
             self.in_flight.labels(route)
             for status in ("2xx", "4xx", "5xx"):  # what the SLI ratios divide by: present from the first scrape
                 self.requests.labels(route, status)

@@ -13,7 +13,7 @@ import os
 import random
 import time
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry
 from rag import __version__
 from rag.settings import TelemetrySettings
 from rag.types import CacheStats, RequestRecord, StageTiming
-from telemetry.metrics import PrometheusMetrics, request_outcome, status_class
+from telemetry.metrics import ROUTES, PrometheusMetrics, request_outcome, status_class
 from telemetry.qps import QpsBuckets, SlidingWindowRate
 from telemetry.tracing import BoundedSpanProcessor, otlp_configured
 
@@ -53,13 +53,13 @@ class Telemetry:
 
     def __init__(self, settings: TelemetrySettings, *, registry: CollectorRegistry | None = None,
                  span_exporter=None, data_source: str = "", model: str = "", environ: Mapping[str, str] = os.environ,
-                 clock=time.monotonic) -> None:
+                 clock=time.monotonic, routes: Sequence[str] = ROUTES) -> None:
         self.settings = settings
         self.data_source, self.model = data_source, model
         self.registry = registry if registry is not None else CollectorRegistry()
         self.rate = SlidingWindowRate(settings.qps_window_s, min(0.25, settings.qps_window_s), clock=clock)
         self.buckets = QpsBuckets(settings.qps_edges)
-        self.metrics = PrometheusMetrics(self.registry, self.buckets.labels) if settings.metrics else None
+        self.metrics = PrometheusMetrics(self.registry, self.buckets.labels, routes) if settings.metrics else None
         if self.metrics:
             self.metrics.qps.set_function(self.rate.rate)
         self.otlp = settings.otlp == "on" or (settings.otlp == "auto" and otlp_configured(environ))
@@ -169,15 +169,15 @@ class Telemetry:
         context = get_current_span(self._propagator.extract(trace_headers)).get_span_context()
         return context if context.is_valid else None
 
-    def finish(self, scope: RequestScope, status: int, record: RequestRecord) -> None:
-        """Called when the response is complete. Never raises: telemetry must not fail a request."""
+    def finish(self, scope: RequestScope, status: int, record: RequestRecord, end_perf: float | None = None) -> None:
+        """Called when the response is complete (``end_perf``: when it was, if not now). Never raises: telemetry
+        must not fail a request."""
         try:
-            self._finish(scope, status, record)
+            self._finish(scope, status, record, time.perf_counter() if end_perf is None else end_perf)
         except Exception:  # pragma: no cover - defensive
             log.exception("telemetry could not record a request")
 
-    def _finish(self, scope: RequestScope, status: int, record: RequestRecord) -> None:
-        end_perf = time.perf_counter()
+    def _finish(self, scope: RequestScope, status: int, record: RequestRecord, end_perf: float) -> None:
         seconds = end_perf - scope.start_perf
         if record.error is not None and status < 500:
             # A stage that failed after a stream's 200 went out: the client got an error event, not an answer.

@@ -127,11 +127,15 @@ class FalkorDBStore:
                 raise GraphStoreUnavailable(f"the graph store exited with code {self.child.process.returncode} while "
                                             f"starting on {self.folder}: {self.child.log_tail().strip()}")
             if self.socket_path.exists():
-                client = self._connect(FalkorDB)
+                # The socket file appears at bind(), a moment before listen(); the client's constructor already
+                # asks INFO, so a refused connection there is as transient as LOADING is on the ping.
+                client = None
                 try:
+                    client = self._connect(FalkorDB)
                     client.connection.ping()  # answers LOADING while graph.rdb is read
                 except (BusyLoadingError, RedisConnectionError, OSError):
-                    client.connection.close()
+                    if client is not None:
+                        client.connection.close()
                 else:
                     self._client, self._graph = client, client.select_graph(GRAPH_KEY)
                     return
