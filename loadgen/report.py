@@ -21,6 +21,17 @@ from telemetry.buckets import LATENCY_SECONDS
 END_TO_END = "end to end"
 
 
+def target_label(results: dict) -> str:
+    """``POST http://host:port/path``, from results.json (older files hold the base URL alone)."""
+    target = results.get("target")
+    return f"{target['method']} {results['url'].rstrip('/')}{target['path']}" if target else results["url"]
+
+
+def error_reasons(step: dict) -> str:
+    """``HTTP 500 x3, timeout x1``: a step's failed requests by reason."""
+    return ", ".join(f"{reason} x{n}" for reason, n in (step.get("error_reasons") or {}).items())
+
+
 def _edges_ms() -> np.ndarray:
     return np.array([0.0, *(e * 1000 for e in LATENCY_SECONDS), np.inf])
 
@@ -174,22 +185,24 @@ def _html(results: dict, images: list[tuple[str, str]]) -> str:
         level = s["offered_qps"] if s["offered_qps"] is not None else f"{s['concurrency']} clients"
         shed = ", ".join(f"{reason} {n}" for reason, n in (s.get("shed_reasons") or {}).items()) or "-"
         rows.append(f"<tr><td>{level}</td><td>{s['achieved_qps']:.1f}</td><td>{s.get('goodput_qps', 0.0):.1f}</td>"
-                    f"<td>{s['error_rate'] * 100:.2f}%</td><td>{s.get('shed_rate', 0.0) * 100:.2f}%</td>"
+                    f"<td>{s['error_rate'] * 100:.2f}%</td><td>{html.escape(error_reasons(s) or '-')}</td>"
+                    f"<td>{s.get('shed_rate', 0.0) * 100:.2f}%</td>"
                     f"<td>{html.escape(shed)}</td><td>{cell((s.get('refusal_ms') or {}).get('p99'))}</td>"
                     f"<td>{cell((s.get('refusal_server_ms') or {}).get('p99'))}</td>"
                     + "".join(f"<td>{cell(lat[k])}</td>" for k in ("p50", "p90", "p99", "p99.9")) + "</tr>")
     knee = results.get("knee_qps")
+    notes = "".join(f"\n<p>Note: {html.escape(n)}.</p>" for n in results.get("notes") or ())
     figures = "".join(f'<figure><img src="{html.escape(src)}" alt="{html.escape(t)}"><figcaption>{html.escape(t)}'
                       "</figcaption></figure>" for src, t in images)
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>ragheat bench report</title>
 <style>body{{font-family:sans-serif;margin:2em;max-width:1200px}}table{{border-collapse:collapse}}
 td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}img{{max-width:100%}}</style></head><body>
-<h1>ragheat bench: {html.escape(results['url'])}</h1>
+<h1>ragheat bench: {html.escape(target_label(results))}</h1>
 <p>{html.escape(results['mode'])} loop, {results['duration_s']:g} s per step after {results['warmup_s']:g} s warm-up;
 SLO: P99 &le; {results['slo_ms']:g} ms with errors &le; {results['max_error_rate'] * 100:g} %.
 <b>Knee: {"none" if knee is None else f"{knee:g} req/s"}</b>{" (sweep interrupted)" if results.get("interrupted") else ""}</p>
 <p>Latency percentiles are of answered queries; shed queries (503 from admission control, by reason) are neither
 errors nor latency samples; refusal latency is of those shed at once (queue_full, deadline), as the client saw it
-and as the service timed it (Server-Timing). Goodput: answers within the SLO per second.</p>{_cache_line(results)}
-<table><tr><th>offered</th><th>achieved req/s</th><th>goodput req/s</th><th>errors</th><th>shed</th>
+and as the service timed it (Server-Timing). Goodput: answers within the SLO per second.</p>{_cache_line(results)}{notes}
+<table><tr><th>offered</th><th>achieved req/s</th><th>goodput req/s</th><th>errors</th><th>errors by reason</th><th>shed</th>
 <th>shed by reason</th><th>refusal P99 ms (client)</th><th>refusal P99 ms (service)</th><th>P50 ms</th><th>P90 ms</th><th>P99 ms</th><th>P99.9 ms</th></tr>{"".join(rows)}</table>{figures}</body></html>"""

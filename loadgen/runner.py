@@ -14,7 +14,8 @@ import random
 import signal
 import threading
 import time
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Callable, Coroutine, Sequence
 
 import aiohttp
@@ -22,9 +23,12 @@ import numpy as np
 
 from loadgen.arrivals import poisson_offsets
 from loadgen.cpu import CpuWindow
+from loadgen.http_target import NOT_JSON, HttpTarget, ragheat_body
 from loadgen.stats import StepResult, percentiles_ms
 from rag.api.admission import SHED_REASONS
 from rag.slo import SLO_MS
+
+CACHE_RESULTS = ("hit", "miss", "off")
 
 
 @dataclass
@@ -37,29 +41,56 @@ class Outcome:
     shed: str | None = None  # a 503 from admission control: its reason (rag.api.admission.SHED_REASONS)
     server_ms: float | None = None  # a shed query: the service's own time to refuse it (its Server-Timing header)
     cache: str | None = None  # the response's "cache" field (hit, miss, off), when stages were asked for
+    error: str | None = None  # why a request that is neither an answer nor shed failed (HttpTarget.failure)
 
 
-async def _post(session: aiohttp.ClientSession, url: str, body: bytes, want_stages: bool,
-                intended: float) -> Outcome:
+@dataclass
+class LoadStep(StepResult):
+    """A step's StepResult, plus why its failed requests failed: ``error_reasons``, reason -> count."""
+
+    error_reasons: dict = field(default_factory=dict)
+
+
+async def _send(session: aiohttp.ClientSession, url: str, target: HttpTarget, headers, body: bytes,
+                want_stages: bool, intended: float) -> Outcome:
     sent = _now()
     try:
-        async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as response:
+        async with session.request(target.method, url, data=body, headers=headers) as response:
             payload = await response.read()
-            ok = 200 <= response.status < 300
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
-        return Outcome(intended, sent, _now(), False, None)
+    except TimeoutError:  # before OSError, of which it is a subclass; aiohttp's timeouts are TimeoutErrors too
+        return Outcome(intended, sent, _now(), False, None, error="timeout")
+    except (aiohttp.ClientError, OSError) as exc:
+        return Outcome(intended, sent, _now(), False, None, error=type(exc).__name__)
     done = _now()
-    if response.status == 503:
-        return Outcome(intended, sent, done, False, None, _shed_reason(payload),
-                       _server_ms(response.headers.get("Server-Timing")))
-    stages = cache = None
-    if ok and want_stages:
-        try:
-            answer = json.loads(payload)
-            stages, cache = answer.get("stages"), answer.get("cache")
-        except (ValueError, AttributeError):
-            stages = cache = None
-    return Outcome(intended, sent, done, ok, stages, cache=cache)
+    if response.status == 503 and (shed := _shed_reason(payload)) is not None:
+        return Outcome(intended, sent, done, False, None, shed, _server_ms(response.headers.get("Server-Timing")))
+    ok = 200 <= response.status < 300
+    document = _parse(payload) if ok and (want_stages or target.expect_field) else NOT_JSON
+    error = target.failure(response.status, document)
+    if error is not None:
+        return Outcome(intended, sent, done, False, None, error=error)
+    if not want_stages or not isinstance(document, dict):
+        return Outcome(intended, sent, done, True, None)
+    cache = document.get("cache")
+    return Outcome(intended, sent, done, True, _stage_timings(document.get("stages")),
+                   cache=cache if cache in CACHE_RESULTS else None)
+
+
+def _parse(payload: bytes):
+    try:
+        return json.loads(payload)
+    except ValueError:
+        return NOT_JSON
+
+
+def _stage_timings(stages) -> list | None:
+    """ragheat's ``stages`` list ([{"name", "ms"}]), or None when the response carries none in that shape (another
+    service's responses need not)."""
+    if not isinstance(stages, list):
+        return None
+    valid = [s for s in stages if isinstance(s, dict) and isinstance(s.get("name"), str)
+             and isinstance(s.get("ms"), (int, float)) and not isinstance(s.get("ms"), bool)]
+    return valid or None
 
 
 def _shed_reason(payload: bytes) -> str | None:
@@ -176,8 +207,8 @@ async def _sleep_until(when: float) -> None:
         await asyncio.sleep(0)
 
 
-def _bodies(queries: Sequence[str], top_k: int) -> list[bytes]:
-    return [json.dumps({"query": q, "top_k": top_k}).encode() for q in queries]
+def _target(target: HttpTarget | None, top_k: int) -> HttpTarget:
+    return target if target is not None else HttpTarget(body=ragheat_body(top_k))
 
 
 async def _drain(tasks: list[asyncio.Task], cut: bool) -> bool:
@@ -209,17 +240,21 @@ async def _close(session: aiohttp.ClientSession) -> None:
 async def open_loop(url: str, queries: Sequence[str], rate: float, duration_s: float, warmup_s: float, *,
                     seed: int = 0, timeout_s: float = 10.0, top_k: int = 5, want_stages: bool = True,
                     progress: Callable[[float], None] | None = None, slo_ms: float = SLO_MS,
-                    zipf_s: float | None = None, cpu: CpuWindow | None = None) -> StepResult:
+                    zipf_s: float | None = None, cpu: CpuWindow | None = None,
+                    target: HttpTarget | None = None) -> LoadStep:
     """Poisson arrivals at ``rate`` for ``warmup_s + duration_s``; only the last ``duration_s`` counts. Queries are
     sent in order, cycling, or with ``zipf_s`` drawn from a Zipf law over them (``zipf_picks``, seeded by ``seed``).
     ``cpu``: started as the measured part begins and stopped once its requests are back (``loadgen.cpu``).
+    ``url`` is the whole address; ``target`` says how to send to it and what an answer is (default: ragheat's
+    body with ``top_k``).
 
     Cancelled (Ctrl-C, see StopSignals), it stops sending, waits for the requests in flight and returns what was
     measured, marked interrupted; cancelled again while it waits, it drops those requests (they count nowhere).
     """
     rng = np.random.default_rng(seed)
     offsets = poisson_offsets(rate, warmup_s + duration_s, rng)
-    bodies = _bodies(queries, top_k)
+    target = _target(target, top_k)
+    bodies, headers = [target.body_for(q) for q in queries], target.request_headers()
     picks = zipf_picks(len(bodies), zipf_s, len(offsets), seed) if zipf_s else range(len(offsets))
     loop = asyncio.get_running_loop()
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
@@ -235,7 +270,7 @@ async def open_loop(url: str, queries: Sequence[str], rate: float, duration_s: f
                 if cpu is not None and not cpu.started and offset >= warmup_s:
                     cpu.start()
                 tasks.append(loop.create_task(
-                    _post(session, url, bodies[picks[i] % len(bodies)], want_stages, intended)))
+                    _send(session, url, target, headers, bodies[picks[i] % len(bodies)], want_stages, intended)))
                 if progress is not None and i % 64 == 0:
                     progress(min(1.0, offset / (warmup_s + duration_s)))
         except asyncio.CancelledError:
@@ -256,13 +291,15 @@ async def open_loop(url: str, queries: Sequence[str], rate: float, duration_s: f
 async def closed_loop(url: str, queries: Sequence[str], concurrency: int, duration_s: float, warmup_s: float, *,
                       timeout_s: float = 10.0, top_k: int = 5, want_stages: bool = True,
                       progress: Callable[[float], None] | None = None, slo_ms: float = SLO_MS,
-                      zipf_s: float | None = None, seed: int = 0, cpu: CpuWindow | None = None) -> StepResult:
+                      zipf_s: float | None = None, seed: int = 0, cpu: CpuWindow | None = None,
+                      target: HttpTarget | None = None) -> LoadStep:
     """``concurrency`` clients, each sending its next request when the previous one returns (queries in order, or
-    drawn from a Zipf law with ``zipf_s``, as in ``open_loop``; ``cpu`` as there).
+    drawn from a Zipf law with ``zipf_s``, as in ``open_loop``; ``cpu`` and ``target`` as there).
 
     Cancelled, the clients finish the request they are waiting for and stop (cancelled again, they drop it);
     the step returns what was measured, marked interrupted."""
-    bodies = _bodies(queries, top_k)
+    target = _target(target, top_k)
+    bodies, headers = [target.body_for(q) for q in queries], target.request_headers()
     picks = zipf_picks(len(bodies), zipf_s, 1 << 16, seed) if zipf_s else range(len(bodies))
     outcomes: list[Outcome] = []
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
@@ -277,7 +314,7 @@ async def closed_loop(url: str, queries: Sequence[str], concurrency: int, durati
             now = _now()
             if cpu is not None and not cpu.started and now >= start + warmup_s:
                 cpu.start()
-            outcome = await _post(session, url, bodies[picks[j % len(picks)]], want_stages, now)
+            outcome = await _send(session, url, target, headers, bodies[picks[j % len(picks)]], want_stages, now)
             if now >= start + warmup_s:
                 outcomes.append(outcome)
             j += concurrency
@@ -311,7 +348,7 @@ async def closed_loop(url: str, queries: Sequence[str], concurrency: int, durati
 
 def _summarise(mode: str, outcomes: list[Outcome], duration_s: float, rate: float | None,
                concurrency: int | None, interrupted: bool, slo_ms: float = SLO_MS,
-               cpu: CpuWindow | None = None) -> StepResult:
+               cpu: CpuWindow | None = None) -> LoadStep:
     ok = sorted((o for o in outcomes if o.ok), key=lambda o: o.intended)
     shed = [o for o in outcomes if o.shed is not None]
     at_once = [o for o in shed if o.shed != "expired"]  # expired ones waited in the queue until their deadline
@@ -327,9 +364,11 @@ def _summarise(mode: str, outcomes: list[Outcome], duration_s: float, rate: floa
                "latency_ms": [round((o.done - o.intended) * 1000, 3) for o in ok],
                "stages_ms": {name: [r.get(name) for r in per_request] for name in stage_seconds},
                "cache": [o.cache for o in ok]}
-    return StepResult(
+    failed = [o.error or "unknown" for o in outcomes if not o.ok and o.shed is None]
+    return LoadStep(
         mode=mode, offered_qps=rate, concurrency=concurrency, duration_s=duration_s,
-        requests=len(outcomes), errors=len(outcomes) - len(ok) - len(shed),
+        requests=len(outcomes), errors=len(failed),
+        error_reasons=dict(Counter(failed).most_common()),
         achieved_qps=len(ok) / duration_s if duration_s else 0.0,
         # Shed queries (503 + a shed reason) are neither errors nor latency samples: counted, and their own latency.
         shed=len(shed), shed_reasons={r: n for r in SHED_REASONS if (n := sum(o.shed == r for o in shed))},
@@ -337,7 +376,7 @@ def _summarise(mode: str, outcomes: list[Outcome], duration_s: float, rate: floa
         refusal_server_ms=percentiles_ms([o.server_ms / 1000 for o in at_once if o.server_ms is not None]),
         expired_ms=percentiles_ms([o.done - o.sent for o in shed if o.shed == "expired"]),
         goodput_qps=(sum((o.done - o.intended) * 1000 <= slo_ms for o in ok) / duration_s) if duration_s else 0.0,
-        cache={result: n for result in ("hit", "miss", "off") if (n := sum(o.cache == result for o in ok))},
+        cache={result: n for result in CACHE_RESULTS if (n := sum(o.cache == result for o in ok))},
         # Latency from the intended send time; errors count in the error rate, not in the latency.
         latency_ms=percentiles_ms([o.done - o.intended for o in ok]),
         send_error_ms=percentiles_ms([o.sent - o.intended for o in outcomes]) if mode == "open" else {},

@@ -7,11 +7,16 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from rich.markup import escape
 from rich.table import Table
 
 from loadgen.cpu import CpuWindow
+from loadgen.http_target import HttpTarget
+from loadgen.report import error_reasons, target_label
 from loadgen.runner import StopSignals, closed_loop, open_loop, run
 from loadgen.stats import StepResult, find_knee
+
+STAGE_METRIC = "ragheat_stage_duration_seconds"
 
 
 def prometheus_stage_percentiles(prometheus_url: str, window_s: float, at: float) -> dict:
@@ -26,7 +31,7 @@ def prometheus_stage_percentiles(prometheus_url: str, window_s: float, at: float
     out: dict[str, dict] = {}
     for name, q in PERCENTILES.items():
         promql = (f"histogram_quantile({q / 100}, sum by (le, stage) "
-                  f"(rate(ragheat_stage_duration_seconds_bucket[{window}])))")
+                  f"(rate({STAGE_METRIC}_bucket[{window}])))")
         body = httpx.get(prometheus_url.rstrip("/") + "/api/v1/query", params={"query": promql, "time": at},
                          timeout=10).json()
         if body.get("status") != "success":
@@ -41,18 +46,25 @@ def prometheus_stage_percentiles(prometheus_url: str, window_s: float, at: float
 def run_sweep(url: str, queries: Sequence[str], *, mode: str, levels: Sequence[float], duration_s: float,
               warmup_s: float, slo_ms: float, max_error_rate: float, seed: int = 0, timeout_s: float = 10.0,
               progress=None, prometheus_url: str | None = None, stop: StopSignals | None = None,
-              zipf_s: float | None = None, server_pids: Sequence[int] = ()) -> dict:
+              zipf_s: float | None = None, server_pids: Sequence[int] = (), target: HttpTarget | None = None) -> dict:
     """Run every step; Ctrl-C (or SIGTERM) ends the sweep and keeps what was measured, the cut step marked
     interrupted (see StopSignals: a second press drops the requests in flight, a third raises KeyboardInterrupt).
     The handlers are in place from before the first step to the end (or, given ``stop``, for as long as the
     caller holds it), so a press stops the sweep the same way whether it lands mid-step, as a step starts or
     ends, or between steps. With ``prometheus_url``, per-stage percentiles come from Prometheus instead of the
     responses. With ``server_pids`` (the service's processes on this machine), each step records the CPU ms per
-    answer of the service and of the generator, and the ceiling they put on the rate (``loadgen.cpu``)."""
-    target = url.rstrip("/") + "/v1/query"
+    answer of the service and of the generator, and the ceiling they put on the rate (``loadgen.cpu``).
+
+    ``target`` (``loadgen.http_target``) is the request and its success check, ragheat's ``POST /v1/query`` by
+    default. Per-stage percentiles need ragheat's stage timings (in its responses, or its histograms in
+    Prometheus); a target without them gets end-to-end latency, the knee and CPU per answer, and
+    ``results["notes"]`` says once what was left out."""
+    target = target or HttpTarget()
+    address = target.url(url)
     if server_pids:
         CpuWindow(server_pids)  # a pid that is not here fails before the first step, not after it
     steps: list[StepResult] = []
+    notes: dict[str, None] = {}  # each said once, in the order found
     started = time.time()
     with stop or StopSignals() as stop:
         for level in levels:
@@ -63,32 +75,56 @@ def run_sweep(url: str, queries: Sequence[str], *, mode: str, levels: Sequence[f
             tick = (lambda f, t=task: progress.update(t, completed=f)) if progress is not None else None
             cpu = CpuWindow(server_pids) if server_pids else None
             if mode == "open":
-                step = run(open_loop(target, queries, level, duration_s, warmup_s, seed=seed + len(steps),
-                                     timeout_s=timeout_s, progress=tick, slo_ms=slo_ms, zipf_s=zipf_s, cpu=cpu), stop)
+                step = run(open_loop(address, queries, level, duration_s, warmup_s, seed=seed + len(steps),
+                                     timeout_s=timeout_s, progress=tick, slo_ms=slo_ms, zipf_s=zipf_s, cpu=cpu,
+                                     target=target), stop)
             else:
-                step = run(closed_loop(target, queries, int(level), duration_s, warmup_s, timeout_s=timeout_s,
-                                       progress=tick, slo_ms=slo_ms, zipf_s=zipf_s, seed=seed + len(steps), cpu=cpu),
-                           stop)
+                step = run(closed_loop(address, queries, int(level), duration_s, warmup_s, timeout_s=timeout_s,
+                                       progress=tick, slo_ms=slo_ms, zipf_s=zipf_s, seed=seed + len(steps), cpu=cpu,
+                                       target=target), stop)
             if step is None:  # a press came before the step began
                 break
             if progress is not None:
                 progress.update(task, completed=1.0)
             if prometheus_url:
                 time.sleep(min(5.0, step.duration_s / 4))  # let a scrape after the step land
-                step.stages_ms = prometheus_stage_percentiles(prometheus_url, step.duration_s, time.time())
-                step.stages_source = "prometheus"
+                _stages_from_prometheus(step, prometheus_url, notes)
             steps.append(step)
             if step.interrupted:
                 break
+        if any(s.achieved_qps for s in steps) and not any(s.stages_ms for s in steps):
+            notes[f"no per-stage timings: the responses carry no ragheat 'stages' list"
+                  f"{'' if prometheus_url else ' (nor was --prometheus given)'}, so the report has end-to-end "
+                  "latency only; the knee, end-to-end percentiles and CPU per answer are unaffected"] = None
         results = {
-            "url": url, "mode": mode, "slo_ms": slo_ms, "max_error_rate": max_error_rate,
+            "url": url, "target": target.describe(), "mode": mode, "slo_ms": slo_ms, "max_error_rate": max_error_rate,
             "duration_s": duration_s, "warmup_s": warmup_s, "started_at": started,
             "interrupted": len(steps) < len(levels) or any(s.interrupted for s in steps),
             "knee_qps": find_knee(steps, slo_ms, max_error_rate) if mode == "open" else None,
             "steps": [s.to_json() for s in steps],
             "zipf_s": zipf_s,  # queries drawn from a Zipf law of this exponent (None: in order)
+            "notes": list(notes),
         }
     return results
+
+
+def _stages_from_prometheus(step: StepResult, prometheus_url: str, notes: dict[str, None]) -> None:
+    """Replace the step's per-stage percentiles by Prometheus's; keep the responses' (and note why, once) when
+    Prometheus has no ragheat stage histograms, as for a target that is not ragheat, or cannot be read."""
+    import httpx
+
+    try:
+        stages = prometheus_stage_percentiles(prometheus_url, step.duration_s, time.time())
+    except (httpx.HTTPError, ValueError, KeyError, TypeError, RuntimeError) as exc:
+        notes[f"per-stage percentiles could not be read from Prometheus at {prometheus_url} ({exc}); "
+              "they come from the responses, where there are any"] = None
+        return
+    if stages:
+        step.stages_ms, step.stages_source = stages, "prometheus"
+    elif step.achieved_qps:
+        notes[f"Prometheus at {prometheus_url} returned no {STAGE_METRIC} samples for a step (the target "
+              "exports no ragheat stage histograms, or was not scraped during the step): per-stage percentiles "
+              "come from the responses, where there are any"] = None
 
 
 def sweep_and_report(out_dir: Path, url: str, queries: Sequence[str], **options) -> tuple[dict, Path, Path]:
@@ -113,14 +149,18 @@ def write_results(results: dict, out_dir: Path) -> Path:
 
 
 def results_table(results: dict) -> Table:
-    table = Table(title=f"{results['mode']}-loop sweep against {results['url']} (SLO P99 <= {results['slo_ms']:g} ms)")
+    table = Table(title=f"{results['mode']}-loop sweep against {target_label(results)} "
+                        f"(SLO P99 <= {results['slo_ms']:g} ms)")
     first = "offered req/s" if results["mode"] == "open" else "clients"
     cached = any(step.get("cache_hit_rate") is not None for step in results["steps"])  # the service has a cache
     cpu = any(step.get("cpu_ms_per_answer") for step in results["steps"])  # --server-pid was given
+    why = any(step.get("error_reasons") for step in results["steps"])
     for column in (first, "achieved", "goodput", "errors", "shed", "refusal P99 ms", "P50 ms", "P90 ms", "P99 ms",
                    "P99.9 ms", "send err P99 ms", "SLO") + (("cache hits",) if cached else ()) + (
                    ("CPU ms/answer svc + gen", "CPU ceiling req/s") if cpu else ()):
         table.add_column(column, justify="right")
+    if why:
+        table.add_column("errors by reason", justify="left")
     fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
     for step in results["steps"]:
         lat = step["latency_ms"]
@@ -134,7 +174,8 @@ def results_table(results: dict) -> Table:
                       fmt(lat["p50"]), fmt(lat["p90"]), fmt(lat["p99"]),
                       fmt(lat["p99.9"]), fmt(step["send_error_ms"].get("p99")), "yes" if meets else "no",
                       *([_percent(step.get("cache_hit_rate"))] if cached else []),
-                      *(_cpu_cells(step.get("cpu_ms_per_answer") or {}) if cpu else []))
+                      *(_cpu_cells(step.get("cpu_ms_per_answer") or {}) if cpu else []),
+                      *([escape(error_reasons(step)) or "-"] if why else []))
     return table
 
 

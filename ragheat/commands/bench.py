@@ -40,17 +40,39 @@ def bench(
                                    "(their children count too: --workers): each step records the CPU ms per answer "
                                    "of the service and of this generator, and the rate ceiling that sets on the "
                                    "cores they share"),
+    path: str = typer.Option("/v1/query", "--path", help="the path on --url that each request goes to"),
+    method: str = typer.Option("POST", "--method", help="POST, PUT or PATCH (the query travels in the JSON body)"),
+    body: Optional[str] = typer.Option(None, "--body", help="JSON body template, or @FILE holding it, e.g. "
+                                       "'{\"question\": \"\", \"options\": {\"k\": 5}}'; each request is a copy "
+                                       "with the query text at --query-field (default: ragheat's "
+                                       "{\"query\": ..., \"top_k\": 5})"),
+    query_field: str = typer.Option("query", "--query-field", help="where the query text goes in the body: a "
+                                    "dotted path, list indices as numbers (question, input.text, messages.0.content)"),
+    expect_field: Optional[str] = typer.Option(None, "--expect-field", help="a dotted path in the response JSON "
+                                               "that must hold a non-empty value, e.g. answer; otherwise the request "
+                                               "counts as an error (a 2xx status is always required)"),
+    header: Optional[list[str]] = typer.Option(None, "--header", help="'Name: value' sent with every request, "
+                                               "e.g. 'Authorization: Bearer TOKEN'; repeatable (values are not "
+                                               "written to results.json)"),
 ) -> None:
-    """Sweep load against a running service; report percentiles per step and the knee (max rate meeting the SLO)."""
+    """Sweep load against a running service (ragheat's /v1/query, or any JSON HTTP API: --path, --body,
+    --query-field, --expect-field); report percentiles per step and the knee (max rate meeting the SLO)."""
     from loadgen.arrivals import parse_rates
+    from loadgen.http_target import HttpTarget, TargetError
     from loadgen.resultsfile import BenchmarkRun
 
     run_record = BenchmarkRun(results_file.stem) if results_file else None
     from loadgen.runner import DEFAULT_QUERIES, load_queries, shuffled
     from loadgen.sweep import results_table, sweep_and_report
+    from rich.markup import escape
 
     if mode not in ("open", "closed"):
         _fail(f"--mode must be open or closed, not {mode!r}")
+    try:
+        target = HttpTarget.from_flags(path=path, method=method, body=body, query_field=query_field,
+                                       expect_field=expect_field, headers=header or ())
+    except TargetError as exc:
+        _fail(str(exc))
     try:
         levels = parse_rates(rates) if mode == "open" else [float(int(c)) for c in concurrency.split(",") if c.strip()]
         texts = load_queries(queries) if queries else DEFAULT_QUERIES
@@ -75,8 +97,10 @@ def bench(
                                                  duration_s=duration, warmup_s=warmup, slo_ms=slo_ms,
                                                  max_error_rate=max_error_rate, seed=seed, timeout_s=timeout,
                                                  progress=progress, prometheus_url=prometheus_url, zipf_s=zipf,
-                                                 server_pids=server_pids)
+                                                 server_pids=server_pids, target=target)
     out.print(results_table(results))
+    for note in results["notes"]:
+        out.print(f"[yellow]note:[/] {escape(note)}")
     knee = results["knee_qps"]
     if mode == "open":
         out.print(f"knee: {knee:g} req/s" if knee is not None else "knee: none of the offered rates met the SLO")

@@ -29,10 +29,11 @@ class FakeServer:
 
     def __init__(self, stall_s: float = 0.0, fail_every: int = 0, serial: bool = False) -> None:
         self.stall_s, self.fail_every, self.count = stall_s, fail_every, 0
+        self.bodies: set[bytes] = set()  # every distinct request body
         self.serial = asyncio.Lock() if serial else None  # one request at a time, like a single worker
 
     async def handle(self, request: web.Request) -> web.Response:
-        await request.read()
+        self.bodies.add(await request.read())
         self.count += 1
         if self.fail_every and self.count % self.fail_every == 0:
             return web.json_response({"error": "boom"}, status=500)
@@ -86,8 +87,10 @@ class FakeServer:
 
 
 def test_open_loop_measures_the_known_delay():
-    with FakeServer() as url:
+    server = FakeServer()
+    with server as url:
         step = asyncio.run(open_loop(url + "/v1/query", ["q"], rate=40, duration_s=3, warmup_s=0.5, seed=1))
+    assert server.bodies == {b'{"query": "q", "top_k": 5}'}  # ragheat's body, unchanged by HttpTarget's default
     assert step.errors == 0 and step.requests > 80
     assert step.achieved_qps == pytest.approx(40, rel=0.35)  # Poisson count over 3 s
     lat = step.latency_ms
@@ -117,6 +120,7 @@ def test_closed_loop_and_errors():
     # Two clients each complete one request per ~DELAY_S: about 2 / 0.02 = 100 req/s, less overheads.
     assert 40 < step.requests / 2 < 110
     assert step.error_rate == pytest.approx(0.1, abs=0.03)
+    assert step.error_reasons == {"HTTP 500": step.errors}
     assert DELAY_S * 1000 <= step.latency_ms["p50"] < DELAY_S * 1000 + 10
 
 

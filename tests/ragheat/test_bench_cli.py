@@ -1,6 +1,8 @@
-"""``ragheat bench --mode closed`` as a command against a real served index: one step per client count, each
-holding that many requests in flight (Little's law ties its throughput to its latency), no knee, the requests
-seen by the server's own counter, results.json and report.html written."""
+"""``ragheat bench`` as a command: ``--mode closed`` against a real served index (one step per client count, each
+holding that many requests in flight: Little's law ties its throughput to its latency; no knee; the requests seen by
+the server's own counter; results.json and report.html written), and the flags that describe another service's
+request refused with one sentence naming the flag, before any load is sent (tests/loadgen/test_http_target.py loads
+such a service)."""
 
 from __future__ import annotations
 
@@ -13,14 +15,14 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
+from typer.testing import CliRunner
 
+from ragheat.cli import app
 from ragheat.service import build_service
 from stack.servers import BackgroundServer
 
 RAGHEAT = Path(sys.executable).parent / "ragheat"
 DURATION_S = 2.0
-
-pytestmark = pytest.mark.slow
 
 
 def served_requests(url: str) -> float:
@@ -31,6 +33,7 @@ def served_requests(url: str) -> float:
                if s.name == "ragheat_requests_total" and s.labels.get("route") == "/v1/query")
 
 
+@pytest.mark.slow
 def test_bench_closed_loop_command(settings, pipeline, tmp_path):
     out = tmp_path / "bench"
     env = {**os.environ, "COLUMNS": "400", "NO_COLOR": "1", "TERM": "dumb"}
@@ -59,3 +62,25 @@ def test_bench_closed_loop_command(settings, pipeline, tmp_path):
     assert served >= sum(s["requests"] for s in steps)
     assert (out / "report.html").is_file()
     assert "knee" not in done.stdout and f"wrote {out / 'results.json'}" in " ".join(done.stdout.split())
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--body", '{"question": '], "--body is not JSON: Expecting value: line 1 column 14"),
+    (["--body", "@missing.json"], "--body @missing.json: cannot read the file (No such file or directory)"),
+    (["--body", '{"question": ""}'], "--query-field 'query': the --body template has no such field (its fields: "
+                                     "question)"),
+    (["--body", '{"input": {"text": ""}}', "--query-field", "input.txt"], "--query-field 'input.txt'"),
+    (["--expect-field", ".answer"], "--expect-field '.answer': give a dotted field path"),
+    (["--header", "Authorization=Bearer x"], "--header 'Authorization=Bearer x': give 'Name: value'"),
+    (["--method", "GET"], "--method 'GET': the query travels in a JSON body"),
+    (["--path", "http://elsewhere/ask"], "--path 'http://elsewhere/ask': give the path on the --url server"),
+])
+def test_bench_refuses_a_bad_request_flag_naming_it(flags, message, tmp_path, monkeypatch):
+    """Exit 2 and one line, as for the other bad flags; nothing listens on the --url: no request is sent."""
+    monkeypatch.chdir(tmp_path)
+    done = CliRunner(env={"COLUMNS": "400", "NO_COLOR": "1"}).invoke(
+        app, ["bench", "--url", "http://127.0.0.1:9", *flags, "--out", str(tmp_path / "out")])
+    assert done.exit_code == 2, done.output
+    lines = done.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {message}"), done.output
+    assert not (tmp_path / "out").exists()
