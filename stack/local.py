@@ -4,9 +4,10 @@ Started here: the API (``ragheat serve``; with ``replicas`` > 1, that many ``rag
 their own behind Debian's nginx on the API port, each scraped by Prometheus: stack/nginx.py), the alert receiver,
 Alertmanager and Prometheus (Debian's binaries), the eBPF exporter when privileged, and vLLM on the CPU when a
 model is asked for (a model folder, or ``dummy``: random weights, said loudly). Without a model the API answers with
-the extractive generator, and says so. Not started (no binaries on a machine without Docker): the OTel Collector,
-Tempo, Grafana and Neo4j; their scrape jobs are left out of the local Prometheus config and named in the state's
-notes.
+the extractive generator, and says so. With a ``WatchPlan`` (``--watch-url``, ``--watch-pid``: stack/watch.py) no
+API, nginx or vLLM starts: Prometheus scrapes the watched service and the probes attach to its pid. Not started (no
+binaries on a machine without Docker): the OTel Collector, Tempo, Grafana and Neo4j; their scrape jobs are left out
+of the local Prometheus config and named in the state's notes.
 
 Every path written into a generated config is absolute: Prometheus reads ``rule_files`` relative to its config
 file's folder (and an empty glob is legal), so a relative one would load no rule, silently. After start, ``up``
@@ -34,6 +35,7 @@ from rag.childproc import free_port, wait_until_ok
 from rag.errors import ConfigurationError
 from stack import nginx, topology
 from stack.processes import Managed, StackState
+from stack.watch import WatchPlan, plan_problems, scrape_job, unreachable
 
 DEFAULT_PORTS = {"api": 8000, "prometheus": 9090, "alertmanager": 9093, "alert-receiver": 9095, "probes": 9465,
                  "vllm": 8001}
@@ -62,6 +64,7 @@ class StackOptions:
     time_divisor: int = 1  # the profile's divisor: applied to scrape/evaluation intervals and Alertmanager's timers
     ready_timeout_s: float = 180.0
     replicas: int = 1  # API processes; > 1 puts nginx on the API port in front of them
+    watch: WatchPlan = field(default_factory=WatchPlan)  # a service started elsewhere: no API or vLLM here
 
 
 @dataclass
@@ -170,8 +173,8 @@ def answer_plan(options: StackOptions, folder: Path) -> AnswerPlan:
     env.setdefault(gen + "FIRST_TOKEN_TIMEOUT_S", os.environ.get(gen + "FIRST_TOKEN_TIMEOUT_S", str(CPU_FIRST_TOKEN_S)))
     # Likewise a request's deadline: the SLO would have admission control skip the model for the budget on every
     # request after the first (docs/reliability.md). The operator's own values win.
-    for field, value in (("DEADLINE_MS", CPU_DEADLINE_MS), ("MAX_TIMEOUT_MS", CPU_DEADLINE_MS)):
-        env.setdefault("RAGHEAT_ADMISSION__" + field, os.environ.get("RAGHEAT_ADMISSION__" + field, str(value)))
+    for setting, value in (("DEADLINE_MS", CPU_DEADLINE_MS), ("MAX_TIMEOUT_MS", CPU_DEADLINE_MS)):
+        env.setdefault("RAGHEAT_ADMISSION__" + setting, os.environ.get("RAGHEAT_ADMISSION__" + setting, str(value)))
     return AnswerPlan(env, f"answers: written by vLLM serving {model} (extractive when it is down or slow, or "
                            f"writes nothing the passages support)", vllm_python=python, vllm_model=str(model))
 
@@ -189,6 +192,20 @@ def _vllm_env(folder: Path) -> dict[str, str]:
     return server_env(folder / "vllm")
 
 
+def _check_watch(options: StackOptions) -> None:
+    """``StackError`` for a watch that cannot start, or for flags that only mean something for the API started here."""
+    problems = plan_problems(options.watch)
+    if options.replicas > 1:
+        problems.append("--replicas runs ragheat's own API, which --watch-url/--watch-pid does not start")
+    if options.vllm_model != "off" or options.llm_url:
+        problems.append("--vllm-model and --llm-url choose the answers of ragheat's own API, which "
+                        "--watch-url/--watch-pid does not start")
+    if options.watch.pids and options.probes == "off":
+        problems.append("--watch-pid runs the eBPF probes on that process, and --probes off turns them off")
+    if problems:
+        raise StackError("; ".join(problems))
+
+
 def _wait(managed: Managed, url: str, timeout_s: float, hint: str = "") -> None:
     try:
         wait_until_ok(url, timeout_s, managed.alive, managed.name)
@@ -201,7 +218,10 @@ def up(options: StackOptions, say: Callable[[str], None] = print) -> StackState:
     Prometheus reports the rendered rules. On any failure everything started so far is stopped again."""
     # Absolute from here on: these paths are written into generated configs and handed to children.
     options = dataclasses.replace(options, index=options.index.resolve(), folder=options.folder.resolve())
-    if not (options.index / "current").exists():
+    watch = options.watch
+    if watch:
+        _check_watch(options)
+    elif not (options.index / "current").exists():
         raise StackError(f"{options.index} is not an index folder (no 'current' in it); build one with "
                          f"`ragheat ingest SOURCE --index {options.index}`")
     stale = StackState.load(options.folder)
@@ -216,23 +236,32 @@ def up(options: StackOptions, say: Callable[[str], None] = print) -> StackState:
         raise StackError("the prometheus and alertmanager binaries are needed: install Debian's packages "
                          "'prometheus' and 'prometheus-alertmanager' (scripts/install.sh --test does)")
     state = StackState(options.folder)
-    use_probes = options.probes == "on" or (options.probes == "auto" and os.geteuid() == 0)
+    if watch:  # the probes watch the given pids only; without one there is nothing of ours to attach to
+        use_probes = bool(watch.pids)
+    else:
+        use_probes = options.probes == "on" or (options.probes == "auto" and os.geteuid() == 0)
     if not use_probes:
-        state.notes.append("probes off: " + ("--probes off" if options.probes == "off" else "not root (eBPF needs it)"))
+        reason = ("no --watch-pid" if watch else "--probes off" if options.probes == "off"
+                  else "not root (eBPF needs it)")
+        state.notes.append("probes off: " + reason)
     if options.replicas < 1:
         raise StackError(f"--replicas must be 1 or more, not {options.replicas}")
     balancer = nginx.nginx_binary() if options.replicas > 1 else None  # named before anything starts
-    plan = answer_plan(options, options.folder)
+    plan = AnswerPlan({}, watch.describe()) if watch else answer_plan(options, options.folder)
     say(plan.line)
     state.notes.append(plan.line)
-    if not plan.vllm_python:
+    for problem in unreachable(watch.urls):
+        line = f"WARNING: --watch-url {problem}; starting anyway, Prometheus shows the target down until it answers"
+        say(line)
+        state.notes.append(line)
+    if not watch and not plan.vllm_python:
         state.notes.append("vllm not started: " + (f"the answers come from {options.llm_url}" if options.llm_url
                                                    else "no model asked for (--vllm-model DIR or dummy)"))
     if options.rules_profile != "production":
         state.notes.append(f"rules profile {options.rules_profile}: SLO windows, scrape and evaluation intervals and "
                            f"Alertmanager's timers divided by {options.time_divisor} (a drill, not production)")
-    components = ["api", "prometheus", "alertmanager", "alert-receiver"] + (["probes"] if use_probes else []) \
-        + (["vllm"] if plan.vllm_python else [])
+    components = ([] if watch else ["api"]) + ["prometheus", "alertmanager", "alert-receiver"] \
+        + (["probes"] if use_probes else []) + (["vllm"] if plan.vllm_python else [])
     ports = _resolve_ports(options.ports, components)
     # Replicas listen on free ports of their own; the stack's API port belongs to the balancer.
     replicas = tuple(f"127.0.0.1:{free_port()}" for _ in range(options.replicas)) if balancer else ()
@@ -274,6 +303,8 @@ def prepare_configs(options: StackOptions, compose: dict, addresses: topology.Lo
         raise StackError(f"generated configs in {rendered} name relative paths, which their programs would resolve "
                          f"against another folder: {', '.join(relative)}")
     config, dropped = topology.local_prometheus_config(addresses, rendered, time_divisor=options.time_divisor)
+    if options.watch.urls:
+        config["scrape_configs"].append(scrape_job(options.watch))
     config_path = folder / "prometheus" / "prometheus.yml"
     config_path.parent.mkdir(parents=True, exist_ok=True)
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -305,14 +336,14 @@ def _start(state: StackState, options: StackOptions, compose: dict, addresses: t
                            env=_vllm_env(folder), url=addresses.url("vllm"))
         started.append((vllm, vllm.url + "/health", max(timeout, 300)))
         env["RAGHEAT_GENERATION__BASE_URL"] = vllm.url + "/v1"
-    apis = [state.spawn(name, [ragheat, "serve", "--index", str(options.index), "--host", "127.0.0.1",
-                               "--port", address.rsplit(":", 1)[1], "--log-level", "warning"], env=env,
-                        url=f"http://{address}")
-            for name, address in addresses.api_targets().items()]
+    apis = [] if options.watch else [
+        state.spawn(name, [ragheat, "serve", "--index", str(options.index), "--host", "127.0.0.1",
+                           "--port", address.rsplit(":", 1)[1], "--log-level", "warning"], env=env,
+                    url=f"http://{address}")
+        for name, address in addresses.api_targets().items()]
     for replica in apis:  # started together, so N replicas load their indexes side by side
         _wait(replica, replica.url + "/readyz", timeout)
         say(f"{replica.name} ready at {replica.url}")
-    api = apis[0]
     if balancer:
         config = nginx.write_local_config(folder / "nginx", addresses.components["api"], list(addresses.replicas))
         front = state.spawn("nginx", nginx.argv(config, balancer), url=addresses.url("api"))
@@ -320,8 +351,10 @@ def _start(state: StackState, options: StackOptions, compose: dict, addresses: t
         _wait(front, front.url + "/readyz", 30)  # through the balancer to a replica
         say(f"nginx ready at {front.url}, balancing {len(apis)} replicas ({', '.join(a.url for a in apis)})")
     if "probes" in addresses.components:
-        # After the API is up: the probes attach to its pid (every replica's) and watch the ports they listen on.
-        pids = [argument for replica in apis for argument in ("--pid", str(replica.pid))]
+        # After the API is up: the probes attach to its pid (every replica's, or the watched ones) and watch the
+        # ports they listen on.
+        targets = options.watch.pids or [replica.pid for replica in apis]
+        pids = [argument for pid in targets for argument in ("--pid", str(pid))]
         probes = state.spawn("probes", [ragheat, "probes", *pids, "--host", "127.0.0.1",
                                         "--port", port["probes"]], url=addresses.url("probes"))
         started.append((probes, probes.url + "/metrics", 120))

@@ -53,12 +53,24 @@ def up(
     replicas: int = typer.Option(1, "--replicas", min=1, max=16,
                                  help="API processes (ragheat serve); more than 1 puts Debian's nginx on the API port "
                                       "in front of them (least_conn) and Prometheus scrapes each"),
+    watch_url: Optional[list[str]] = typer.Option(None, "--watch-url", metavar="URL",
+                                                  help="watch a service started elsewhere: Prometheus scrapes this "
+                                                       "URL (repeatable) with the SLO rules; no ragheat API or vLLM "
+                                                       "is started. Unreachable at start: a warning, the target shows "
+                                                       "down until it answers"),
+    watch_job: str = typer.Option("service", "--watch-job", metavar="NAME",
+                                  help="the Prometheus job name of the --watch-url targets"),
+    watch_pid: Optional[list[int]] = typer.Option(None, "--watch-pid", metavar="PID",
+                                                  help="run the eBPF probes on this process of the watched service "
+                                                       "(repeatable; needs root, as `ragheat probes --pid`)"),
 ) -> None:
     """Start the API (N replicas behind nginx with --replicas N), Prometheus (compose's config, targets on
     loopback), Alertmanager, the alert receiver, the eBPF probes when root and vLLM when a model is given, as
-    background processes; `stack down` stops them."""
+    background processes; `stack down` stops them. With --watch-url/--watch-pid, the same around a service
+    ragheat did not start."""
     from dashboards.slo import PROFILES
     from stack.local import StackOptions, up as start, wait_for_scrapes
+    from stack.watch import WatchPlan
 
     if probes not in ("auto", "on", "off"):
         _fail(f"--probes must be auto, on or off, not {probes!r}")
@@ -66,19 +78,30 @@ def up(
         _fail(f"--rules-profile must be one of {', '.join(PROFILES)}, not {rules_profile!r}")
     settings = load_settings(server={"index_dir": index})
     generation = settings.generation
-    vllm_model = _auto_model(vllm_model, generation, llm_url, os.environ)
-    if llm_url is None and generation.generator == "openai" and vllm_model == "off":
-        llm_url, llm_model = generation.base_url, llm_model or generation.model  # a model configured by settings
-    elif generation.generator == "vllm" and llm_url is None and vllm_model == "off":
-        _fail("generation.generator is vllm (the in-process engine), which `stack up` does not run: give "
-              "--vllm-model DIR to serve the model folder with vLLM's server instead")
+    watch = WatchPlan(tuple(watch_url or ()), watch_job, tuple(watch_pid or ()))
+    if watch:  # no API here: only an explicit --vllm-model or --llm-url means anything, and stack.local refuses it
+        vllm_model = "off" if vllm_model == "auto" else vllm_model
+        if watch.pids and probes != "off":
+            from probes.environment import missing_privileges
+
+            missing = missing_privileges()
+            if missing:
+                _fail(f"--watch-pid runs the eBPF probes, which need root or CAP_BPF and CAP_PERFMON; this process "
+                      f"lacks {' and '.join(missing)}")
+    else:
+        vllm_model = _auto_model(vllm_model, generation, llm_url, os.environ)
+        if llm_url is None and generation.generator == "openai" and vllm_model == "off":
+            llm_url, llm_model = generation.base_url, llm_model or generation.model  # a model configured by settings
+        elif generation.generator == "vllm" and llm_url is None and vllm_model == "off":
+            _fail("generation.generator is vllm (the in-process engine), which `stack up` does not run: give "
+                  "--vllm-model DIR to serve the model folder with vLLM's server instead")
     ports = {"api": api_port, "prometheus": prometheus_port, "alertmanager": alertmanager_port,
              "alert-receiver": receiver_port, "vllm": vllm_port,
              "probes": settings.probes.port if probes_port is None else probes_port}
     options = StackOptions(settings.server.index_dir, folder, ports, probes, vllm_model,
                            vllm_python=generation.vllm_python, llm_url=llm_url, llm_model=llm_model or "",
                            rules_profile=rules_profile, time_divisor=PROFILES[rules_profile].divisor,
-                           ready_timeout_s=ready_timeout, replicas=replicas)
+                           ready_timeout_s=ready_timeout, replicas=replicas, watch=watch)
     state = start(options, say=_say)
     targets = wait_for_scrapes(state.get("prometheus").url)
     _print_state(state, targets)

@@ -1,10 +1,12 @@
 """The files compose mounts, checked by the real tools: the Prometheus config with the rules
 ``dashboards-render`` writes (promtool), the Alertmanager routes (amtool), Grafana provisioning (parsed,
-pointing at dashboards that exist), the collector config (structure and contrib components) and Tempo's."""
+pointing at dashboards that exist), the collector config (structure, contrib components, the spanmetrics
+connector's buckets and the OTTL that names stages) and Tempo's."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -12,8 +14,10 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
+from rag.stages import STAGES
 from stack import topology
-from stack.collector import collector_problems
+from stack.collector import collector_problems, go_duration_ns, spanmetrics_bounds
+from telemetry.buckets import LATENCY_SECONDS
 from tests.stack.conftest import REPO, tool
 
 DEPLOY = REPO / "deploy"
@@ -159,16 +163,102 @@ def test_collector_config_uses_only_contrib_components_and_is_well_formed(compos
     assert config["exporters"]["otlp/tempo"]["endpoint"] == "tempo:" + tempo_grpc.rsplit(":", 1)[1]
 
 
+def _statements(config: dict) -> list[str]:
+    return config["processors"]["transform/rag_stage"]["trace_statements"]
+
+
+def _set_statement(config: dict, index: int, text: str) -> None:
+    _statements(config)[index] = text
+
+
 @pytest.mark.parametrize("break_it, problem", [
     (lambda c: c["exporters"].update({"kafka/typo": {}}), "exporters.kafka/typo"),
     (lambda c: c["service"]["pipelines"]["traces"]["exporters"].append("zipkin"), "'zipkin', which is not defined"),
     (lambda c: c["service"]["pipelines"]["metrics"].update({"processors": ["batch", "memory_limiter"]}),
      "memory_limiter must come first"),
-], ids=["unknown-component", "undefined-exporter", "processor-order"])
+    (lambda c: c["connectors"].update({"servicegraph": {}}), "connectors.servicegraph: not a component"),
+    (lambda c: c["service"]["pipelines"].pop("metrics/spanmetrics"), "spanmetrics is in no pipeline's receivers"),
+    (lambda c: c["service"]["pipelines"]["metrics"]["exporters"].append("spanmetrics"),
+     "spanmetrics must be in the exporters of traces pipelines only"),
+    (lambda c: c["connectors"]["spanmetrics"]["histogram"].update({"exponential": {"max_size": 160}}),
+     "both explicit and exponential"),
+    (lambda c: c["connectors"]["spanmetrics"]["histogram"]["explicit"]["buckets"].insert(3, "1.5ms"),
+     "not a Go duration in whole units"),
+    (lambda c: c["connectors"]["spanmetrics"]["histogram"]["explicit"]["buckets"].append("5s"),
+     "strictly increasing"),
+    (lambda c: _set_statement(c, 0, 'set(span.attributes["rag.stage"], "embed") where (span.name == "x"'),
+     "expected ')'"),
+    (lambda c: _set_statement(c, 0, 'set(attributes["rag.stage"], "embed") where attributes["x"] == "y"'),
+     "lacks a context prefix"),
+    (lambda c: _set_statement(c, 0, 'set(span.attributes["rag.stage"], "embed) where span.name == "x"'),
+     "unterminated string"),
+    (lambda c: _set_statement(c, 0, 'sett(span.attributes["rag.stage"], "embed")'), "not an OTTL editor"),
+    (lambda c: c["processors"]["filter/rag_stage"]["traces"]["span"].append('attributes["rag.stage"] =='),
+     "span condition"),
+], ids=["unknown-component", "undefined-exporter", "processor-order", "unknown-connector", "connector-one-end",
+        "connector-wrong-signal", "two-histograms", "fractional-bucket", "unordered-buckets", "ottl-unbalanced",
+        "ottl-no-context", "ottl-unterminated", "ottl-editor", "ottl-filter"])
 def test_collector_check_catches_mistakes(break_it, problem):
     config = load(DEPLOY / "otel-collector" / "config.yaml")
     break_it(config)
     assert any(problem in p for p in collector_problems(config)), collector_problems(config)
+
+
+# The stages spans are mapped to: the GenAI semantic conventions' gen_ai.operation.name and OpenInference's span
+# kinds. Stages outside ragheat's own set are named in docs/telemetry.md.
+GENAI_STAGES = {"embeddings": "embed", "retrieval": "retrieve", "chat": "generate", "text_completion": "generate",
+                "generate_content": "generate", "execute_tool": "tool"}
+OPENINFERENCE_STAGES = {"EMBEDDING": "embed", "RETRIEVER": "retrieve", "RERANKER": "rerank", "LLM": "generate",
+                        "TOOL": "tool"}
+SPAN_ONLY_STAGES = {"retrieve", "tool"}
+_STAGE_SET = re.compile(r'set\(span\.attributes\["rag\.stage"\], "(\w+)"\) '
+                        r'where span\.attributes\["rag\.stage"\] == nil and (.+)$')
+
+
+def test_spanmetrics_buckets_are_ragheats_latency_buckets():
+    spanmetrics = load(DEPLOY / "otel-collector" / "config.yaml")["connectors"]["spanmetrics"]
+    assert spanmetrics["histogram"]["unit"] == "s" and "exponential" not in spanmetrics["histogram"]
+    assert spanmetrics_bounds(spanmetrics) == LATENCY_SECONDS
+    # The conversion the check mirrors: whole units, the connector's nanoseconds / unit in float64.
+    assert go_duration_ns("7500us") == 7_500_000 and go_duration_ns("1m30s") == 90 * 10 ** 9
+    with pytest.raises(ValueError):
+        go_duration_ns("0.42s")
+
+
+def test_spans_become_stage_histograms_with_exemplars_remote_written():
+    config = load(DEPLOY / "otel-collector" / "config.yaml")
+    pipelines = config["service"]["pipelines"]
+    spans, metrics = pipelines["traces/spanmetrics"], pipelines["metrics/spanmetrics"]
+    assert spans["receivers"] == ["otlp"] and spans["exporters"] == ["spanmetrics"]
+    assert spans["processors"].index("transform/rag_stage") < spans["processors"].index("filter/rag_stage")
+    assert metrics["receivers"] == ["spanmetrics"] and metrics["exporters"] == ["prometheusremotewrite"]
+    assert "transform/rag_stage" not in pipelines["traces"]["processors"]  # Tempo gets the spans unchanged
+    spanmetrics = config["connectors"]["spanmetrics"]
+    assert spanmetrics["exemplars"]["enabled"] is True
+    assert [d["name"] for d in spanmetrics["dimensions"]] == ["rag.stage", "rag.outcome"]
+    # The Prometheus names remote write gives them (dots to underscores, unit s to _seconds), as documented.
+    prefix = spanmetrics["namespace"].replace(".", "_")
+    telemetry_doc = (REPO / "docs" / "telemetry.md").read_text()
+    for name in (f"{prefix}_duration_seconds_bucket", f"{prefix}_duration_seconds_count", f"{prefix}_calls_total"):
+        assert name in telemetry_doc, name
+
+
+def test_span_attributes_map_onto_ragheat_stages():
+    config = load(DEPLOY / "otel-collector" / "config.yaml")
+    genai, openinference = {}, {}
+    for statement in _statements(config):
+        match = _STAGE_SET.match(statement)
+        if match is None:
+            assert statement.startswith('set(span.attributes["rag.outcome"], "error") where '), statement
+            continue
+        stage, condition = match.groups()
+        for key, found in (("gen_ai.operation.name", genai), ("openinference.span.kind", openinference)):
+            for value in re.findall(rf'span\.attributes\["{re.escape(key)}"\] == "(\w+)"', condition):
+                found[value] = stage
+    assert genai == GENAI_STAGES and openinference == OPENINFERENCE_STAGES
+    assert set(genai.values()) | set(openinference.values()) <= set(STAGES) | SPAN_ONLY_STAGES
+    assert SPAN_ONLY_STAGES.isdisjoint(STAGES)
+    assert config["processors"]["filter/rag_stage"]["traces"]["span"] == ['attributes["rag.stage"] == nil']
 
 
 def test_tempo_serves_grafana_on_the_datasource_port(rendered):
