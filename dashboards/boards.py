@@ -1,5 +1,10 @@
 """The four boards: RAG latency, SLO, vLLM, Kernel. Metric names come from ``dashboards.contract``,
-window names and recording rules from ``dashboards.slo`` (so a profile renames both together)."""
+window names and recording rules from ``dashboards.slo`` (so a profile renames both together).
+
+Every board has a ``$job`` variable and every query selects ``job=~"$job"``: one Prometheus may scrape several
+services. What adds up across services (bucket rates, request rates, gauges) is summed over the jobs selected; what
+does not (quantiles, SLIs, burn rates, the per-stage recording rules) is drawn per job. Stage names always come from
+``label_values``, so a service's own stage names (``retrieve``, ``tool``, ``other``) show without a change here."""
 
 from __future__ import annotations
 
@@ -7,7 +12,8 @@ from dashboards import contract
 from dashboards.slo import (BURN_ALERTS, QUANTILE_WINDOW_S, SLI_WINDOWS_S, SLO_PERIOD_S, SLOS, Profile,
                             native_stage_over_slo_expr, sli_error_record, stage_over_slo_record,
                             stage_quantile_record)
-from dashboards.spec import NATIVE, RATE_INTERVAL, SCRAPED, SOURCE_CHOICE, Board, Panel, Query, Variable, gated
+from dashboards.spec import (JOB, NATIVE, ON_JOB, RATE_INTERVAL, SCRAPED, SOURCE_CHOICE, Board, Panel, Query,
+                             Variable, gated)
 from rag.slo import SLO_SECONDS
 
 GRAPH_STAGES = ("link_entities", "retrieve_graph", "route")
@@ -28,8 +34,28 @@ OWN_HEATMAP_STAGES = {
 heatmap of its own, with what it is."""
 
 
+def _on_job(selector: str = "") -> str:
+    """A selector's matchers, the ``$job`` one first."""
+    return f"{ON_JOB}, {selector}" if selector else ON_JOB
+
+
 def _rate(series: str, selector: str = "") -> str:
-    return f"rate({series}{{{selector}}}[{RATE_INTERVAL}])" if selector else f"rate({series}[{RATE_INTERVAL}])"
+    return f"rate({series}{{{_on_job(selector)}}}[{RATE_INTERVAL}])"
+
+
+def _gauge(series: str) -> str:
+    return f"sum({series}{{{ON_JOB}}})"
+
+
+def _job_variable(*families: str) -> Variable:
+    """``$job``: the jobs that export ``families`` (series names), so each board lists the jobs that feed it."""
+    metric = families[0] if len(families) == 1 else '{__name__=~"' + "|".join(families) + '"}'
+    return Variable(JOB, metric, JOB)
+
+
+def _by_job(family: str, label: str) -> Variable:
+    """A variable listing ``label``'s values within the jobs ``$job`` selects."""
+    return Variable(label, f"{family}{{{ON_JOB}}}", label)
 
 
 def _heatmap(title: str, family: str, selector: str = "", native: str | None = None, **options) -> Panel:
@@ -44,13 +70,12 @@ def _heatmap(title: str, family: str, selector: str = "", native: str | None = N
     return Panel(title, "heatmap", queries, log_y=True, **options)
 
 
-def _quantile(q: float, family: str, native: str, selector: str, by: str = "") -> tuple[Query, Query]:
-    """The ``q`` quantile from the scraped buckets and from the native histogram, each gated by ``$source``."""
-    legend = f"P{round(q * 100)}" if not by else "{{" + by + "}}"
-    group = f"le, {by}" if by else "le"
-    scraped = f"histogram_quantile({q:g}, sum by ({group}) ({_rate(contract.bucket(family), selector)}))"
-    native_ = (f"histogram_quantile({q:g}, sum by ({by}) ({_rate(native, selector)}))" if by else
-               f"histogram_quantile({q:g}, sum({_rate(native, selector)}))")
+def _quantile(q: float, family: str, native: str, selector: str) -> tuple[Query, Query]:
+    """The ``q`` quantile per job from the scraped buckets and from the native histogram, each gated by
+    ``$source``."""
+    legend = f"{{{{{JOB}}}}} P{round(q * 100)}"
+    scraped = f"histogram_quantile({q:g}, sum by ({JOB}, le) ({_rate(contract.bucket(family), selector)}))"
+    native_ = f"histogram_quantile({q:g}, sum by ({JOB}) ({_rate(native, selector)}))"
     return (Query(gated(scraped, SCRAPED), legend, (family,), SCRAPED),
             Query(gated(native_, NATIVE), legend, (native,), NATIVE))
 
@@ -65,11 +90,12 @@ def latency_board(profile: Profile) -> Board:
     hit, consulted, cache_off = 'result="hit"', 'result=~"hit|miss"', 'result="off"'
     quantiles = tuple(query for q in (0.5, 0.95, 0.99)
                       for query in _quantile(q, request, contract.NATIVE_REQUEST_DURATION, answered))
+    per_stage = f"{{{{{JOB}}}}} {{{{stage}}}}"  # the recording rules keep the job
     recorded = stage_quantile_record(0.99, profile)
-    stage_p99 = (Query(gated(f"{recorded}{{{selected_stage}}}", SCRAPED), "{{stage}}", (stage,), SCRAPED),
-                 Query(gated(f"histogram_quantile(0.99, sum by (stage) (rate({contract.NATIVE_STAGE_DURATION}"
-                             f"{{{selected_stage}}}[{profile.window(QUANTILE_WINDOW_S)}])))", NATIVE),
-                       "{{stage}}", (contract.NATIVE_STAGE_DURATION,), NATIVE))
+    stage_p99 = (Query(gated(f"{recorded}{{{_on_job(selected_stage)}}}", SCRAPED), per_stage, (stage,), SCRAPED),
+                 Query(gated(f"histogram_quantile(0.99, sum by ({JOB}, stage) (rate({contract.NATIVE_STAGE_DURATION}"
+                             f"{{{_on_job(selected_stage)}}}[{profile.window(QUANTILE_WINDOW_S)}])))", NATIVE),
+                       per_stage, (contract.NATIVE_STAGE_DURATION,), NATIVE))
     panels = (
         _heatmap("Stage latency: $stage", stage, f"{selected_stage}, {load}", native=contract.NATIVE_STAGE_DURATION,
                  repeat="stage", width=8, exemplars=True, thresholds=(SLO_SECONDS,),
@@ -85,44 +111,46 @@ def latency_board(profile: Profile) -> Board:
                           "histograms."),
         Panel("Request rate", "timeseries",
               (Query(f"sum by (status_class) ({_rate(contract.REQUESTS)})", "{{status_class}}", (contract.REQUESTS,)),
-               Query(f"sum({contract.QPS})", "service qps window", (contract.QPS,))), unit="reqps"),
+               Query(_gauge(contract.QPS), "service qps window", (contract.QPS,))), unit="reqps"),
         Panel("Errors by stage", "timeseries",
               (Query(f"sum by (stage) ({_rate(contract.STAGE_ERRORS, selected_stage)})", "{{stage}}",
                      (contract.STAGE_ERRORS,)),), unit="reqps"),
         Panel(f"Stage alone over {SLO_SECONDS * 1000:g} ms (recorded, {profile.window(QUANTILE_WINDOW_S)})",
               "timeseries",
-              (Query(gated(f"{stage_over_slo_record(profile, QUANTILE_WINDOW_S)}{{{selected_stage}}}", SCRAPED),
-                     "{{stage}}", (stage,), SCRAPED),
+              (Query(gated(f"{stage_over_slo_record(profile, QUANTILE_WINDOW_S)}{{{_on_job(selected_stage)}}}",
+                           SCRAPED), per_stage, (stage,), SCRAPED),
                Query(gated(native_stage_over_slo_expr(profile.window(QUANTILE_WINDOW_S),
-                                                      f'outcome="ok", {selected_stage}'), NATIVE),
-                     "{{stage}}", (contract.NATIVE_STAGE_DURATION,), NATIVE)),
+                                                      _on_job(f'outcome="ok", {selected_stage}')), NATIVE),
+                     per_stage, (contract.NATIVE_STAGE_DURATION,), NATIVE)),
               unit="reqps",
               description="Answered requests per second in which this stage alone took longer than the whole "
                           "objective: the stage a latency page names is the highest line here over its short window."),
         Panel("Requests in flight", "timeseries",
-              (Query(f"sum by (route) ({contract.IN_FLIGHT})", "{{route}}", (contract.IN_FLIGHT,)),), unit="short"),
+              (Query(f"sum by (route) ({contract.IN_FLIGHT}{{{ON_JOB}}})", "{{route}}", (contract.IN_FLIGHT,)),),
+              unit="short"),
         *(_heatmap(f"{'Router' if name == 'route' else 'Graph retrieval'} latency: {name}", stage,
                    f'stage="{name}", {load}', native=contract.NATIVE_STAGE_DURATION, width=8, exemplars=True,
-                   description="Requests per second in each latency bucket of this stage; it runs only for requests "
+                   pipeline_only=True, description="Requests per second in each latency bucket of this stage; it runs only for requests "
                                "that use the knowledge graph (graph, hybrid+graph) or the router (routed).")
           for name in GRAPH_STAGES),
         *(_heatmap(f"{title} latency: {name}", stage, f'stage="{name}", {load}', native=contract.NATIVE_STAGE_DURATION,
-                   width=6, exemplars=True, description=f"Requests per second in each latency bucket. {description}")
+                   width=6, exemplars=True, pipeline_only=True,
+                   description=f"Requests per second in each latency bucket. {description}")
           for name, (title, description) in OWN_HEATMAP_STAGES.items()),
         Panel("Retrieval routes", "timeseries",
               (Query(f"sum by (retrieval_route) ({_rate(contract.RETRIEVAL_ROUTES)})", "{{retrieval_route}}",
-                     (contract.RETRIEVAL_ROUTES,)),), unit="reqps",
+                     (contract.RETRIEVAL_ROUTES,)),), unit="reqps", pipeline_only=True,
               description="Answered queries per second by the retrievers that ran (hybrid = dense+bm25), or the "
                           "router's choice for routed queries; none = ended before retrieving."),
         Panel("Stages skipped", "timeseries",
               (Query(f"sum by (stage) ({_rate(contract.STAGE_SKIPPED)})", "{{stage}}", (contract.STAGE_SKIPPED,)),),
-              unit="reqps",
+              unit="reqps", pipeline_only=True,
               description="Queries answered without a stage because its backend was down (the graph store stopped "
                           "or restarting), or because the request's remaining deadline could not hold its recent "
                           "time (admission.degrade); each such answer is flagged degraded."),
         Panel("Requests shed", "timeseries",
               (Query(f"sum by (reason) ({_rate(contract.SHED)})", "{{reason}}", (contract.SHED,)),), unit="reqps",
-              description="Queries refused at once with 503 and Retry-After by admission control: queue_full (the "
+              pipeline_only=True, description="Queries refused at once with 503 and Retry-After by admission control: queue_full (the "
                           "bounded queue is full), deadline (predicted to finish after its deadline), expired (its "
                           "deadline passed while it waited). Answered quickly so the admitted ones keep the SLO."),
         Panel("Answer cache", "timeseries",
@@ -131,19 +159,18 @@ def latency_board(profile: Profile) -> Board:
                      (contract.CACHE_REQUESTS,)),
                Query(f"sum({_rate(contract.CACHE_REQUESTS, cache_off)})", "answered with the cache off (req/s)",
                      (contract.CACHE_REQUESTS,))),
-              unit="short", width=6,
+              unit="short", width=6, pipeline_only=True,
               description="The semantic answer cache (cache.enabled): hits over the queries that consulted it; a "
                           "service with it off shows only the second line."),
         Panel("Answer cache size", "timeseries",
-              (Query(f"sum({contract.CACHE_ENTRIES})", "entries", (contract.CACHE_ENTRIES,)),
-               Query(f"sum({contract.CACHE_BYTES})", "bytes", (contract.CACHE_BYTES,))),
-              unit="short", width=6,
+              (Query(_gauge(contract.CACHE_ENTRIES), "entries", (contract.CACHE_ENTRIES,)),
+               Query(_gauge(contract.CACHE_BYTES), "bytes", (contract.CACHE_BYTES,))),
+              unit="short", width=6, pipeline_only=True,
               description="Answers the served generation's cache holds, and their estimated bytes (bounded by "
                           "cache.max_entries and cache.max_bytes; emptied when a new generation is swapped in)."),
     )
-    variables = (SOURCE_CHOICE,
-                 Variable("stage", contract.bucket(stage), "stage"),
-                 Variable("qps_bucket", contract.bucket(stage), "qps_bucket"))
+    variables = (_job_variable(contract.count(request)), SOURCE_CHOICE,
+                 _by_job(contract.bucket(stage), "stage"), _by_job(contract.bucket(stage), "qps_bucket"))
     return Board("ragheat-latency", "RAG latency", "Per-stage latency heatmaps, end-to-end percentiles, load and errors.",
                  panels, variables)
 
@@ -152,39 +179,40 @@ def slo_board(profile: Profile) -> Board:
     """SLO: each objective's SLI, remaining error budget and burn rates. The latency SLO's panels read the recorded
     ratios of the scraped histograms or compute the same from the native ones, as ``$source`` says."""
     panels: list[Panel] = []
+    job = f"{{{{{JOB}}}}}"  # the recorded ratios keep the job: one line per service
     short = profile.window(min(SLI_WINDOWS_S))
     period = profile.window(SLO_PERIOD_S)
 
     def sourced(slo, window: str, scraped: str, native: str, legend: str) -> tuple[Query, ...]:
         """``scraped`` reads the recorded ratio; ``native`` the same from the native histogram (latency only)."""
-        if slo.native_error_ratio(window) is None:
+        if not native:
             return (Query(scraped, legend, (contract.REQUESTS,)),)
         return (Query(gated(scraped, SCRAPED), legend, (contract.REQUEST_DURATION,), SCRAPED),
                 Query(gated(native, NATIVE), legend, (contract.NATIVE_REQUEST_DURATION,), NATIVE))
 
     for slo in SLOS:
-        selector = f'{{slo="{slo.name}"}}'
+        selector = "{" + _on_job(f'slo="{slo.name}"') + "}"
 
         def ratio(window: str, template: str, legend: str) -> tuple[Query, ...]:
             scraped = template.format(ratio=f"{sli_error_record(window)}{selector}")
-            native = slo.native_error_ratio(window)
+            native = slo.native_error_ratio(window, _on_job('outcome="ok"'))
             return sourced(slo, window, scraped, template.format(ratio=f"({native})") if native else "", legend)
 
         panels += [
-            Panel(f"{slo.title} SLI ({short})", "timeseries", ratio(short, "1 - {ratio}", "good share"),
+            Panel(f"{slo.title} SLI ({short})", "timeseries", ratio(short, "1 - {ratio}", job),
                   unit="percentunit", thresholds=(slo.objective,), width=8,
                   description=f"Share of requests that are good; bad = {slo.what}."),
             Panel(f"{slo.title} error budget remaining ({period})", "stat",
-                  ratio(period, f"1 - {{ratio}} / {slo.budget:g}", "remaining"), unit="percentunit", width=8,
+                  ratio(period, f"1 - {{ratio}} / {slo.budget:g}", job), unit="percentunit", width=8,
                   description=f"1 - (bad share over {period}) / (1 - {slo.objective:g}); below 0 the SLO is missed."),
             Panel(f"{slo.title} burn rate per window", "timeseries",
                   tuple(q for w in SLI_WINDOWS_S
-                        for q in ratio(profile.window(w), f"{{ratio}} / {slo.budget:g}", profile.window(w))),
+                        for q in ratio(profile.window(w), f"{{ratio}} / {slo.budget:g}", f"{job} {profile.window(w)}")),
                   unit="short", thresholds=tuple(sorted({a.factor for a in BURN_ALERTS})), width=8,
                   description="1 = spending the budget exactly over the period; the lines are the alert factors."),
         ]
     return Board("ragheat-slo", "SLO", f"Latency and availability objectives, budgets and burn rates ({profile.name} windows).",
-                 tuple(panels), (SOURCE_CHOICE,))
+                 tuple(panels), (_job_variable(contract.count(contract.REQUEST_DURATION)), SOURCE_CHOICE))
 
 
 def vllm_board(profile: Profile) -> Board:
@@ -192,14 +220,14 @@ def vllm_board(profile: Profile) -> Board:
     native, ours, client = contract.VLLM_NATIVE, contract.VLLM, contract.GENERATION
 
     def gauge(title: str, unit: str, *pairs: tuple[str, str]) -> Panel:
-        return Panel(title, "timeseries", tuple(Query(f"sum({name})", legend, (name,)) for name, legend in pairs),
+        return Panel(title, "timeseries", tuple(Query(_gauge(name), legend, (name,)) for name, legend in pairs),
                      unit=unit, width=8)
 
     panels = (
         _heatmap("Time to first token (vLLM engine)", native["ttft"]),
-        _heatmap("Time to first token (ragheat client)", client["ttft"]),
+        _heatmap("Time to first token (ragheat client)", client["ttft"], pipeline_only=True),
         _heatmap("Inter-token latency (vLLM engine)", native["inter_token"]),
-        _heatmap("Inter-token latency (ragheat client)", client["inter_token"]),
+        _heatmap("Inter-token latency (ragheat client)", client["inter_token"], pipeline_only=True),
         gauge("KV-cache usage", "percentunit", (native["kv_usage"], "vLLM"), (ours["kv_usage"], "ragheat plugin")),
         gauge("Running / waiting requests", "short", (native["running"], "running"), (native["waiting"], "waiting")),
         Panel("Preemptions", "timeseries",
@@ -208,7 +236,9 @@ def vllm_board(profile: Profile) -> Board:
               unit="ops", width=8),
         _heatmap("Engine step duration: $phase", ours["step_duration"], 'phase=~"$phase"', repeat="phase", width=8),
     )
-    variables = (Variable("phase", contract.bucket(ours["step_duration"]), "phase"),)
+    # vLLM's engine and the service that calls it are scraped as jobs of their own: $job lists both.
+    variables = (_job_variable(contract.count(native["ttft"]), contract.count(client["ttft"])),
+                 _by_job(contract.bucket(ours["step_duration"]), "phase"))
     return Board("ragheat-vllm", "vLLM", "Generation latency (TTFT, inter-token), KV cache, queueing and preemption.",
                  panels, variables)
 
@@ -225,9 +255,10 @@ def kernel_board(profile: Profile) -> Board:
               (Query(f"sum by (state) ({_rate(k['tcp_retransmits'])})", "{{state}}", (k["tcp_retransmits"],)),),
               unit="ops"),
     )
-    variables = (Variable("stage", contract.bucket(k["runqueue"]), "stage"),
-                 Variable("reason", contract.bucket(k["offcpu"]), "reason"),
-                 Variable("family", contract.bucket(k["syscall"]), "family"))
+    variables = (_job_variable(contract.count(k["runqueue"])),
+                 _by_job(contract.bucket(k["runqueue"]), "stage"),
+                 _by_job(contract.bucket(k["offcpu"]), "reason"),
+                 _by_job(contract.bucket(k["syscall"]), "family"))
     return Board("ragheat-kernel", "Kernel", "Scheduler and system-call time attributed to RAG stages by eBPF probes.",
                  panels, variables)
 

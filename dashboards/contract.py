@@ -36,6 +36,16 @@ KERNEL = KERNEL_METRICS
 VLLM = VLLM_METRICS
 VLLM_NATIVE = VLLM_NATIVE_METRICS
 
+LIBRARY = (STAGE_DURATION, REQUEST_DURATION, REQUESTS, IN_FLIGHT, QPS, STAGE_ERRORS)
+"""The families ragheat's instrumentation library emits from any Python RAG service, under the names and labels of
+ragheat's own service: what the boards may ask of a library-only service."""
+PIPELINE_ONLY = frozenset({*(SERVICE[role] for role in (
+    "retrieved", "retrieval_routes", "stage_skipped", "stage_device", "rejected", "shed", "index_reloads",
+    "cache_requests", "cache_entries", "cache_bytes")), *GENERATION.values()})
+"""Families only ragheat's own service feeds (its retrievers, router, admission, reloads, answer cache, and its
+language model's client side). vLLM's and the probes' families are not here: those exporters run beside any
+service, or not at all."""
+
 
 def bucket(family: str) -> str:
     """The series of a histogram's buckets."""

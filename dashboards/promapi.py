@@ -44,8 +44,9 @@ class PrometheusApi:
         params = [("match[]", match)] if match else []
         return self._get(f"/api/v1/label/{label}/values", params)
 
-    def metric_names(self) -> set[str]:
-        return set(self.label_values("__name__"))
+    def metric_names(self, match: str | None = None) -> set[str]:
+        """Every series name, or those of the series ``match`` selects (e.g. one job's)."""
+        return set(self.label_values("__name__", match=match))
 
     def alerts(self) -> list[dict]:
         return self._get("/api/v1/alerts", {})["alerts"]

@@ -27,6 +27,9 @@ alert's short window when it fires:
   says so.
 - availability: the stage in which the most requests per second failed; "none" when no pipeline stage failed.
 
+Every rule keeps the scrape job (``job``, :data:`KEPT`): several services scraped by one Prometheus each get their own
+SLI, stage series and alerts, and the stage an alert names is looked up in its own job's series.
+
 A :class:`Profile` divides every window: ``PRODUCTION`` keeps them, ``TEST`` turns hours into minutes so a live
 test can watch an alert fire in seconds. Dashboards and rules are rendered from the same profile.
 """
@@ -38,12 +41,16 @@ from dataclasses import dataclass
 from prometheus_client.utils import floatToGoString
 
 from dashboards import contract
+from dashboards.spec import JOB
 from rag.slo import SLO_SECONDS
 
 MINUTE, HOUR, DAY = 60, 3600, 86400
 SLO_PERIOD_S = 30 * DAY
 SLO_LE = floatToGoString(SLO_SECONDS)
 """The ``le`` label value of the SLO bucket, spelled exactly as prometheus_client writes it."""
+
+KEPT = JOB
+"""The label every rule's aggregation keeps: one service never mixes into another's SLI or alert."""
 
 QUANTILES = (0.5, 0.95, 0.99)
 QUANTILE_WINDOW_S = 5 * MINUTE
@@ -110,35 +117,42 @@ class Slo:
         return 1 - self.objective
 
     def error_ratio(self, window: str) -> str:
-        """PromQL: the share of bad events over ``window``."""
+        """PromQL: the share of bad events over ``window``, per job."""
         if self.name == "latency":
             ok = 'outcome="ok"'
-            good = f'sum(rate({contract.bucket(contract.REQUEST_DURATION)}{{{ok}, le="{SLO_LE}"}}[{window}]))'
-            total = f"sum(rate({contract.count(contract.REQUEST_DURATION)}{{{ok}}}[{window}]))"
+            good = f'sum by ({KEPT}) (rate({contract.bucket(contract.REQUEST_DURATION)}{{{ok}, le="{SLO_LE}"}}[{window}]))'
+            total = f"sum by ({KEPT}) (rate({contract.count(contract.REQUEST_DURATION)}{{{ok}}}[{window}]))"
             return f"1 - ({good} / {total})"
-        # The 5xx series appears only with the first failure; until then the bad rate is 0, not missing.
-        bad = f'(sum(rate({contract.REQUESTS}{{status_class="5xx"}}[{window}])) or vector(0))'
-        return f"{bad} / sum(rate({contract.REQUESTS}[{window}]))"
+        # A service may create its 5xx series only with the first failure; until then its bad rate is 0, not
+        # missing: zero per job, as a bare vector(0) would match no job.
+        total = f"sum by ({KEPT}) (rate({contract.REQUESTS}[{window}]))"
+        bad = f'(sum by ({KEPT}) (rate({contract.REQUESTS}{{status_class="5xx"}}[{window}])) or 0 * {total})'
+        return f"{bad} / {total}"
 
-    def native_error_ratio(self, window: str) -> str | None:
-        """PromQL: the latency SLO's bad share over ``window`` read off the collector-fed native histogram, for the
-        SLO board's ``native`` source (``histogram_fraction`` interpolates inside the 4.4 % bucket holding 420 ms).
-        None for availability, which reads no histogram. The alerts read the scraped ``le="0.42"`` bucket only."""
+    def native_error_ratio(self, window: str, selector: str = 'outcome="ok"') -> str | None:
+        """PromQL: the latency SLO's bad share over ``window`` per job, read off the collector-fed native histogram
+        (``selector``: its answered requests), for the SLO board's ``native`` source (``histogram_fraction``
+        interpolates inside the 4.4 % bucket holding 420 ms). None for availability, which reads no histogram. The
+        alerts read the scraped ``le="0.42"`` bucket only."""
         if self.name != "latency":
             return None
         return (f"1 - histogram_fraction(0, {SLO_LE}, "
-                f'sum(rate({contract.NATIVE_REQUEST_DURATION}{{outcome="ok"}}[{window}])))')
+                f"sum by ({KEPT}) (rate({contract.NATIVE_REQUEST_DURATION}{{{selector}}}[{window}])))")
 
     def stage_query(self, profile: Profile, short_s: int) -> str:
-        """PromQL naming the stage burning this budget (see the module docstring): one series with a ``stage``
-        label, or none."""
+        """PromQL naming the stage burning this budget (see the module docstring) in one job: one series with a
+        ``stage`` label, or none. A ``printf`` format: ``%q`` is where the alert's job goes."""
         if self.name == "latency":
-            return f"topk(1, {stage_over_slo_record(profile, short_s)} > 0)"
-        return f"topk(1, sum by (stage) (rate({contract.STAGE_ERRORS}[{profile.window(short_s)}])) > 0)"
+            return f"topk(1, {stage_over_slo_record(profile, short_s)}{{{KEPT}=%q}} > 0)"
+        errors = f"rate({contract.STAGE_ERRORS}{{{KEPT}=%q}}[{profile.window(short_s)}])"
+        return f"topk(1, sum by (stage) ({errors}) > 0)"
 
     def fallback_query(self, profile: Profile, short_s: int) -> str | None:
-        """When ``stage_query`` finds nothing: the latency SLO names the stage with the highest P99."""
-        return f"topk(1, {stage_quantile_record(0.99, profile, short_s)} > 0)" if self.name == "latency" else None
+        """When ``stage_query`` finds nothing: the latency SLO names the stage with the highest P99 (a ``printf``
+        format, as ``stage_query``)."""
+        if self.name != "latency":
+            return None
+        return f"topk(1, {stage_quantile_record(0.99, profile, short_s)}{{{KEPT}=%q}} > 0)"
 
 
 LATENCY = Slo("latency", "Latency", 0.99, f"an answered request slower than {SLO_SECONDS * 1000:g} ms")
@@ -163,15 +177,16 @@ def stage_over_slo_record(profile: Profile, window_s: int) -> str:
 
 
 def stage_over_slo_expr(window: str) -> str:
-    """PromQL of ``stage_over_slo_record``: all answered executions minus those within the SLO bucket, per stage."""
-    ok = 'outcome="ok"'
-    return (f"sum by (stage) (rate({contract.count(contract.STAGE_DURATION)}{{{ok}}}[{window}]))\n"
-            f"- sum by (stage) (rate({contract.bucket(contract.STAGE_DURATION)}{{{ok}, le=\"{SLO_LE}\"}}[{window}]))")
+    """PromQL of ``stage_over_slo_record``: all answered executions minus those within the SLO bucket, per job and
+    stage."""
+    ok, by = 'outcome="ok"', f"sum by ({KEPT}, stage)"
+    return (f"{by} (rate({contract.count(contract.STAGE_DURATION)}{{{ok}}}[{window}]))\n"
+            f"- {by} (rate({contract.bucket(contract.STAGE_DURATION)}{{{ok}, le=\"{SLO_LE}\"}}[{window}]))")
 
 
 def native_stage_over_slo_expr(window: str, selector: str = 'outcome="ok"') -> str:
-    """The same per-stage rate read off the collector-fed native histograms (interpolated at 420 ms)."""
-    rate = f"sum by (stage) (rate({contract.NATIVE_STAGE_DURATION}{{{selector}}}[{window}]))"
+    """The same rate per job and stage read off the collector-fed native histograms (interpolated at 420 ms)."""
+    rate = f"sum by ({KEPT}, stage) (rate({contract.NATIVE_STAGE_DURATION}{{{selector}}}[{window}]))"
     return f"histogram_count({rate}) * histogram_fraction({SLO_LE}, Inf, {rate})"
 
 
@@ -180,14 +195,19 @@ def alert_name(slo: Slo) -> str:
     return f"Ragheat{slo.title}BudgetBurn"
 
 
+def _in_job(query_format: str) -> str:
+    """A Go template action header running ``query_format`` (a ``printf`` format) for the alert's own job."""
+    return f'{{{{ range query (printf "{query_format}" $labels.{KEPT}) }}}}'
+
+
 def stage_template(slo: Slo, profile: Profile, short_s: int) -> str:
     """Annotation text naming the stage to blame (a Prometheus template query), or the fallback's stage."""
     # Go template, evaluated by Prometheus at each evaluation: a query, not a label, so the alert keeps one
     # identity even if the named stage changes while it fires.
     fallback = slo.fallback_query(profile, short_s)
-    otherwise = (f'{{{{ range query "{fallback}" }}}}{{{{ .Labels.stage }}}}{{{{ else }}}}unknown{{{{ end }}}}'
+    otherwise = (f'{_in_job(fallback)}{{{{ .Labels.stage }}}}{{{{ else }}}}unknown{{{{ end }}}}'
                  if fallback else "none")
-    return f'{{{{ range query "{slo.stage_query(profile, short_s)}" }}}}{{{{ .Labels.stage }}}}{{{{ else }}}}{otherwise}{{{{ end }}}}'
+    return f'{_in_job(slo.stage_query(profile, short_s))}{{{{ .Labels.stage }}}}{{{{ else }}}}{otherwise}{{{{ end }}}}'
 
 
 def stage_evidence_template(slo: Slo, profile: Profile, short_s: int) -> str:
@@ -200,12 +220,12 @@ def stage_evidence_template(slo: Slo, profile: Profile, short_s: int) -> str:
                  "more than any other stage")
         fallback = (f"no stage alone took longer than {slo_ms} over {window}; {{{{ .Labels.stage }}}} has the "
                     "highest P99 ({{ .Value | humanizeDuration }})")
-        otherwise = (f'{{{{ range query "{slo.fallback_query(profile, short_s)}" }}}}{fallback}{{{{ else }}}}'
+        otherwise = (f"{_in_job(slo.fallback_query(profile, short_s))}{fallback}{{{{ else }}}}"
                      f"no stage latency recorded over {window}{{{{ end }}}}")
     else:
         found = f"{{{{ .Labels.stage }}}} failed in {rate} requests/s over {window}, more than any other stage"
         otherwise = f"no pipeline stage failed over {window}: the 5xx answers came from outside the pipeline"
-    return f'{{{{ range query "{slo.stage_query(profile, short_s)}" }}}}{found}{{{{ else }}}}{otherwise}{{{{ end }}}}'
+    return f"{_in_job(slo.stage_query(profile, short_s))}{found}{{{{ else }}}}{otherwise}{{{{ end }}}}"
 
 
 def _duration(seconds: float) -> str:
@@ -226,7 +246,7 @@ def alert_rule(slo: Slo, alert: BurnAlert, profile: Profile) -> dict:
         "labels": {"severity": alert.severity, "slo": slo.name, "burn": alert.speed,
                    "long_window": long, "short_window": short},
         "annotations": {
-            "summary": f"{slo.title} SLO error budget burning {alert.factor:g}x too fast over {long} and {short}; "
+            "summary": f"{{{{ with $labels.{KEPT} }}}}{{{{ . }}}}: {{{{ end }}}}{slo.title} SLO error budget burning {alert.factor:g}x too fast over {long} and {short}; "
                        f"stage: {stage}",
             "description": f"Objective: {slo.objective * 100:g} % of requests good over {_duration(SLO_PERIOD_S)} (bad: {slo.what}). "
                            f"At this rate the whole budget is gone in {_duration(SLO_PERIOD_S / alert.factor)}.",
@@ -240,10 +260,10 @@ def prometheus_rules(profile: Profile) -> dict:
     """The rule file: per-stage quantiles, SLI error ratios per window, burn-rate alerts."""
     bucket = contract.bucket(contract.STAGE_DURATION)
     quantiles = [{"record": stage_quantile_record(q, profile),
-                  "expr": f"histogram_quantile({q:g}, sum by (le, stage) (rate({bucket}[{profile.window(QUANTILE_WINDOW_S)}])))"}
+                  "expr": f"histogram_quantile({q:g}, sum by ({KEPT}, le, stage) (rate({bucket}[{profile.window(QUANTILE_WINDOW_S)}])))"}
                  for q in QUANTILES]
     quantiles += [{"record": stage_quantile_record(0.99, profile, w),
-                   "expr": f"histogram_quantile(0.99, sum by (le, stage) (rate({bucket}[{profile.window(w)}])))"}
+                   "expr": f"histogram_quantile(0.99, sum by ({KEPT}, le, stage) (rate({bucket}[{profile.window(w)}])))"}
                   for w in STAGE_P99_WINDOWS_S if w != QUANTILE_WINDOW_S]
     quantiles += [{"record": stage_over_slo_record(profile, w), "expr": stage_over_slo_expr(profile.window(w))}
                   for w in STAGE_P99_WINDOWS_S]
@@ -259,13 +279,14 @@ def prometheus_rules(profile: Profile) -> dict:
 
 
 def alertmanager_config(page_url: str, ticket_url: str) -> dict:
-    """Pages and tickets go to their own receivers; a page silences the ticket of the same SLO."""
+    """Pages and tickets go to their own receivers, one notification per job and SLO; a page silences the ticket of
+    the same job and SLO."""
     def receiver(name: str, url: str) -> dict:
         return {"name": name, "webhook_configs": [{"url": url, "send_resolved": True}]}
 
     return {
         "route": {
-            "receiver": "ticket", "group_by": ["alertname", "slo"],
+            "receiver": "ticket", "group_by": ["alertname", KEPT, "slo"],
             "group_wait": "30s", "group_interval": "5m", "repeat_interval": "12h",
             "routes": [
                 {"matchers": ['severity="page"'], "receiver": "page", "repeat_interval": "1h"},
@@ -273,6 +294,6 @@ def alertmanager_config(page_url: str, ticket_url: str) -> dict:
             ],
         },
         "inhibit_rules": [{"source_matchers": ['severity="page"'], "target_matchers": ['severity="ticket"'],
-                           "equal": ["slo"]}],
+                           "equal": [KEPT, "slo"]}],
         "receivers": [receiver("page", page_url), receiver("ticket", ticket_url)],
     }

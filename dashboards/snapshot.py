@@ -70,7 +70,7 @@ def _panel_heatmaps(api: PrometheusApi, board: Board, panel: Panel, rate_window:
     values: list[str | None] = [None]
     if panel.repeat:
         variable = next(v for v in board.variables if v.name == panel.repeat)
-        values = sorted(api.label_values(variable.label, match=variable.metric)) or [None]
+        values = sorted(api.label_values(variable.label, match=expand(variable.metric, rate_window))) or [None]
     found = []
     for value in values:
         chosen = {panel.repeat: value} if value is not None else {}

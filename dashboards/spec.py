@@ -14,6 +14,11 @@ from typing import Literal
 RATE_INTERVAL = "$__rate_interval"
 """Grafana's rate window (at least four scrape intervals); replaced by a profile window outside Grafana."""
 
+JOB = "job"
+"""The template variable choosing scrape jobs: several services share one Prometheus, each under its own ``job``."""
+ON_JOB = f'{JOB}=~"${JOB}"'
+"""The matcher every panel query carries, so a board shows only the services ``$job`` selects."""
+
 SOURCE = "source"
 """The template variable choosing where latency histograms are read from (boards that offer both)."""
 SCRAPED, NATIVE = "scraped", "native"
@@ -77,6 +82,9 @@ class Panel:
     exemplars: bool = False
     width: int = 12
     log_y: bool = False
+    pipeline_only: bool = False
+    """Only ragheat's own pipeline feeds it (families of ``contract.PIPELINE_ONLY``, or stages only ragheat runs):
+    a service with nothing of ragheat but the instrumentation library leaves it empty, and checks do not ask it."""
 
 
 @dataclass(frozen=True)
@@ -105,6 +113,16 @@ def expand(expr: str, rate_window: str, values: dict[str, str] | None = None) ->
     values = {SOURCE: SOURCE_VALUES[SCRAPED], **(values or {})}
     expr = expr.replace(RATE_INTERVAL, rate_window)
     return _VARIABLE.sub(lambda m: values.get(m.group(1), ".*"), expr)
+
+
+_REGEX_META = re.compile(r"([.^$*+?()\[\]{}|\\])")
+
+
+def regex_literal(value: str) -> str:
+    """``value`` matched literally by a ``=~"..."`` matcher: regex metacharacters escaped, as Grafana does for a
+    selected variable value, then written as the body of PromQL's double-quoted string."""
+    escaped = _REGEX_META.sub(r"\\\1", value)
+    return escaped.replace("\\", "\\\\").replace('"', '\\"')
 
 
 def gated(expr: str, source: str) -> str:

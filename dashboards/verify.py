@@ -1,26 +1,37 @@
-"""Run every panel's PromQL against a live Prometheus, as Grafana would with every variable at All.
+"""Run every panel's PromQL against a live Prometheus, as Grafana would with every variable at All (or ``$job`` at
+the one job checked).
 
-A query whose source families do not exist in that Prometheus (vLLM on a machine without it, kernel probes
-that are not running) is reported as ``absent``, by name, rather than failed or silently passed. On boards with a
-``source`` variable, only the chosen source's queries run (``$source`` set to it), as Grafana would show them.
+A query whose source families have no series in that Prometheus (for the job checked) is reported as ``absent``,
+by name, rather than failed or silently passed: vLLM on a machine without it, kernel probes that are not running.
+On boards with a ``source`` variable, only the chosen source's queries run (``$source`` set to it), as Grafana would
+show them.
+
+What a job runs decides which panels it must feed (``SERVICE_KINDS``): ``ragheat``, its own service, every panel;
+``library``, a service whose only ragheat part is the instrumentation library, none of the ``pipeline_only`` panels
+(reported ``skipped``), while the panels reading the library's families must return data, never ``absent``.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, replace
 from typing import Iterable, Literal
 
+from dashboards import contract
 from dashboards.promapi import PrometheusApi, PrometheusQueryError
-from dashboards.spec import SCRAPED, SOURCE, SOURCE_VALUES, Board, Query, expand
+from dashboards.spec import JOB, SCRAPED, SOURCE, SOURCE_VALUES, Board, Panel, Query, expand, regex_literal
 
-Status = Literal["ok", "empty", "error", "absent"]
+Status = Literal["ok", "empty", "error", "absent", "skipped"]
+RAGHEAT, LIBRARY = "ragheat", "library"
+SERVICE_KINDS = (RAGHEAT, LIBRARY)
 SERIES_SUFFIXES = ("", "_bucket", "_count", "_sum", "_total")
 
 
 @dataclass(frozen=True)
 class QueryCheck:
-    """The outcome of running one panel query: ok, empty, absent (source not running) or error."""
+    """The outcome of running one panel query: ok, empty, absent (source not running), error, or skipped (the
+    service checked does not feed the panel)."""
 
     board: str
     panel: str
@@ -44,6 +55,17 @@ def selected(query: Query, source: str) -> bool:
     return query.histograms in (None, source)
 
 
+def applies(panel: Panel, service: str) -> bool:
+    """Does a service of kind ``service`` feed ``panel``?"""
+    return service == RAGHEAT or not panel.pipeline_only
+
+
+def required(query: Query, service: str) -> bool:
+    """Must ``query`` return data even when its families are missing? A library-only service exports the library's
+    families by definition, so their absence is a failure, not a component that is not running."""
+    return service == LIBRARY and bool(query.sources) and set(query.sources) <= set(contract.LIBRARY)
+
+
 def _points(series: dict) -> float:
     """A result's value, or a native histogram's observation count (NaN when it has none)."""
     if "histogram" in series:
@@ -51,20 +73,28 @@ def _points(series: dict) -> float:
     return float(series["value"][1])
 
 
-def check_boards(api: PrometheusApi, boards: Iterable[Board], rate_window: str,
-                 source: str = SCRAPED) -> list[QueryCheck]:
-    """Run every query of ``boards`` that ``source`` selects against Prometheus; one ``QueryCheck`` each."""
-    names = api.metric_names()
-    values = {SOURCE: SOURCE_VALUES[source]}
+def check_boards(api: PrometheusApi, boards: Iterable[Board], rate_window: str, source: str = SCRAPED,
+                 job: str | None = None, service: str = RAGHEAT) -> list[QueryCheck]:
+    """Run every query of ``boards`` that ``source`` selects against Prometheus, for every job or only ``job``, asking
+    data only of the panels a service of kind ``service`` feeds; one ``QueryCheck`` each."""
+    if service not in SERVICE_KINDS:
+        raise ValueError(f"service must be one of {', '.join(SERVICE_KINDS)}, not {service!r}")
+    names = api.metric_names(match=f"{{{JOB}={json.dumps(job)}}}" if job is not None else None)
+    values = {SOURCE: SOURCE_VALUES[source], **({JOB: regex_literal(job)} if job is not None else {})}
     checks = []
     for board in boards:
         for panel in board.panels:
             for query in (q for q in panel.queries if selected(q, source)):
                 expr = expand(query.expr, rate_window, values)
                 base = QueryCheck(board.title, panel.title, query.legend, expr, "ok")
+                if not applies(panel, service):
+                    checks.append(replace(base, status="skipped", detail="only ragheat's own pipeline feeds it"))
+                    continue
                 missing = [s for s in query.sources if not family_present(s, names)]
                 if query.sources and len(missing) == len(query.sources):
-                    checks.append(replace(base, status="absent", detail="no series of " + ", ".join(missing)))
+                    detail = "no series of " + ", ".join(missing) + (f" in job {job}" if job is not None else "")
+                    checks.append(replace(base, status="empty", detail=f"{detail}, which the library exports")
+                                  if required(query, service) else replace(base, status="absent", detail=detail))
                     continue
                 try:
                     result = api.query(expr)

@@ -73,6 +73,10 @@ def check(
     source: str = typer.Option("scraped", help="the latency histograms the panels read, as the boards' $source "
                                               "variable: scraped (classic buckets from /metrics) or native (the "
                                               "OTel Collector's native histograms)"),
+    job: Optional[str] = typer.Option(None, help="check one scrape job (the boards' $job set to it; default: all)"),
+    service: str = typer.Option("ragheat", help="what the job runs: ragheat (ragheat's own service: every panel) or "
+                                                "library (only ragheat's instrumentation library: panels only the "
+                                                "pipeline feeds are skipped, the library's must have data)"),
 ) -> None:
     """Run every panel's PromQL against a Prometheus; fail if one errors or returns nothing (absent sources are listed)."""
     from rich.table import Table
@@ -80,21 +84,26 @@ def check(
     from dashboards.promapi import PrometheusApi
     from dashboards.slo import QUANTILE_WINDOW_S
     from dashboards.spec import SOURCE_VALUES
-    from dashboards.verify import check_boards
+    from dashboards.verify import SERVICE_KINDS, check_boards
 
     if source not in SOURCE_VALUES:
         _fail(f"--source must be one of {', '.join(SOURCE_VALUES)}, not {source!r}")
+    if service not in SERVICE_KINDS:
+        _fail(f"--service must be one of {', '.join(SERVICE_KINDS)}, not {service!r}")
     chosen = _profile(profile)
     checks = check_boards(PrometheusApi(prometheus), _boards(chosen, boards),
-                          rate_window or chosen.window(QUANTILE_WINDOW_S), source=source)
+                          rate_window or chosen.window(QUANTILE_WINDOW_S), source=source, job=job, service=service)
     table = Table("status", "panel", "detail")
-    colour = {"ok": "green", "absent": "yellow", "empty": "red", "error": "red"}
+    colour = {"ok": "green", "absent": "yellow", "skipped": "blue", "empty": "red", "error": "red"}
     for c in checks:
         table.add_row(f"[{colour[c.status]}]{c.status}[/]", c.name, c.detail)
     out.print(table)
     failed = [c for c in checks if c.status in ("empty", "error")]
     if failed:
         _fail(f"{len(failed)} of {len(checks)} queries returned nothing or failed", code=1)
+    if job is not None and all(c.status in ("absent", "skipped") for c in checks):
+        # A misspelt job would otherwise pass with every panel absent.
+        _fail(f"job {job!r} has no series of any family these boards read at {prometheus}", code=1)
 
 
 @app.command()

@@ -230,7 +230,7 @@ def panels(quiet, subset_index, vllm_server, mixed_bodies, rules, tmp_path_facto
             run.route_rates = {r["metric"]["retrieval_route"]: float(r["value"][1])
                                for r in api.query(expand(routes.expr, RATE_WINDOW))}
             variable = next(v for v in BOARDS[0].variables if v.name == "stage")
-            run.stage_values = api.label_values(variable.label, match=variable.metric)
+            run.stage_values = api.label_values(variable.label, match=expand(variable.metric, RATE_WINDOW))
             shot = snapshot(api, BOARDS, tmp_path_factory.mktemp("png"), minutes=1, rate_window=RATE_WINDOW, step_s=1)
             run.snapshot_written, run.snapshot_skipped = shot.written, shot.skipped
     pipeline.close()
@@ -319,9 +319,11 @@ def test_injected_delay_fires_the_fast_burn_page_naming_the_stage(alert):
     assert alert.alert is not None, "no fault run: the healthy minute was already burning (see the test above)"
     labels, annotations = alert.alert["labels"], alert.alert["annotations"]
     assert (labels["severity"], labels["slo"], labels["burn"]) == ("page", "latency", "fast")
+    assert labels["job"] == "ragheat"  # LocalPrometheus's scrape job: the alert names its service
     assert (labels["long_window"], labels["short_window"]) == ("1m", "5s")
     assert FIRE_NOT_BEFORE_S <= alert.fired_after_s <= FIRE_BY_S, alert.fired_after_s
     assert annotations["stage"] == DELAYED_STAGE, annotations
+    assert annotations["summary"].startswith("ragheat: Latency SLO"), annotations["summary"]
     assert annotations["summary"].endswith(f"; stage: {DELAYED_STAGE}"), annotations["summary"]
     evidence = re.fullmatch(rf"{DELAYED_STAGE} alone took longer than 420 ms in ([\d.e+-]+) requests/s over 5s, "
                             "more than any other stage", annotations["stage_evidence"])

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from dashboards import contract, grafana, render, slo
 from dashboards.boards import GRAPH_STAGES, OWN_HEATMAP_STAGES, all_boards
 from dashboards.snapshot import heatmap_from_result
-from dashboards.spec import NATIVE, SCRAPED, SOURCE, Choice, Variable, expand
+from dashboards.spec import JOB, NATIVE, ON_JOB, SCRAPED, SOURCE, Choice, Variable, expand, regex_literal
 from dashboards.verify import selected
 from telemetry.metrics import EXPECTED_METRICS, PrometheusMetrics
 
@@ -116,7 +116,7 @@ def test_latency_board_has_what_the_issue_asks_for():
     assert {"$stage", "$qps_bucket"} <= set(re.findall(r"\$\w+", stage_heatmap.queries[0].expr))
     percentiles = next(p for p in board.panels if "P99" in p.title and p.kind == "timeseries")
     assert slo.SLO_SECONDS in percentiles.thresholds and percentiles.exemplars
-    assert {v.name for v in board.variables} == {SOURCE, "stage", "qps_bucket"}
+    assert {v.name for v in board.variables} == {JOB, SOURCE, "stage", "qps_bucket"}
 
 
 def test_latency_board_observes_the_graph_and_router_stages():
@@ -240,6 +240,119 @@ def test_promtool_parses_every_query_of_both_sources(profile, tmp_path):
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"SUCCESS: {len(rules)} rules found" in result.stdout
+
+
+# --- several services in one Prometheus: the job -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("board", all_boards(slo.PRODUCTION), ids=lambda b: b.slug)
+def test_every_board_has_a_job_variable_and_every_query_selects_it(board):
+    """``$job`` comes first (the other label_values variables list values within the jobs chosen), is multi-select
+    with All by default, and every series every query reads carries ``job=~"$job"``."""
+    first, *others = board.variables
+    assert isinstance(first, Variable) and first.name == JOB == first.label
+    assert first.metric.endswith("_count") or first.metric.startswith('{__name__=~"'), first.metric
+    template = json.loads(grafana.dashboard_json(board))["templating"]["list"][0]
+    assert template["query"] == f"label_values({first.metric}, job)"
+    assert (template["multi"], template["includeAll"], template["allValue"]) == (True, True, ".*")
+    assert template["current"]["value"] == "$__all"
+    for variable in others:
+        if isinstance(variable, Variable):
+            assert variable.metric.endswith(f"{{{ON_JOB}}}"), variable
+    for panel in board.panels:
+        for query in panel.queries:
+            series = [m for m in re.finditer(METRIC_TOKEN, query.expr)]
+            assert series, query.expr
+            for match in series:
+                assert query.expr[match.end():].startswith("{" + ON_JOB), (panel.title, match.group(0), query.expr)
+
+
+def test_the_latency_and_slo_boards_list_the_jobs_that_serve_requests():
+    jobs = {b.slug: b.variables[0].metric for b in all_boards(slo.PRODUCTION)}
+    assert jobs["latency"] == jobs["slo"] == contract.count(contract.REQUEST_DURATION)
+    assert jobs["kernel"] == contract.count(contract.KERNEL["runqueue"])
+    # vLLM's engine and the service calling it are scraped as jobs of their own: the vLLM board lists both
+    assert contract.count(contract.VLLM_NATIVE["ttft"]) in jobs["vllm"]
+    assert contract.count(contract.GENERATION["ttft"]) in jobs["vllm"]
+
+
+def test_stages_come_from_label_values_not_from_the_closed_set():
+    """A service's own stage names (retrieve, tool, other) show on every per-stage panel without a change here: the
+    only stages spelled in a query are those of the pipeline-only heatmaps."""
+    for board in all_boards(slo.PRODUCTION):
+        stage_variables = [v for v in board.variables if getattr(v, "label", None) == "stage"]
+        assert all(isinstance(v, Variable) for v in stage_variables)
+        for panel in board.panels:
+            spelled = {m for q in panel.queries for m in re.findall(r'stage="(\w+)"', q.expr)}
+            assert not spelled or panel.pipeline_only, (panel.title, spelled)
+
+
+def test_the_library_families_are_the_service_families_any_service_emits():
+    assert contract.LIBRARY == ("ragheat_stage_duration_seconds", "ragheat_request_duration_seconds",
+                                "ragheat_requests_total", "ragheat_requests_in_flight", "ragheat_qps",
+                                "ragheat_stage_errors_total")
+    assert not set(contract.LIBRARY) & contract.PIPELINE_ONLY
+    assert {contract.CACHE_REQUESTS, contract.RETRIEVAL_ROUTES, contract.SHED, contract.SERVICE["index_reloads"],
+            *contract.GENERATION.values()} <= contract.PIPELINE_ONLY
+
+
+@pytest.mark.parametrize("board", all_boards(slo.PRODUCTION), ids=lambda b: b.slug)
+def test_panels_only_the_pipeline_feeds_are_marked(board):
+    """A panel reading only pipeline-only families is marked pipeline_only (checks skip it for a library-only
+    service); a marked one reads nothing but those families or ragheat's own stages; the SLOs apply to every
+    service."""
+    for panel in board.panels:
+        sources = {s for q in panel.queries for s in q.sources}
+        if sources <= contract.PIPELINE_ONLY:
+            assert panel.pipeline_only, panel.title
+        if panel.pipeline_only:
+            assert sources <= contract.PIPELINE_ONLY | set(contract.LIBRARY), panel.title
+    if board.slug == "slo":
+        assert not any(p.pipeline_only for p in board.panels)
+    if board.slug == "latency":
+        marked = {p.title.rpartition(": ")[2] for p in board.panels if p.pipeline_only and p.kind == "heatmap"}
+        assert marked == {*GRAPH_STAGES, *OWN_HEATMAP_STAGES}
+
+
+def test_rules_keep_the_job_in_every_aggregation():
+    """Two services never mix into one SLI: every sum keeps ``job`` (and the per-stage ones ``stage``); each alert's
+    stage annotations look only at the alert's own job; Alertmanager groups and inhibits per job."""
+    rules = slo.prometheus_rules(slo.PRODUCTION)
+    annotation_queries = 0
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            expr = rule["expr"]
+            assert "sum(" not in expr and "vector(0)" not in expr, expr
+            groupings = re.findall(r"sum by \(([^)]*)\)", expr)
+            if "record" in rule:
+                assert groupings and all("job" in g.split(", ") for g in groupings), expr
+                if rule["record"].startswith("stage:"):
+                    assert all("stage" in g.split(", ") for g in groupings), expr
+            for text in rule.get("annotations", {}).values():
+                for query in re.findall(r"range query \(printf \"([^\"]*)\" \$labels\.job\)", text):
+                    assert "{job=%q}" in query, query
+                    annotation_queries += 1
+                assert "range query \"" not in text, text  # no query that ignores the alert's job
+    assert annotation_queries >= len(slo.SLOS) * len(slo.BURN_ALERTS) * 2
+    config = slo.alertmanager_config("http://p", "http://t")
+    assert "job" in config["route"]["group_by"]
+    assert config["inhibit_rules"][0]["equal"] == ["job", "slo"]
+
+
+def test_recording_rule_names_do_not_change():
+    """Other readers (boards elsewhere, stack checks) know these names: only their label sets grow."""
+    records = {r["record"] for g in slo.prometheus_rules(slo.PRODUCTION)["groups"] for r in g["rules"] if "record" in r}
+    stage = "stage:ragheat_stage_duration_seconds:"
+    assert records == {*(stage + n for n in ("p50_rate5m", "p95_rate5m", "p99_rate5m", "p99_rate30m", "p99_rate6h",
+                                             "over_slo_rate5m", "over_slo_rate30m", "over_slo_rate6h")),
+                       *(f"slo:sli_error:ratio_rate{w}" for w in ("5m", "30m", "1h", "6h", "3d", "30d"))}
+
+
+def test_a_job_is_matched_literally():
+    expr = f'sum(rate(x{{{ON_JOB}}}[$__rate_interval]))'
+    assert expand(expr, "5m", {JOB: regex_literal("rag-lib.v2")}) == r'sum(rate(x{job=~"rag-lib\\.v2"}[5m]))'
+    assert expand(expr, "5m") == 'sum(rate(x{job=~".*"}[5m]))'  # All
+    assert regex_literal('a|b"c') == r'a\\|b\"c'
 
 
 def test_expand_gates_by_source():

@@ -67,6 +67,9 @@ def test_amtool_accepts_the_config_and_routes_pages_and_tickets():
 # summary, description, the stage and the evidence with its numbers), never derived from dashboards.slo.
 
 PER_MINUTE = 600  # requests per minute of synthetic traffic (10/s)
+JOB = "ragheat-api"  # the scrape job of the service, as compose names it
+LIBRARY_JOB = "rag-lib"  # a second service whose only ragheat part is the instrumentation library
+LIBRARY_STAGES = ("embed", "retrieve", "tool", "other")  # its own names: a retriever of unknown kind, a tool call
 HEALTHY_HISTORY = 370  # minutes: more than the 6 h window, so the 6 h ratios start from a healthy past
 FAST_S = 0.005  # what a healthy stage takes
 EDGES = ("0.0075", "0.2", "0.35", "0.42", "0.5", "2.5", "5", "+Inf")  # edges of telemetry.buckets, 0.42 among them
@@ -90,8 +93,8 @@ def _edge(seconds: float) -> str:
     return next(e for e in EDGES if e == "+Inf" or seconds <= float(e))
 
 
-def _stage_buckets(stage: str, phase: Phase, answered: int) -> dict[str, int]:
-    """Cumulative per-minute bucket counts of one stage in one phase."""
+def _stage_buckets(stage: str, phase: Phase, answered: int, always: tuple[str, ...]) -> dict[str, int]:
+    """Cumulative per-minute bucket counts of one stage in one phase (``always``: the stages every answer runs)."""
     counts = {e: 0 for e in EDGES}
     listed = [(share, seconds) for name, share, seconds in phase.stages if name == stage]
     slow_runs = 0
@@ -99,7 +102,7 @@ def _stage_buckets(stage: str, phase: Phase, answered: int) -> dict[str, int]:
         n = round(PER_MINUTE * share)
         counts[_edge(seconds)] += n
         slow_runs += n
-    if stage in DEFAULT_STAGES:
+    if stage in always:
         counts[_edge(FAST_S)] += answered - slow_runs
     running, out = 0, {}
     for e in EDGES:
@@ -108,14 +111,15 @@ def _stage_buckets(stage: str, phase: Phase, answered: int) -> dict[str, int]:
     return out
 
 
-def traffic(*phases: Phase) -> list[dict]:
-    """promtool input series for ``phases``, one after another, at one sample a minute."""
+def traffic(*phases: Phase, job: str = JOB, stages: tuple[str, ...] = STAGES,
+            always: tuple[str, ...] = DEFAULT_STAGES, route: str = ROUTES[0]) -> list[dict]:
+    """promtool input series of one scrape job for ``phases``, one after another, at one sample a minute."""
     per_minute: dict[str, list[int]] = {}
 
     def add(series: str, n: int) -> None:
-        per_minute.setdefault(series, []).append(n)
+        per_minute.setdefault(series.replace("{", f'{{job="{job}", ', 1), []).append(n)
 
-    route, load = f'route="{ROUTES[0]}"', 'qps_bucket="10-50"'
+    route, load = f'route="{route}"', 'qps_bucket="10-50"'
     for phase in phases:
         for _ in range(phase.minutes):
             failed = round(PER_MINUTE * phase.failed)
@@ -125,8 +129,8 @@ def traffic(*phases: Phase) -> list[dict]:
             add(f'{contract.bucket(contract.REQUEST_DURATION)}{{{route}, {load}, outcome="ok", le="+Inf"}}', answered)
             add(f'{contract.REQUESTS}{{{route}, status_class="2xx"}}', answered)
             add(f'{contract.REQUESTS}{{{route}, status_class="5xx"}}', failed)
-            for stage in STAGES:
-                buckets = _stage_buckets(stage, phase, answered)
+            for stage in stages:
+                buckets = _stage_buckets(stage, phase, answered, always)
                 for le, n in buckets.items():
                     add(f'{contract.bucket(contract.STAGE_DURATION)}{{stage="{stage}", {load}, outcome="ok", le="{le}"}}', n)
                 add(f'{contract.count(contract.STAGE_DURATION)}{{stage="{stage}", {load}, outcome="ok"}}', buckets["+Inf"])
@@ -147,11 +151,11 @@ LABELS = {
     "slow": {"severity": "ticket", "burn": "slow", "long_window": "3d", "short_window": "6h"},
 }
 SUMMARY = {
-    ("latency", "fast"): "Latency SLO error budget burning 14.4x too fast over 1h and 5m; stage: {stage}",
-    ("latency", "medium"): "Latency SLO error budget burning 6x too fast over 6h and 30m; stage: {stage}",
-    ("latency", "slow"): "Latency SLO error budget burning 1x too fast over 3d and 6h; stage: {stage}",
-    ("availability", "fast"): "Availability SLO error budget burning 14.4x too fast over 1h and 5m; stage: {stage}",
-    ("availability", "slow"): "Availability SLO error budget burning 1x too fast over 3d and 6h; stage: {stage}",
+    ("latency", "fast"): "{job}: Latency SLO error budget burning 14.4x too fast over 1h and 5m; stage: {stage}",
+    ("latency", "medium"): "{job}: Latency SLO error budget burning 6x too fast over 6h and 30m; stage: {stage}",
+    ("latency", "slow"): "{job}: Latency SLO error budget burning 1x too fast over 3d and 6h; stage: {stage}",
+    ("availability", "fast"): "{job}: Availability SLO error budget burning 14.4x too fast over 1h and 5m; stage: {stage}",
+    ("availability", "slow"): "{job}: Availability SLO error budget burning 1x too fast over 3d and 6h; stage: {stage}",
 }
 OBJECTIVE = {
     "latency": "Objective: 99 % of requests good over 30 days (bad: an answered request slower than 420 ms).",
@@ -166,14 +170,21 @@ FAILED = "{stage} failed in {rate} requests/s over {window}, more than any other
 ALERT = {"latency": "RagheatLatencyBudgetBurn", "availability": "RagheatAvailabilityBudgetBurn"}
 
 
-def fires(slo_name: str, minute: int, stage: str, **evidence: str) -> dict:
+def fires(slo_name: str, minute: int, stage: str, job: str = JOB, **evidence: str) -> dict:
     """promtool's expectation at ``minute``: the SLO's alerts of the burns given (``fast="evidence"``), each with
-    the rule's labels and annotations naming ``stage``; no keyword means the SLO's alerts stay quiet."""
-    alerts = [{"exp_labels": {**LABELS[burn], "slo": slo_name},
-               "exp_annotations": {"summary": SUMMARY[slo_name, burn].format(stage=stage),
+    the rule's labels (``job`` among them) and annotations naming ``stage``; no keyword means the SLO's alerts stay
+    quiet."""
+    return together(slo_name, minute, {job: (stage, evidence)})
+
+
+def together(slo_name: str, minute: int, by_job: dict[str, tuple[str, dict[str, str]]]) -> dict:
+    """As ``fires``, for several jobs at once: job -> (the stage named, {burn: evidence}); promtool compares the
+    whole list of the SLO's alerts, so a job left out must have none."""
+    alerts = [{"exp_labels": {**LABELS[burn], "slo": slo_name, "job": job},
+               "exp_annotations": {"summary": SUMMARY[slo_name, burn].format(stage=stage, job=job),
                                    "description": OBJECTIVE[slo_name] + GONE[burn],
                                    "stage": stage, "stage_evidence": text}}
-              for burn, text in evidence.items()]
+              for job, (stage, evidence) in by_job.items() for burn, text in evidence.items()]
     return {"eval_time": f"{minute}m", "alertname": ALERT[slo_name], "exp_alerts": alerts}
 
 
@@ -246,6 +257,33 @@ SCENARIOS = {
 }
 
 
+# Two services in one Prometheus, told apart by their scrape job: ragheat itself and a library-only service whose
+# stages carry the names a foreign service uses. The evidence numbers are those of the scenarios above: every
+# answer slow in one stage gives 10/s over 5 m and 10 x 600 / 6 h = 0.278/s at minute 10.
+LIBRARY = dict(job=LIBRARY_JOB, stages=LIBRARY_STAGES, always=LIBRARY_STAGES, route="/ask")
+SERVICES = {
+    # Only the library service is slow (500 ms in its tool call): only its page and ticket fire, naming its job.
+    "two services: only the slow one's alert fires, naming its job": (
+        traffic(Phase(H), Phase(12)) + traffic(Phase(H), Phase(12, slow=1.0, stages=(("tool", 1.0, 0.5),)), **LIBRARY),
+        [*quiet("latency", H - 1),
+         fires("latency", H + 10, "tool", job=LIBRARY_JOB,
+               fast=OVER.format(stage="tool", rate="10", window="5m"),
+               slow=OVER.format(stage="tool", rate="0.278", window="6h")),
+         *quiet("availability", H + 10)]),
+    # Both slow, each in its own stage, ragheat's more often (10/s in fuse against 5/s in retrieve): each alert
+    # names its own job's stage, never the worse one of the other job. Half the library's answers slow burns
+    # its 1 h budget past 14.4x after 17.3 minutes: at minute 20, 6000 of 36000 (its 6 h window: 20 x 300 / 6 h).
+    "two slow services: each alert names its own stage": (
+        traffic(Phase(H), Phase(22, slow=1.0, stages=(SLOW_FUSE,)))
+        + traffic(Phase(H), Phase(22, slow=0.5, stages=(("retrieve", 0.5, 0.5),)), **LIBRARY),
+        [together("latency", H + 20, {
+            JOB: ("fuse", {"fast": OVER.format(stage="fuse", rate="10", window="5m"),
+                           "slow": OVER.format(stage="fuse", rate="0.556", window="6h")}),
+            LIBRARY_JOB: ("retrieve", {"fast": OVER.format(stage="retrieve", rate="5", window="5m"),
+                                       "slow": OVER.format(stage="retrieve", rate="0.278", window="6h")})})]),
+}
+
+
 def promtool_test(tmp_path: Path, name: str, series: list[dict], alert_tests: list[dict]) -> subprocess.CompletedProcess:
     shutil.copy(RULES, tmp_path / "rules.yml")
     test_file = tmp_path / "slo_test.yml"
@@ -266,19 +304,42 @@ def test_promtool_unit_tests(scenario, tmp_path):
     assert "SUCCESS" in result.stdout
 
 
-@pytest.mark.parametrize("wrong", ["silence during the fast burn", "the slowest stage by P99"])
+@pytest.mark.parametrize("scenario", list(SERVICES))
+def test_promtool_unit_tests_of_two_services(scenario, tmp_path):
+    series, alert_tests = SERVICES[scenario]
+    result = promtool_test(tmp_path, scenario, series, alert_tests)
+    assert result.returncode == 0, f"{scenario}:\n{result.stdout}{result.stderr}"
+    assert "SUCCESS" in result.stdout
+
+
+@pytest.mark.parametrize("wrong", ["silence during the fast burn", "the slowest stage by P99",
+                                   "the healthy service pages too", "the other service's stage"])
 def test_promtool_unit_tests_can_fail(tmp_path, wrong):
-    """Wrong expectations must fail: the unit tests above are not vacuous, and the LLM scenario really has a
-    stage (generate_decode) with a higher P99 than the one named."""
+    """Wrong expectations must fail: the unit tests above are not vacuous, the LLM scenario really has a stage
+    (generate_decode) with a higher P99 than the one named, and the two services' alerts really are apart."""
     if wrong == "silence during the fast burn":
         series, _ = SCENARIOS["fast latency burn pages within 10 minutes, naming the stage"]
         tests, needle = quiet("latency", H + 15), "burn=fast"
-    else:
+    elif wrong == "the slowest stage by P99":
         series, _ = SCENARIOS["a slow stage in every request is named over a slower one in a few"]
         tests = [fires("latency", H + 10, "generate_decode",
                        fast=OVER.format(stage="generate_decode", rate="0.5", window="5m"),
                        slow=OVER.format(stage="generate_decode", rate="0.0139", window="6h"))]
         needle = "stage=fuse"
+    elif wrong == "the healthy service pages too":
+        series, _ = SERVICES["two services: only the slow one's alert fires, naming its job"]
+        both = {job: ("tool", {"fast": OVER.format(stage="tool", rate="10", window="5m"),
+                               "slow": OVER.format(stage="tool", rate="0.278", window="6h")})
+                for job in (JOB, LIBRARY_JOB)}
+        tests, needle = [together("latency", H + 10, both)], f"job={JOB}"
+    elif wrong == "the other service's stage":
+        series, _ = SERVICES["two slow services: each alert names its own stage"]
+        tests = [together("latency", H + 20, {
+            JOB: ("fuse", {"fast": OVER.format(stage="fuse", rate="10", window="5m"),
+                           "slow": OVER.format(stage="fuse", rate="0.556", window="6h")}),
+            LIBRARY_JOB: ("fuse", {"fast": OVER.format(stage="fuse", rate="10", window="5m"),
+                                   "slow": OVER.format(stage="fuse", rate="0.556", window="6h")})})]
+        needle = "stage=retrieve"
     result = promtool_test(tmp_path, wrong, series, tests)
     assert result.returncode != 0
     assert needle in (result.stdout + result.stderr).replace('"', ""), result.stdout + result.stderr

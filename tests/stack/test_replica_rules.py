@@ -50,7 +50,7 @@ def test_rules_that_kept_the_replica_apart_would_page_twice(tmp_path, monkeypatc
 
     rules = tmp_path / "per-instance.yml"
     text = test_slo_rules.RULES.read_text()
-    rules.write_text(text.replace("sum(rate(", "sum by (instance) (rate("))
+    rules.write_text(text.replace("sum by (job) (rate(", "sum by (job, instance) (rate("))
     assert rules.read_text() != text
     monkeypatch.setattr(test_slo_rules, "RULES", rules)
     (tmp_path / "run").mkdir()
