@@ -7,12 +7,14 @@ Combinations are validated when the object is built, with a sentence naming the 
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, SecretStr, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from rag.slo import SLO_MS
@@ -283,6 +285,22 @@ class TelemetrySettings(_Section):
         if self.export_batch_size > self.span_queue_size:
             raise ValueError("telemetry.export_batch_size must not exceed telemetry.span_queue_size")
         return self
+
+
+def telemetry_from_environment(environ: Mapping[str, str]) -> TelemetrySettings:
+    """``TelemetrySettings`` from the ``RAGHEAT_TELEMETRY__<FIELD>`` variables of ``environ`` alone (a service that
+    imports only the observing library has no other section to configure). Lists are JSON (``[1, 10, 50]``)."""
+    prefix = "RAGHEAT_TELEMETRY__"
+    values = {}
+    for key, value in environ.items():
+        if key.startswith(prefix):
+            field = key[len(prefix):].lower()
+            values[field] = json.loads(value) if value.lstrip().startswith("[") else value
+    try:
+        return TelemetrySettings(**values)
+    except ValidationError as exc:
+        problems = "; ".join(f"{prefix}{'.'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in exc.errors())
+        raise ValueError(f"telemetry settings from the environment are invalid: {problems}") from None
 
 
 class GraphSettings(_Section):

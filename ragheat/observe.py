@@ -14,9 +14,10 @@ Importing this module imports no command, server or pipeline of ragheat: only ``
 
 from rag.settings import TelemetrySettings
 from telemetry.metrics import STAGE_LABELS
-from telemetry.observe import ObserveMiddleware, Observer, RequestObservation, StageScope, instrument, stage
+from telemetry.observe import (ObserveMiddleware, Observer, OpenStage, RequestObservation, StageScope, instrument,
+                               stage)
 from telemetry.span_stages import StageSpanProcessor, span_stage
 from telemetry.stage_names import ALIASES, StageNames
 
-__all__ = ["ALIASES", "ObserveMiddleware", "Observer", "RequestObservation", "STAGE_LABELS", "StageNames",
+__all__ = ["ALIASES", "ObserveMiddleware", "Observer", "OpenStage", "RequestObservation", "STAGE_LABELS", "StageNames",
            "StageScope", "StageSpanProcessor", "TelemetrySettings", "instrument", "span_stage", "stage"]

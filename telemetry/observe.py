@@ -36,7 +36,7 @@ from contextvars import ContextVar
 from typing import Mapping, Sequence
 
 from rag.errors import StageError
-from rag.settings import TelemetrySettings
+from rag.settings import TelemetrySettings, telemetry_from_environment
 from rag.threadnames import original_name, set_name, stage_comm
 from rag.types import RequestRecord, StageTiming
 from telemetry.recorder import RequestScope, Telemetry
@@ -84,7 +84,9 @@ class Observer:
     ``service``: the OpenTelemetry ``service.name`` of its spans (``OTEL_SERVICE_NAME`` wins); on the boards services
     are told apart by their Prometheus scrape ``job``. ``routes``: the request routes, a closed label set (only these
     are timed by the middleware). ``settings``: rate window, qps edges, sampling, OTLP (``rag.settings.
-    TelemetrySettings``). ``aliases``: extra stage names -> labels. ``name_threads``: rename threads for the
+    TelemetrySettings``; default: from the ``RAGHEAT_TELEMETRY__*`` variables). Exemplars need a trace: spans
+    exported (an OTLP endpoint in the environment, or ``span_exporter``), or the service's own current span.
+    ``aliases``: extra stage names -> labels. ``name_threads``: rename threads for the
     probes. The first Observer made (or the one ``make_default`` names) serves stages outside any request."""
 
     def __init__(self, service: str = "rag", routes: Sequence[str] = ("/query",), *,
@@ -95,7 +97,9 @@ class Observer:
         routes = tuple(routes)
         if not routes or not all(isinstance(r, str) and r.startswith("/") for r in routes):
             raise ValueError(f"routes must be one or more paths starting with '/', got {routes!r}")
-        settings = (settings or TelemetrySettings()).model_copy(update={"service_name": service})
+        if settings is None:
+            settings = telemetry_from_environment(environ)
+        settings = settings.model_copy(update={"service_name": service})
         self.service, self.routes, self.name_threads = service, routes, name_threads
         self.telemetry = Telemetry(settings, registry=registry, span_exporter=span_exporter, environ=environ,
                                    routes=routes, data_source=service)
@@ -124,6 +128,10 @@ class Observer:
             if len(self._stages) < 1024:
                 self._stages[name] = scope
         return scope
+
+    def open_stage(self, name: str) -> "OpenStage":
+        """Start timing ``name`` now, in the current request; ``.close(error=None)`` ends it (see ``OpenStage``)."""
+        return OpenStage(self, name)
 
     def request(self, route: str | None = None, trace_headers: Mapping[str, str] | None = None) -> "RequestObservation":
         """Scope one request (``with``/``async with``): ``route`` must be one of ``routes`` (default the first);
@@ -344,6 +352,37 @@ class _RenamedSteps:
             raise
         scope._exit(None)
         return result
+
+
+class OpenStage:
+    """A stage opened and closed by two calls instead of a block: for a framework's own callbacks (a tracer's span
+    start and end, a callback handler's ``on_*_start``/``on_*_end``). ``Observer.open_stage`` makes one; ``close``
+    records it, once. The thread is renamed only when opened off an event loop, and named back only when closed on
+    the thread that opened it."""
+
+    __slots__ = ("label", "request", "observer", "start", "thread", "restore")
+
+    def __init__(self, observer: "Observer", name: str) -> None:
+        self.request = _current.get()
+        self.observer = self.request.observer if self.request is not None else observer
+        self.label = self.observer.names.label(name)
+        self.thread = threading.get_ident()
+        self.restore = (_rename(stage_comm(self.label)) if self.observer.name_threads and _running_loop() is None
+                        else None)
+        self.start = time.perf_counter()
+
+    def close(self, error: BaseException | None = None) -> None:
+        if self.start is None:
+            return
+        seconds, self.start = time.perf_counter() - self.start, None
+        if self.restore is not None and threading.get_ident() == self.thread:
+            _restore(self.restore)
+        if self.request is not None:
+            self.request.stages.append(StageTiming(self.label, seconds, time.perf_counter() - seconds))
+            if error is not None and self.request.failure is None:
+                self.request.failure = (self.label, error)
+        else:
+            self.observer.record_stage(self.label, seconds, error is not None)
 
 
 def stage(name: str) -> StageScope:

@@ -6,7 +6,8 @@ its code:
 
     provider.add_span_processor(rh.StageSpanProcessor(observer))
 
-Each local root span (no parent, or a remote one) is one request; the spans under it that are a stage are recorded
+Each local root span (no parent, or a remote one) is one request, unless it is an HTTP request to a route that is
+not among the observer's routes; the spans under it that are a stage are recorded
 under the stage label they map to (``span_stage``), with the request's ``qps_bucket`` at its start and its trace id
 as the exemplar. A stage span nested in a span of the same label (a fusion retriever's own retrievers are
 ``retrieve_dense`` and ``retrieve_bm25``; a retriever inside a retriever of the same kind is not) counts once, as the
@@ -47,7 +48,7 @@ TTFT_ATTRIBUTES = ("gen_ai.response.time_to_first_chunk", "gen_ai.server.time_to
                    "llm.response.time_to_first_token")
 """Time to the first token, in seconds, as the current and the older conventions name it (the first one set)."""
 STATUS_ATTRIBUTES = ("http.response.status_code", "http.status_code")  # current, then older HTTP conventions
-ROUTE_ATTRIBUTE = "http.route"
+PATH_ATTRIBUTES = ("http.route", "url.path", "http.target")  # the route template first, then the path itself
 MAX_OPEN_REQUESTS = 4096  # requests whose root span has not ended; beyond it the oldest is dropped (and counted)
 MAX_SPANS_PER_REQUEST = 2048
 
@@ -66,9 +67,12 @@ def span_stage(span: ReadableSpan, names: StageNames) -> str | None:
         if kind == "CHAIN":
             return "fuse" if names.label(span.name, count=False) == "fuse" else None
         return OPENINFERENCE_KINDS.get(kind)
-    operation = attributes.get("gen_ai.operation.name")
-    if operation:
-        return _retriever(span.name, names) if operation == "retrieval" else GENAI_OPERATIONS.get(str(operation))
+    entity = str(attributes.get("traceloop.entity.name") or span.name)
+    operation = str(attributes.get("gen_ai.operation.name") or "")
+    if "retriev" in operation:  # "retrieval"; OpenLLMetry's "vector_db_retrieve"
+        return _retriever(entity, names)
+    if operation in GENAI_OPERATIONS:
+        return GENAI_OPERATIONS[operation]
     request_type = attributes.get("llm.request.type")
     if request_type:
         return OPENLLMETRY_REQUEST_TYPES.get(str(request_type))
@@ -76,7 +80,7 @@ def span_stage(span: ReadableSpan, names: StageNames) -> str | None:
     if traceloop_kind == "tool":
         return "tool"
     if traceloop_kind == "task":
-        label = names.label(str(attributes.get("traceloop.entity.name") or span.name), count=False)
+        label = names.label(entity, count=False)
         return None if label == "other" else label
     return None
 
@@ -106,6 +110,7 @@ class StageSpanProcessor(SpanProcessor):
         self.observer, self.telemetry = observer, observer.telemetry
         self.route = route or observer.routes[0]
         self._open: dict[int, _OpenRequest] = {}  # trace id -> its open request, oldest first
+        self._ignored: dict[int, int] = {}  # trace id -> root span id, of requests to routes not observed
         self._lock = threading.Lock()
 
     def on_start(self, span, parent_context=None) -> None:
@@ -118,8 +123,19 @@ class StageSpanProcessor(SpanProcessor):
             log.exception("ragheat's span processor could not open a request")
 
     def _open_request(self, span) -> None:
-        route = (span.attributes or {}).get(ROUTE_ATTRIBUTE)
-        scope = self.telemetry.start(route if route in self.observer.routes else self.route)
+        attributes = span.attributes or {}
+        path = next((str(attributes[key]).split("?", 1)[0] for key in PATH_ATTRIBUTES if key in attributes), None)
+        if path is not None and path not in self.observer.routes:
+            # An HTTP request to a route that is not observed (a health check, a scrape of /metrics): neither it
+            # nor any span under it counts.
+            context = span.get_span_context()
+            with self._lock:
+                self._ignored[context.trace_id] = context.span_id
+                if len(self._ignored) > MAX_OPEN_REQUESTS:
+                    self._ignored.pop(next(iter(self._ignored)))
+            return
+        scope = self.telemetry.start(path or self.route)
+        scope.trace = None  # the app's own spans are the trace: the observer builds none of its own
         context = span.get_span_context()
         if context.trace_flags.sampled:
             scope.trace_id = format(context.trace_id, "032x")
@@ -144,6 +160,11 @@ class StageSpanProcessor(SpanProcessor):
         label = span_stage(span, self.observer.names)
         failed = span.status.status_code is StatusCode.ERROR
         with self._lock:
+            ignored_root = self._ignored.get(context.trace_id)
+            if ignored_root is not None:
+                if ignored_root == context.span_id:
+                    del self._ignored[context.trace_id]
+                return
             request = self._open.get(context.trace_id)
             if request is not None and context.span_id == request.root_id:
                 del self._open[context.trace_id]
@@ -200,6 +221,7 @@ class StageSpanProcessor(SpanProcessor):
     def shutdown(self) -> None:
         with self._lock:
             self._open.clear()
+            self._ignored.clear()
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return True

@@ -250,3 +250,27 @@ def test_misuse_is_refused_with_the_reason(observer):
             yield 1
     with pytest.raises(ValueError, match="stage labels"):
         rh.Observer(aliases={"search": "vector-search"})
+
+
+def test_settings_come_from_the_environment_when_not_given():
+    observer = rh.Observer(service="from-env", environ={"RAGHEAT_TELEMETRY__QPS_EDGES": "[2, 20]",
+                                                         "RAGHEAT_TELEMETRY__TRACE_SAMPLE_RATIO": "0.5"})
+    assert list(observer.telemetry.buckets.labels) == ["0-2", "2-20", "20+"]
+    assert observer.telemetry.settings.trace_sample_ratio == 0.5
+    with pytest.raises(ValueError, match="RAGHEAT_TELEMETRY__TRACE_SAMPLE_RATIO"):
+        rh.Observer(environ={"RAGHEAT_TELEMETRY__TRACE_SAMPLE_RATIO": "2"})
+
+
+def test_a_stage_opened_and_closed_by_callbacks(observer):
+    with observer.request("/query"):
+        outer = observer.open_stage("EnsembleRetriever")
+        inner = observer.open_stage("BM25Retriever")
+        assert get_name() == b"rh:retrieve_bm2"
+        inner.close()
+        assert get_name() == b"rh:retrieve"
+        failed = observer.open_stage("CohereRerank")
+        failed.close(RuntimeError("reranker down"))
+        failed.close()  # a second close records nothing
+        outer.close()
+    text = generate_latest(observer.registry).decode()
+    assert count(text, "retrieve") == 1 and count(text, "retrieve_bm25") == 1 and count(text, "rerank") == 1

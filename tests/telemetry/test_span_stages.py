@@ -155,3 +155,39 @@ def test_the_processor_refuses_an_undeclared_route_and_bounds_open_requests(trac
         span.set_status(Status(StatusCode.OK))
         span.end()
     assert sum(s.value for s in families(observer)["ragheat_requests_in_flight"].samples) == 0
+
+
+def test_openllmetry_retriever_spans_and_unobserved_routes():
+    observer = rh.Observer(service="langchain-rag", routes=("/query",), environ={},
+                           settings=rh.TelemetrySettings(tracing=False, otlp="off"))
+    provider = TracerProvider()
+    provider.add_span_processor(rh.StageSpanProcessor(observer))
+    tracer = provider.get_tracer("opentelemetry.instrumentation.langchain")
+    with tracer.start_as_current_span("GET /metrics", kind=SpanKind.SERVER, attributes={"http.route": "/metrics"}):
+        with tracer.start_as_current_span("ChatModel", attributes={"llm.request.type": "chat"}):
+            pass  # not a request of a declared route: neither it nor its stages count
+    with tracer.start_as_current_span("POST /query", kind=SpanKind.SERVER, attributes={"http.target": "/query?x=1"}):
+        with tracer.start_as_current_span("EnsembleRetriever.langchain.task", attributes={
+                "gen_ai.operation.name": "vector_db_retrieve", "traceloop.span.kind": "task",
+                "traceloop.entity.name": "EnsembleRetriever"}):
+            with tracer.start_as_current_span("BM25Retriever.langchain.task", attributes={
+                    "gen_ai.operation.name": "vector_db_retrieve", "traceloop.span.kind": "task",
+                    "traceloop.entity.name": "BM25Retriever"}):
+                pass
+    assert counts(observer) == {("retrieve", "ok"): 1, ("retrieve_bm25", "ok"): 1}
+    assert counts(observer, "ragheat_request_duration_seconds", "route") == {("/query", "ok"): 1}
+
+
+def test_the_processor_adds_no_trace_of_its_own():
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    observer = rh.Observer(service="traced", routes=("/query",), span_exporter=exporter, environ={},
+                           settings=rh.TelemetrySettings(trace_sample_ratio=1.0, otlp="off"))
+    provider = TracerProvider()
+    provider.add_span_processor(rh.StageSpanProcessor(observer))
+    with provider.get_tracer("t").start_as_current_span("Pipeline.run", attributes={KIND: "CHAIN"}):
+        with provider.get_tracer("t").start_as_current_span("BM25Retriever", attributes={KIND: "RETRIEVER"}):
+            pass
+    observer.telemetry.force_flush()
+    assert counts(observer) == {("retrieve_bm25", "ok"): 1} and exporter.get_finished_spans() == ()
