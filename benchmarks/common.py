@@ -35,9 +35,11 @@ def p50_p99(values: Sequence[float], scale: float = 1000.0) -> dict | None:
     return {"p50": float(np.percentile(scaled, 50)), "p99": float(np.percentile(scaled, 99)), "n": int(len(scaled))}
 
 
-def closed_loop_round(url: str, queries: Sequence[str], clients: int, seconds: float) -> tuple[float, list[float]]:
-    """``clients`` closed-loop clients posting ``queries`` (each its own share, in turn) to ``url``'s /v1/query for
-    ``seconds``: requests per second, and every request's latency in seconds."""
+def closed_loop_round(url: str, queries: Sequence[str], clients: int, seconds: float, path: str = "/v1/query",
+                      field: str = "query") -> tuple[float, list[float]]:
+    """``clients`` closed-loop clients posting ``queries`` (each its own share, in turn) to ``url``'s ``path`` (the
+    query text as the body's ``field``) for ``seconds``: requests per second, and every request's latency in
+    seconds."""
     import httpx
 
     latencies: list[list[float]] = [[] for _ in range(clients)]
@@ -48,7 +50,7 @@ def closed_loop_round(url: str, queries: Sequence[str], clients: int, seconds: f
             k = i
             while time.monotonic() < stop:
                 start = time.perf_counter()
-                http.post("/v1/query", json={"query": queries[k % len(queries)]}).raise_for_status()
+                http.post(path, json={field: queries[k % len(queries)]}).raise_for_status()
                 latencies[i].append(time.perf_counter() - start)
                 k += clients
     threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]

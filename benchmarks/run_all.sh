@@ -33,6 +33,7 @@ HOTPOT_SPLIT=${HOTPOT_SPLIT:-dev}
 INGEST_RUNS="$BEIR:int8,$BEIR:fp32,wiki:int8"
 QUERY_ARGS=(--queries 300 --rounds 3)
 TELEMETRY_ARGS=(--rounds 12 --round-s 5)
+OBSERVE_ARGS=(--rounds 10 --round-s 5)
 LOADGEN_ARGS=(--rates 500,1000,2000,2500,3000 --duration 5)
 KNEE_ARGS=(--rates 50,100,150,200,250,300 --duration 6 --warmup 2)
 REPLICAS_ARGS=(--rates 50,100,150,200,250,300 --duration 5 --warmup 2 --rounds 3)  # 5 configurations, 3 sweeps
@@ -60,6 +61,7 @@ if [ "${SMOKE:-0}" = 1 ]; then
   INGEST_RUNS="$BEIR:int8,$BEIR:fp32"
   QUERY_ARGS=(--queries 20 --rounds 2)
   TELEMETRY_ARGS=(--queries 20 --rounds 2 --round-s 1 --clients 2)
+  OBSERVE_ARGS=(--queries 20 --rounds 2 --round-s 1 --clients 2)
   LOADGEN_ARGS=(--rates 100,200 --duration 1 --warmup 0.5)
   KNEE_ARGS=(--rates 5,10 --duration 1 --warmup 0.5)
   REPLICAS_ARGS=(--rates 5,10 --duration 1 --warmup 0.5)
@@ -101,6 +103,7 @@ step_telemetry() { "$PY" benchmarks/bench_telemetry.py --beir "$BEIR" --index "$
                      --json "$RESULTS/telemetry.json"; }
 step_telemetry-recording() { "$PY" benchmarks/bench_telemetry.py --beir "$BEIR" --index "$INDEX" --recording-only \
                                --json "$RESULTS/telemetry-recording.json"; }
+step_observe() { "$PY" benchmarks/bench_observe.py --beir "$BEIR" "${OBSERVE_ARGS[@]}" --json "$RESULTS/observe.json"; }
 step_loadgen() { "$PY" benchmarks/bench_loadgen.py "${LOADGEN_ARGS[@]}" --json "$RESULTS/loadgen.json"; }
 step_knee() {
   local port log pid
@@ -205,7 +208,7 @@ step_render() {
     "$PY" benchmarks/render_docs.py --results "$RESULTS" --out "$RESULTS/benchmarks.md"; fi
 }
 
-ALL=(ingest eval eval-fp32 fusion query telemetry telemetry-recording loadgen knee ann probes tune-vllm
+ALL=(ingest eval eval-fp32 fusion query telemetry telemetry-recording observe loadgen knee ann probes tune-vllm
      tune-vllm-real boards-llm embedding graph vllm-ttft rerank rerank-latency cache capacity batching replicas answers hyde judge render)
 if [ "${1:-}" = --list ]; then printf '%s\n' "${ALL[@]}"; exit 0; fi
 steps=("$@")

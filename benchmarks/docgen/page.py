@@ -72,6 +72,8 @@ PAGE: list[str | Section] = [
     Section("ingest", "", ("ingest",), latency.ingest),
     "## Telemetry overhead",
     Section("telemetry", "", ("telemetry", "telemetry-recording"), latency.telemetry),
+    Section("observe", "### Observing a service ragheat did not write (`ragheat.observe`)", ("observe",),
+            latency.observe),
     Section("cache", "### Semantic answer cache", ("cache",), latency.cache),
     "## Load generator (`ragheat bench`)",
     Section("loadgen", "### How much load the generator itself can offer", ("loadgen",), capacity.loadgen),
