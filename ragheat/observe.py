@@ -8,16 +8,21 @@
 
     provider.add_span_processor(rh.StageSpanProcessor(observer))  # an app already traced by OpenInference,
                                                                   # OpenLLMetry or OpenLIT: no code change
+    rh.haystack.enable(observer)    # or rh.llama_index / rh.langchain: each framework's components as stages, through
+                                    # its own tracing or callback hook
 
-Importing this module imports no command, server or pipeline of ragheat: only ``telemetry`` and the settings.
+Importing this module imports no command, server or pipeline of ragheat (only ``telemetry`` and the settings), and
+no framework: each hook imports its own when enabled.
 """
 
 from rag.settings import TelemetrySettings
+from telemetry.integrations import haystack, langchain, llama_index
 from telemetry.metrics import STAGE_LABELS
-from telemetry.observe import (ObserveMiddleware, Observer, OpenStage, RequestObservation, StageScope, instrument,
-                               stage)
+from telemetry.observe import (ObserveMiddleware, Observer, OpenStage, RequestObservation, StageScope,
+                               current_observer, instrument, stage)
 from telemetry.span_stages import StageSpanProcessor, span_stage
 from telemetry.stage_names import ALIASES, StageNames
 
 __all__ = ["ALIASES", "ObserveMiddleware", "Observer", "OpenStage", "RequestObservation", "STAGE_LABELS", "StageNames",
-           "StageScope", "StageSpanProcessor", "TelemetrySettings", "instrument", "span_stage", "stage"]
+           "StageScope", "StageSpanProcessor", "TelemetrySettings", "current_observer", "haystack", "instrument",
+           "langchain", "llama_index", "span_stage", "stage"]

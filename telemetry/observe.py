@@ -51,18 +51,20 @@ _running_loop = asyncio._get_running_loop  # the C-level check: a stage boundary
 class _RequestState:
     """One observed request: its scope, the stages timed so far, the first stage that raised."""
 
-    __slots__ = ("observer", "scope", "stages", "failure", "status")
+    __slots__ = ("observer", "scope", "stages", "failure", "status", "finished")
 
     def __init__(self, observer: "Observer", scope: RequestScope) -> None:
         self.observer, self.scope = observer, scope
         self.stages: list[StageTiming] = []
         self.failure: tuple[str, BaseException] | None = None
         self.status = 200
+        self.finished = False
 
 
 _current: ContextVar[_RequestState | None] = ContextVar("ragheat_observed_request", default=None)
 _default: "Observer | None" = None
-_thread = threading.local()  # .comm: the name ragheat last gave this thread; .is_loop: an event loop's, named so
+_thread = threading.local()  # .comm: the name ragheat last gave this thread; .is_loop: an event loop's, named so;
+# .open_stages: this thread's OpenStages still open, innermost last; .base: its name before the first of them
 
 
 def _rename(comm: bytes) -> bytes:
@@ -153,6 +155,7 @@ class Observer:
         return _RequestState(self, scope)
 
     def _finish(self, state: _RequestState) -> None:
+        state.finished = True
         record = RequestRecord(observed=state.stages)
         if state.failure is not None and state.status >= 500:
             label, cause = state.failure
@@ -263,7 +266,7 @@ class StageScope:
         seconds = time.perf_counter() - start
         if restore is not None:
             _restore(restore)
-        if request is not None:
+        if request is not None and not request.finished:
             request.stages.append(StageTiming(label, seconds, start))
             if exc is not None and request.failure is None:  # the innermost stage sees it first
                 request.failure = (label, exc)
@@ -357,32 +360,60 @@ class _RenamedSteps:
 class OpenStage:
     """A stage opened and closed by two calls instead of a block: for a framework's own callbacks (a tracer's span
     start and end, a callback handler's ``on_*_start``/``on_*_end``). ``Observer.open_stage`` makes one; ``close``
-    records it, once. The thread is renamed only when opened off an event loop, and named back only when closed on
-    the thread that opened it."""
+    records it, once. It belongs to the request current when it opened; closed after that request ended (a stream
+    consumed later), it is recorded on its own, at the load of the moment. The thread is renamed only when opened off
+    an event loop, and named back only on the thread that opened it, to the innermost stage still open there (so
+    stages may close in any order)."""
 
-    __slots__ = ("label", "request", "observer", "start", "thread", "restore")
+    __slots__ = ("label", "request", "observer", "start", "thread", "comm")
 
     def __init__(self, observer: "Observer", name: str) -> None:
         self.request = _current.get()
         self.observer = self.request.observer if self.request is not None else observer
         self.label = self.observer.names.label(name)
         self.thread = threading.get_ident()
-        self.restore = (_rename(stage_comm(self.label)) if self.observer.name_threads and _running_loop() is None
-                        else None)
+        self.comm = None
+        if self.observer.name_threads and _running_loop() is None:
+            self.comm = stage_comm(self.label)
+            opened = _open_stages()
+            if not opened:
+                _thread.base = getattr(_thread, "comm", None) or original_name()
+            opened.append(self)
+            _rename(self.comm)
         self.start = time.perf_counter()
 
     def close(self, error: BaseException | None = None) -> None:
         if self.start is None:
             return
         seconds, self.start = time.perf_counter() - self.start, None
-        if self.restore is not None and threading.get_ident() == self.thread:
-            _restore(self.restore)
-        if self.request is not None:
-            self.request.stages.append(StageTiming(self.label, seconds, time.perf_counter() - seconds))
-            if error is not None and self.request.failure is None:
-                self.request.failure = (self.label, error)
+        if self.comm is not None and threading.get_ident() == self.thread:
+            opened = _open_stages()
+            if self in opened:
+                opened.remove(self)
+            _restore(opened[-1].comm if opened else _thread.base)
+        request = self.request
+        if request is not None and not request.finished:
+            request.stages.append(StageTiming(self.label, seconds, time.perf_counter() - seconds))
+            if error is not None and request.failure is None:
+                request.failure = (self.label, error)
         else:
             self.observer.record_stage(self.label, seconds, error is not None)
+
+
+def _open_stages() -> list:
+    opened = getattr(_thread, "open_stages", None)
+    if opened is None:
+        opened = _thread.open_stages = []
+    return opened
+
+
+def current_observer(bound: "Observer | None" = None) -> "Observer | None":
+    """The Observer a call running now belongs to: its request's, else ``bound``, else the default one; None when no
+    Observer exists (then nothing is recorded)."""
+    request = _current.get()
+    if request is not None:
+        return request.observer
+    return bound if bound is not None else _default
 
 
 def stage(name: str) -> StageScope:

@@ -1,12 +1,12 @@
-"""``app.py`` with ragheat's instrumentation: the middleware times POST /query and serves GET /metrics, and the
-ensemble retriever's call is the ``retrieve`` stage (it embeds, runs both retrievers and fuses inside that one call).
+"""``app.py`` with ragheat's instrumentation: the middleware times POST /query and serves GET /metrics, and
+ragheat's LangChain callback handler makes each retriever run a stage: ``retrieve`` (the ensemble),
+``retrieve_dense``, ``retrieve_bm25``.
 
     uvicorn examples.langchain.app_ragheat:app --port 8003
 """
 
 from __future__ import annotations
 
-import os
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -16,8 +16,8 @@ import ragheat.observe as rh
 from examples._shared import Answer, Query, answer_from
 from examples.langchain.pipeline import HybridRetriever
 
-observer = rh.Observer(service="langchain-rag", routes=("/query",), settings=rh.TelemetrySettings(
-    trace_sample_ratio=float(os.environ.get("RAGHEAT_TELEMETRY__TRACE_SAMPLE_RATIO", "0.1"))))
+observer = rh.Observer(service="langchain-rag", routes=("/query",))
+rh.langchain.enable(observer)  # its callbacks, on every run: each retriever run is a stage
 
 
 @asynccontextmanager
@@ -30,12 +30,7 @@ app = FastAPI(title="langchain-rag", lifespan=lifespan)
 rh.instrument(app, observer)
 
 
-@rh.stage("retrieve")
-def retrieve(question: str):
-    return app.state.retriever.run(question)
-
-
 @app.post("/query")
 async def query(body: Query) -> Answer:
     # The retriever is synchronous and CPU-bound: run it off the event loop.
-    return answer_from(await run_in_threadpool(retrieve, body.question))
+    return answer_from(await run_in_threadpool(app.state.retriever.run, body.question))

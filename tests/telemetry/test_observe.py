@@ -274,3 +274,18 @@ def test_a_stage_opened_and_closed_by_callbacks(observer):
         outer.close()
     text = generate_latest(observer.registry).decode()
     assert count(text, "retrieve") == 1 and count(text, "retrieve_bm25") == 1 and count(text, "rerank") == 1
+
+
+def test_open_stages_close_in_any_order_and_after_their_request(observer):
+    base = get_name()
+    with observer.request("/query"):
+        embed, rerank = observer.open_stage("embed"), observer.open_stage("rerank")
+        embed.close()
+        assert get_name() == b"rh:rerank"  # the innermost stage still open names the thread
+        rerank.close()
+        assert get_name() == base
+        late = observer.open_stage("generate")
+    late.close()  # its request ended first (a stream read later): recorded on its own
+    assert rh.current_observer() is observer
+    text = generate_latest(observer.registry).decode()
+    assert count(text, "embed") == 1 and count(text, "rerank") == 1 and count(text, "generate") == 1
