@@ -36,6 +36,7 @@ TELEMETRY_ARGS=(--rounds 12 --round-s 5)
 OBSERVE_ARGS=(--rounds 10 --round-s 5)
 LOADGEN_ARGS=(--rates 500,1000,2000,2500,3000 --duration 5)
 KNEE_ARGS=(--rates 50,100,150,200,250,300 --duration 6 --warmup 2)
+EXAMPLES_ARGS=(--rates 10,15,20,25,30,40,50 --duration 5 --warmup 1.5 --rounds 2)  # the 3 examples in turn, over their default corpus
 REPLICAS_ARGS=(--rates 50,100,150,200,250,300 --duration 5 --warmup 2 --rounds 3)  # 5 configurations, 3 sweeps
 ANN_ARGS=()
 PROBES_ARGS=(--rounds 12 --round-s 4)
@@ -64,6 +65,7 @@ if [ "${SMOKE:-0}" = 1 ]; then
   OBSERVE_ARGS=(--queries 20 --rounds 2 --round-s 1 --clients 2)
   LOADGEN_ARGS=(--rates 100,200 --duration 1 --warmup 0.5)
   KNEE_ARGS=(--rates 5,10 --duration 1 --warmup 0.5)
+  EXAMPLES_ARGS=(--docs 50 --rates 2,4 --duration 1 --warmup 0.5 --rounds 1)
   REPLICAS_ARGS=(--rates 5,10 --duration 1 --warmup 0.5)
   ANN_ARGS=(--no-wiki --threads 1,2 --seconds 0.1)
   PROBES_ARGS=(--rounds 2 --round-s 1 --syscall-calls 100000 --round-trips 20000 --syscall-runs 2)
@@ -122,6 +124,8 @@ step_knee() {
   "$RH" bench --url "http://127.0.0.1:$port" "${KNEE_ARGS[@]}" --queries "$BEIR/queries.jsonl" \
     --server-pid "$pid" --out "$LOGS/knee" --results-file "$RESULTS/knee-scifact.json"
 }
+step_examples() { "$PY" benchmarks/bench_examples.py "${EXAMPLES_ARGS[@]}" --queries "$BEIR/queries.jsonl" \
+                    --work "$LOGS/examples" --json "$RESULTS/examples.json"; }  # starts each example itself
 step_ann() { "$RH" ann-bench --beir "$BEIR" --index "$INDEX" "${ANN_ARGS[@]}" --out "$LOGS/ann" \
                --results-file "$RESULTS/ann.json"; }
 step_probes() {
@@ -208,7 +212,7 @@ step_render() {
     "$PY" benchmarks/render_docs.py --results "$RESULTS" --out "$RESULTS/benchmarks.md"; fi
 }
 
-ALL=(ingest eval eval-fp32 fusion query telemetry telemetry-recording observe loadgen knee ann probes tune-vllm
+ALL=(ingest eval eval-fp32 fusion query telemetry telemetry-recording observe loadgen knee examples ann probes tune-vllm
      tune-vllm-real boards-llm embedding graph vllm-ttft rerank rerank-latency cache capacity batching replicas answers hyde judge render)
 if [ "${1:-}" = --list ]; then printf '%s\n' "${ALL[@]}"; exit 0; fi
 steps=("$@")

@@ -1,10 +1,12 @@
-"""Sections on capacity: the load generator, the SciFact service's knee, admission control, micro-batching,
-replicas, ANN indexes and what the eBPF probes cost."""
+"""Sections on capacity: the load generator, the SciFact service's knee, the examples' knees, admission control,
+micro-batching, replicas, ANN indexes and what the eBPF probes cost."""
 
 from __future__ import annotations
 
-from .stats import (blocks, bold, compare, count, join_words, knee_rate, median, noise_verdict, num, opt, pct, spread,
-                    table, with_range)
+import shlex
+
+from .stats import (blocks, bold, compare, count, duration, join_words, knee_rate, median, noise_verdict, num, opt,
+                    pct, spread, table, with_range)
 
 SEND_ERROR_TARGET_MS = 1.0  # the generator must fire within 1 ms of its schedule at P99
 OFFERED_TARGET = 2000.0
@@ -115,6 +117,173 @@ intended send time, so queueing past the knee shows in full. The generator's sen
 because the service saturates the cores.
 
 {KNEE_PIPELINE}"""
+
+
+EXAMPLE_NAMES = {"haystack": "Haystack", "llama_index": "LlamaIndex", "langchain": "LangChain"}
+STAGE_ORDER = ("embed", "retrieve", "retrieve_dense", "retrieve_bm25", "fuse", "rerank", "generate")
+
+
+def _in_order(stages: dict) -> dict:
+    """Stages in pipeline order, any others after them by name."""
+    return dict(sorted(stages.items(), key=lambda kv: (STAGE_ORDER.index(kv[0]) if kv[0] in STAGE_ORDER
+                                                        else len(STAGE_ORDER), kv[0])))
+
+
+def _meets(s: dict, slo: float, allowed: float) -> bool:
+    """As find_knee: P99 within the SLO, errors and shed queries each within the allowance."""
+    p99 = s["latency_ms"].get("p99")
+    return p99 is not None and p99 <= slo and s["error_rate"] <= allowed and (s.get("shed_rate") or 0.0) <= allowed
+
+
+def _stage_p99s(steps: list[dict]) -> dict[str, list[float]]:
+    """stage -> its P99 in each of ``steps`` (the rounds' steps at one rate) where it was measured."""
+    out: dict[str, list[float]] = {}
+    for s in steps:
+        for stage, p in (s.get("stages_ms") or {}).items():
+            if p.get("p99") is not None:
+                out.setdefault(stage, []).append(p["p99"])
+    return _in_order(out)
+
+
+def _p99_floor(p: dict) -> str:
+    """A P99 from scraped buckets; ``≥`` when it fell past the highest finite edge."""
+    return ("≥ " if "p99" in p.get("above_top", ()) else "") + num(p["p99"], 1)
+
+
+def _knee_verdict(name: str, knees: list, top: float, duration_s: float) -> str:
+    """What the rounds say about one example's knee, and whether they agree."""
+    found = [k for k in knees if k is not None]
+    if not found:
+        return f"{name}: no offered rate met the SLO in any round."
+    low, high, n = min(found), max(found), len(knees)
+    above = f"the highest rate offered, {knee_rate(top)} req/s, met the SLO, so the knee may lie above it"
+    if n == 1:
+        return (f"{name}: {knee_rate(low)} req/s from a single sweep, so there is no spread to judge it by"
+                + (f"; {above}." if high >= top else "."))
+    every = "both sweeps" if n == 2 else f"every one of the {n} sweeps"
+    if len(set(knees)) == 1:
+        return f"{name}: {every} put the knee at {knee_rate(low)} req/s" + (f"; {above}." if high >= top else ".")
+    return (f"{name}: the {n} sweeps put the knee at {', '.join(knee_rate(k) for k in knees)} req/s: steps of "
+            f"{duration_s:g} s are noisier than the rate grid here, so the knee is only known to be "
+            + (f"at least {knee_rate(low)} req/s ({above})." if high >= top
+               else f"between {knee_rate(low)} and {knee_rate(high)} req/s."))
+
+
+def _comparison(knees: dict[str, list]) -> str:
+    """Which examples' knees differ by more than their rounds' spread."""
+    spans = {name: (min(k), max(k)) for name, ks in knees.items() if (k := [v for v in ks if v is not None])}
+    ordered = sorted(spans, key=lambda n: spans[n])
+    if len(ordered) < 2:
+        return ""
+    if max(len(ks) for ks in knees.values()) < 2:
+        order = ordered[0] + "".join(f" {'=' if spans[a] == spans[b] else '<'} {b}" for a, b in zip(ordered, ordered[1:]))
+        return f"One sweep each: the order of their knees, {order}, has no spread across rounds to be judged by."
+    return "; ".join(f"{low} and {high} cannot be told apart by this run (their knees' ranges across rounds overlap)"
+                     if spans[low][1] >= spans[high][0] else f"{high}'s knee is above {low}'s in every round"
+                     for low, high in zip(ordered, ordered[1:])) + "."
+
+
+def _cpu(steps: list[dict], part) -> str:
+    return _over_rounds([part(c) for s in steps if (c := s.get("cpu_ms_per_answer"))], lambda v: num(v, 1))
+
+
+def examples(d: dict) -> str:
+    from .page import wrap_command  # the page imports this module: read at call time
+
+    e = d["examples"]
+    slo, allowed, top, cores = e["slo_ms"], e["max_error_rate"], max(e["rates"]), e["cores"]
+    rows, summary, verdicts, knees, busy, fewest = [], [], [], {}, [], None
+    for key, f in e["frameworks"].items():
+        name, rounds = EXAMPLE_NAMES.get(key, key), f["rounds"]
+        knees[name] = [r["knee_qps"] for r in rounds]
+        by_rate: dict[float, list[dict]] = {}  # offered rate -> its step in each round
+        for r in rounds:
+            for s in r["steps"]:
+                by_rate.setdefault(s["offered_qps"], []).append(s)
+        for i, (rate, steps) in enumerate(sorted(by_rate.items())):
+            reasons = sorted({reason for s in steps for reason in (s.get("error_reasons") or {})})
+            rows.append([bold(name) if i == 0 else "", f"{rate:g}",
+                         *(with_range([s[k] for s in steps], lambda v: num(v, 1)) for k in ("achieved_qps",
+                                                                                          "goodput_qps")),
+                         *(_over_rounds([s["latency_ms"].get(k) for s in steps]) for k in ("p50", "p99")),
+                         count(sum(s["errors"] for s in steps)) + (f" ({', '.join(reasons)})" if reasons else ""),
+                         f"{_cpu(steps, lambda c: c['service'])} + {_cpu(steps, lambda c: c['generator'])}",
+                         _over_rounds([c.get("ceiling_qps") for s in steps if (c := s.get("cpu_ms_per_answer"))],
+                                      lambda v: num(v, 0)),
+                         " · ".join(f"{st} {num(median(v), 1)}" for st, v in _stage_p99s(steps).items()) or "–",
+                         " · ".join(bold("yes (knee)") if r["knee_qps"] == rate else
+                                    "yes" if _meets(s, slo, allowed) else "no" for r, s in zip(rounds, steps))])
+            if (offered := min(s["requests"] for s in steps)) and (fewest is None or offered < fewest[1]):
+                fewest = (rate, offered)
+        sure = min((k for k in knees[name] if k is not None), default=None)  # every round met the SLO up to here
+        at, past = by_rate.get(sure, []), by_rate.get(min((r for r in by_rate if sure is not None and r > sure),
+                                                          default=None), [])
+        stages = _stage_p99s(at)
+        slowest = max(stages, key=lambda st: median(stages[st])) if stages else None
+        whole = _in_order(f["stages_ms"])
+        summary.append([
+            bold(name), ", ".join(f"`{st}`" for st in whole) or "–", duration(f["start_s"]),
+            ", ".join(knee_rate(k) for k in knees[name]),
+            "–" if not at else f"{knee_rate(sure)} req/s: P99 {_over_rounds([s['latency_ms'].get('p99') for s in at])}"
+            f" · CPU {_cpu(at, lambda c: c['service'] + c['generator'])} · ceiling "
+            f"{_over_rounds([c.get('ceiling_qps') for s in at if (c := s.get('cpu_ms_per_answer'))], count)}"
+            + (f" · `{slowest}` {num(median(stages[slowest]), 1)}" if slowest else ""),
+            " · ".join(f"{st} {_p99_floor(p)}" for st, p in whole.items()) or "–",
+            _p99_floor(f["request_ms"]) if f.get("request_ms") else "–"])
+        verdicts.append(_knee_verdict(name, knees[name], top, e["duration_s"]))
+        used = [s["achieved_qps"] * (c["service"] + c["generator"]) / 1000 for s in past
+                if (c := s.get("cpu_ms_per_answer"))]
+        if used:
+            busy.append((name, past[0]["offered_qps"], used))
+    key, first = next(iter(e["frameworks"].items()))
+    service = [w.replace(f"examples.{key}.", "examples.FRAMEWORK.") for w in first["service_argv"]]
+    commands = (wrap_command(shlex.join(service)) + f" &    # FRAMEWORK: {', '.join(e['frameworks'])}, in turn\n"
+                + wrap_command(shlex.join(first["rounds"][0]["argv"])) + "    # --seed: the round, from 0")
+    swept = {1: "once", 2: "twice"}.get(e["rounds"], f"{e['rounds']} times")
+    cores_used = "; ".join(f"{name} at {knee_rate(rate)} req/s, {with_range(used)}" for name, rate, used in busy)
+    full = all(max(used) < 0.8 * cores for _, _, used in busy)
+    return blocks(
+        f"""\
+The three services of `examples/`, each built from its framework's own components: BM25 and all-MiniLM-L6-v2 dense
+retrieval (run by sentence-transformers on PyTorch, not ragheat's ONNX model) over the first {count(e['docs'])}
+SciFact abstracts, fused by reciprocal rank, behind FastAPI as `POST /query {{"question": ...}}`. None calls a
+language model: the answer is the text of the best fused passage, so these are retrieval services, and their
+knees are no measure of a generating RAG service. Each runs as its form (i), `ragheat.observe`'s middleware and
+its framework's hook (every component a stage), under uvicorn's defaults, one at a time: it shares the machine's
+{count(cores)} cores with the load generator (and with the other processes of the line above). Each is swept
+{swept} as a user would sweep it (open loop, Poisson arrivals drawn anew each round, SciFact claims,
+{e['duration_s']:g} s per rate after {e['warmup_s']:g} s of warm-up, latency from the intended send time), with a
+local Prometheus scraping it every second; between sweeps the service finishes its backlog first:""",
+        f"```bash\n{commands}\n```",
+        table(["example", "stages (its own /metrics)", "start-up", "knee req/s per round",
+               "at the lowest knee: P99 ms · CPU ms per answer, service + generator · CPU ceiling req/s · slowest "
+               "stage, P99 ms", "stage P99 ms over all sweeps (/metrics)", "`/query` P99 ms (/metrics)"], summary,
+              "llrrlll",
+              f"Knee: the highest offered rate whose P99 meets {slo:g} ms with errors ≤ {allowed * 100:g} %, every "
+              "lower rate meeting it too. Start-up: from the process's start to its first answer at `/metrics`, "
+              "embedding the abstracts included. The last two columns come from the service's own histograms "
+              "(`ragheat_stage_duration_seconds`, `ragheat_request_duration_seconds`) scraped before and after the "
+              "sweeps, interpolated as `histogram_quantile` does (≥: past the highest finite bucket edge): every "
+              "request of every sweep, warm-ups and the steps past the knee included, so they show where the waiting "
+              "lands more than what a stage costs."),
+        table(["example", "offered req/s", "answered req/s", "goodput req/s", "P50 ms", "P99 ms", "errors",
+               "CPU ms/answer service + generator", "CPU ceiling req/s", "stage P99 ms (Prometheus, per step)",
+               "meets the SLO, per round"], rows, "lrrrrrrrrll",
+              "Per step: the median over rounds (lowest–highest round; the stages' P99s, the median alone). Goodput: answers within the SLO per second. "
+              "CPU: the service's and the generator's CPU time per answer (`--server-pid`, from `/proc`) and the "
+              "answers per second at which it fills every core. Stage P99: from the service's histograms as "
+              "Prometheus scraped them over the step (`ragheat bench --prometheus`), bucket-interpolated."),
+        "\n".join(f"- {v}" for v in verdicts + [_comparison(knees)] if v),
+        f"Cores the service and the generator kept busy at the first rate past each lowest knee (answers per second "
+        f"× CPU per answer): {cores_used}, of {count(cores)}." + (
+            " Each misses the SLO with its cores far from full: what runs out first is not the machine's CPU, and "
+            "the per-step stage column shows in which stage the requests wait." if full else "") if busy else "",
+        f"""\
+How far to trust a step: a step offers about rate × duration requests, so at {knee_rate(fewest[0])} req/s a round
+held as few as {count(fewest[1])}{", and its P99 is close to its slowest answer" if fewest[1] < 100 else ""}; one
+slow answer there moves the P99 more than a rate step does. Past the knee latency grows for as long as the step
+lasts (no admission control: every request waits for a worker thread); one that outlasts the generator's timeout is
+an error. ragheat's own service is measured the same way in "The knee of the SciFact service".""" if fewest else "")
 
 
 def _over_rounds(values: list, fmt=_ms1) -> str:

@@ -79,6 +79,8 @@ PAGE: list[str | Section] = [
     Section("loadgen", "### How much load the generator itself can offer", ("loadgen",), capacity.loadgen),
     Section("knee", "### The knee of the SciFact service", ("knee-scifact",), capacity.knee,
             setup="ragheat serve --index data/index/scifact --port PORT &    # started and stopped by run_all.sh"),
+    Section("examples", "### The knees of services ragheat did not write (`examples/`)", ("examples",),
+            capacity.examples),
     Section("capacity", "### Capacity and admission control", ("capacity",), capacity.capacity),
     Section("batching", "### Micro-batched query embedding", ("batching",), capacity.batching),
     Section("replicas", "### Replicas behind nginx", ("replicas",), capacity.replicas),
