@@ -42,6 +42,7 @@ from benchmarks.docgen.page import preview  # noqa: E402
 from examples._shared import DEFAULT_DOCS, SCIFACT_DOCS_ENV  # noqa: E402 - plain Python and pydantic, no framework
 from loadgen.arrivals import parse_rates  # noqa: E402
 from loadgen.resultsfile import BenchmarkRun  # noqa: E402
+from loadgen.stats import scraped_buckets  # noqa: E402
 from rag.childproc import ChildProcess, free_port  # noqa: E402
 from rag.slo import SLO_MS  # noqa: E402
 
@@ -117,20 +118,6 @@ def example_service(framework: str, docs: int, log: Path, ready_timeout: float):
         url = f"http://127.0.0.1:{port}"
         child.wait_until_ok(url + "/metrics", ready_timeout)
         yield url, child.pid, time.monotonic() - started
-
-
-def cumulative_buckets(text: str, family: str, by: str) -> dict[str, dict[float, float]]:
-    """``by``'s value -> upper bound -> cumulative count of ``family``'s buckets, summed over its other labels."""
-    out: dict[str, dict[float, float]] = {}
-    for fam in text_string_to_metric_families(text):
-        if fam.name != family:
-            continue
-        for sample in fam.samples:
-            if sample.name == family + "_bucket":
-                edges = out.setdefault(sample.labels[by], {})
-                le = float(sample.labels["le"])
-                edges[le] = edges.get(le, 0.0) + sample.value
-    return out
 
 
 def subtract(after: dict, before: dict) -> dict[str, dict[float, float]]:
@@ -252,10 +239,10 @@ def measure(framework: str, args: argparse.Namespace) -> dict:
         r["argv"] = shown_argv(r["argv"])
     return {"app": f"examples.{framework}.app_ragheat:app", "start_s": start_s, "rounds": rounds,
             "service_argv": uvicorn_argv(framework, "PORT"),
-            "stages_ms": percentiles(subtract(cumulative_buckets(after, STAGE_H, "stage"),
-                                              cumulative_buckets(before, STAGE_H, "stage"))),
-            "request_ms": percentiles(subtract(cumulative_buckets(after, REQUEST_H, "route"),
-                                               cumulative_buckets(before, REQUEST_H, "route"))).get(ROUTE)}
+            "stages_ms": percentiles(subtract(scraped_buckets(after, STAGE_H, "stage"),
+                                              scraped_buckets(before, STAGE_H, "stage"))),
+            "request_ms": percentiles(subtract(scraped_buckets(after, REQUEST_H, "route"),
+                                               scraped_buckets(before, REQUEST_H, "route"))).get(ROUTE)}
 
 
 def main(argv: list[str] | None = None) -> int:

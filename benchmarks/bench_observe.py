@@ -27,13 +27,12 @@ import time
 from pathlib import Path
 
 import httpx
-import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.common import closed_loop_round, p50_p99  # noqa: E402
-from loadgen.cpu import cpu_seconds  # noqa: E402
+from benchmarks.common import latency_interleaved, throughput_rounds  # noqa: E402
 from loadgen.resultsfile import BenchmarkRun  # noqa: E402
 from rag.childproc import ChildProcess, free_port  # noqa: E402
 from rag.eval.beir import load_queries  # noqa: E402
@@ -43,9 +42,9 @@ MODES = ("off", "library")
 
 
 @contextlib.contextmanager
-def plain_service(mode: str, corpus: Path):
+def plain_service(mode: str, corpus: Path, documents: int):
     port = free_port()
-    env = {"RAGHEAT_OBSERVE": mode, "PATH": "/usr/bin:/bin"}
+    env = {"RAGHEAT_OBSERVE": mode, "PLAIN_RAG_DOCUMENTS": str(documents), "PATH": "/usr/bin:/bin"}
     with ChildProcess(f"plain service ({mode})", [sys.executable, str(SERVICE), str(port), str(corpus)],
                       env=env, die_with_parent=True) as child:
         url = f"http://127.0.0.1:{port}"
@@ -53,45 +52,8 @@ def plain_service(mode: str, corpus: Path):
         yield url, child.pid
 
 
-def latency_interleaved(urls: dict[str, str], queries: list[str], rounds: int) -> dict:
-    clients = {name: httpx.Client(base_url=url, timeout=30) for name, url in urls.items()}
-    for q in queries[:20]:  # warm both
-        for client in clients.values():
-            client.post("/query", json={"question": q})
-    samples = {name: [] for name in urls}
-    per_round = {name: {"p50_ms": [], "p99_ms": []} for name in urls}
-    for _ in range(rounds):
-        this_round = {name: [] for name in urls}
-        for q in queries:
-            for name, client in clients.items():
-                start = time.perf_counter()
-                client.post("/query", json={"question": q}).raise_for_status()
-                this_round[name].append(time.perf_counter() - start)
-        for name, values in this_round.items():
-            samples[name].extend(values)
-            per_round[name]["p50_ms"].append(float(np.percentile(values, 50) * 1000))
-            per_round[name]["p99_ms"].append(float(np.percentile(values, 99) * 1000))
-    return {name: {**{f"{k}_ms": v for k, v in p50_p99(values).items() if k != "n"}, "n": len(values),
-                   "rounds": per_round[name]} for name, values in samples.items()}
-
-
-def throughput_rounds(urls: dict[str, str], pids: dict[str, int], queries: list[str], clients: int,
-                      round_s: float, rounds: int) -> dict:
-    rps = {name: [] for name in urls}
-    cpu = {name: [] for name in urls}
-    for _ in range(rounds):
-        for name, url in urls.items():
-            before = cpu_seconds(pids[name])
-            achieved, latencies = closed_loop_round(url, queries, clients, round_s, path="/query", field="question")
-            rps[name].append(achieved)
-            cpu[name].append((cpu_seconds(pids[name]) - before) / len(latencies) * 1e6)
-    return {name: {"median_rps": statistics.median(rps[name]), "rounds_rps": rps[name],
-                   "server_cpu_us_per_request": statistics.median(cpu[name]),
-                   "rounds_server_cpu_us_per_request": cpu[name]} for name in urls}
-
-
 def library_cost_us(n: int = 20000) -> dict:
-    """One observed request with five stage scopes, against the same loop bare."""
+    """One observed request with the service's five stage scopes, against the same loop bare."""
     import ragheat.observe as rh
 
     observer = rh.Observer(service="bench", routes=("/query",), settings=rh.TelemetrySettings(otlp="off"),
@@ -114,7 +76,7 @@ def library_cost_us(n: int = 20000) -> dict:
         for _ in range(n):
             body()
         costs[name] = (time.perf_counter() - start) / n * 1e6
-    return {"request_with_5_stages_us": costs["observed"] - costs["bare"], "requests": n}
+    return {"request_with_5_stages_us": costs["observed"] - costs["bare"], "stages": len(scopes), "requests": n}
 
 
 def span_processor_cost_us(n: int = 5000) -> dict:
@@ -143,7 +105,7 @@ def span_processor_cost_us(n: int = 5000) -> dict:
         costs[name] = (time.perf_counter() - start) / n * 1e6
         provider.shutdown()
     return {"sdk_request_us": costs["sdk"], "processor_added_us": costs["sdk_and_processor"] - costs["sdk"],
-            "spans_per_request": 6, "requests": n}
+            "spans_per_request": 1 + len(kinds), "requests": n}
 
 
 def main() -> None:
@@ -153,19 +115,25 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--round-s", type=float, default=5.0)
+    parser.add_argument("--documents", type=int, default=3000, help="abstracts the plain service searches")
     parser.add_argument("--json", type=Path, help="results file (default benchmarks/results/observe.json)")
     args = parser.parse_args()
     run = BenchmarkRun("observe")
     queries = list(load_queries(args.beir).values())[: args.queries]
     with contextlib.ExitStack() as running:
-        servers = {mode: running.enter_context(plain_service(mode, args.beir / "corpus.jsonl")) for mode in MODES}
+        servers = {mode: running.enter_context(plain_service(mode, args.beir / "corpus.jsonl", args.documents))
+                   for mode in MODES}
         urls = {mode: url for mode, (url, _) in servers.items()}
         pids = {mode: pid for mode, (_, pid) in servers.items()}
         metrics = httpx.get(urls["library"] + "/metrics").text
         if 'stage="retrieve_bm25"' not in metrics:
             raise SystemExit("the observed service shows no stage histograms: the comparison would be void")
-        report = {"latency_c1": latency_interleaved(urls, queries, args.rounds),
-                  "throughput": throughput_rounds(urls, pids, queries, args.clients, args.round_s, args.rounds)}
+        report = {"latency_c1": latency_interleaved(urls, queries, args.rounds, "/query", "question"),
+                  "throughput": throughput_rounds(urls, pids, queries, args.clients, args.round_s, args.rounds,
+                                                  "/query", "question")}
+        stages = sorted({s.labels["stage"] for family in text_string_to_metric_families(
+            httpx.get(urls["library"] + "/metrics").text) for s in family.samples
+            if s.name == "ragheat_stage_duration_seconds_count" and s.value > 0})
     lat, thr = report["latency_c1"], report["throughput"]
     paired = [(1 - a / b) * 100 for a, b in zip(thr["library"]["rounds_rps"], thr["off"]["rounds_rps"])]
     report["summary"] = {
@@ -180,7 +148,7 @@ def main() -> None:
         - thr["off"]["server_cpu_us_per_request"]}
     report["in_process"] = {"library": library_cost_us(), "span_processor": span_processor_cost_us()}
     report["settings"] = {"queries": len(queries), "rounds": args.rounds, "clients": args.clients,
-                          "round_s": args.round_s, "stages_per_request": 5}
+                          "round_s": args.round_s, "documents": args.documents, "stages": stages}
     print(json.dumps(report, indent=2))
     print(f"wrote {run.write(report, args.json)}")
 

@@ -28,12 +28,10 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import closed_loop_round  # noqa: E402
+from benchmarks.common import latency_interleaved, throughput_rounds  # noqa: E402
 from loadgen.cpu import cpu_seconds  # noqa: E402
 from loadgen.resultsfile import BenchmarkRun  # noqa: E402
 from rag.eval.beir import load_queries  # noqa: E402
@@ -53,45 +51,6 @@ with receiver as endpoint:
     sys.stdin.read()
 print(json.dumps({"spans": len(receiver.spans()), "metric_requests": len(receiver.metrics)}), flush=True)
 """
-
-
-def latency_interleaved(urls: dict[str, str], queries: list[str], rounds: int) -> dict:
-    clients = {name: httpx.Client(base_url=url) for name, url in urls.items()}
-    samples = {name: [] for name in urls}
-    per_round = {name: {"p50_ms": [], "p99_ms": []} for name in urls}
-    for q in queries[:20]:
-        for client in clients.values():
-            client.post("/v1/query", json={"query": q})
-    for _ in range(rounds):
-        this_round = {name: [] for name in urls}
-        for q in queries:
-            for name, client in clients.items():
-                start = time.perf_counter()
-                client.post("/v1/query", json={"query": q}).raise_for_status()
-                this_round[name].append(time.perf_counter() - start)
-        for name, v in this_round.items():
-            samples[name].extend(v)
-            per_round[name]["p50_ms"].append(float(np.percentile(v, 50) * 1000))
-            per_round[name]["p99_ms"].append(float(np.percentile(v, 99) * 1000))
-    return {name: {"p50_ms": float(np.percentile(v, 50) * 1000), "p99_ms": float(np.percentile(v, 99) * 1000),
-                   "mean_ms": float(np.mean(v) * 1000), "n": len(v), "rounds": per_round[name]}
-            for name, v in samples.items()}
-
-
-def throughput_rounds(urls: dict[str, str], pids: dict[str, int], queries: list[str], clients: int, round_s: float,
-                      rounds: int) -> dict:
-    per_round = {name: [] for name in urls}
-    cpu_per_request = {name: [] for name in urls}
-    for _ in range(rounds):
-        for name, url in urls.items():
-            cpu_before = cpu_seconds(pids[name])
-            rps, latencies = closed_loop_round(url, queries, clients, round_s)
-            per_round[name].append(rps)
-            cpu_per_request[name].append((cpu_seconds(pids[name]) - cpu_before) / len(latencies) * 1e6)
-    return {name: {"median_rps": statistics.median(v), "rounds_rps": v,
-                   "server_cpu_us_per_request": statistics.median(cpu_per_request[name]),
-                   "rounds_server_cpu_us_per_request": cpu_per_request[name]}
-            for name, v in per_round.items()}
 
 
 def recording_cost_us(settings: RagheatSettings, pipeline: RagPipeline, queries: list[str], tracing: bool,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import statistics
 import threading
 import time
 from pathlib import Path
@@ -60,6 +61,56 @@ def closed_loop_round(url: str, queries: Sequence[str], clients: int, seconds: f
         t.join()
     flat = [x for per in latencies for x in per]
     return len(flat) / seconds, flat
+
+
+def latency_interleaved(urls: dict[str, str], queries: Sequence[str], rounds: int, path: str = "/v1/query",
+                        field: str = "query") -> dict:
+    """Concurrency 1, request by request in turn across the servers (A, B, C, A, B, C, ...) so all see the same
+    machine: per server P50/P99/mean ms, the count, and each round's P50/P99."""
+    import httpx
+
+    clients = {name: httpx.Client(base_url=url, timeout=30) for name, url in urls.items()}
+    for q in queries[:20]:  # warm every server
+        for client in clients.values():
+            client.post(path, json={field: q})
+    samples = {name: [] for name in urls}
+    per_round = {name: {"p50_ms": [], "p99_ms": []} for name in urls}
+    for _ in range(rounds):
+        this_round = {name: [] for name in urls}
+        for q in queries:
+            for name, client in clients.items():
+                start = time.perf_counter()
+                client.post(path, json={field: q}).raise_for_status()
+                this_round[name].append(time.perf_counter() - start)
+        for name, values in this_round.items():
+            samples[name].extend(values)
+            per_round[name]["p50_ms"].append(float(np.percentile(values, 50) * 1000))
+            per_round[name]["p99_ms"].append(float(np.percentile(values, 99) * 1000))
+    for client in clients.values():
+        client.close()
+    return {name: {"p50_ms": float(np.percentile(v, 50) * 1000), "p99_ms": float(np.percentile(v, 99) * 1000),
+                   "mean_ms": float(np.mean(v) * 1000), "n": len(v), "rounds": per_round[name]}
+            for name, v in samples.items()}
+
+
+def throughput_rounds(urls: dict[str, str], pids: dict[str, int], queries: Sequence[str], clients: int,
+                      round_s: float, rounds: int, path: str = "/v1/query", field: str = "query") -> dict:
+    """Closed-loop rounds of ``round_s`` seconds, alternating between the servers: per server the median requests/s
+    and its process's CPU time per request (``/proc``), with every round's figures."""
+    from loadgen.cpu import cpu_seconds
+
+    per_round = {name: [] for name in urls}
+    cpu_per_request = {name: [] for name in urls}
+    for _ in range(rounds):
+        for name, url in urls.items():
+            cpu_before = cpu_seconds(pids[name])
+            rps, latencies = closed_loop_round(url, queries, clients, round_s, path, field)
+            per_round[name].append(rps)
+            cpu_per_request[name].append((cpu_seconds(pids[name]) - cpu_before) / len(latencies) * 1e6)
+    return {name: {"median_rps": statistics.median(v), "rounds_rps": v,
+                   "server_cpu_us_per_request": statistics.median(cpu_per_request[name]),
+                   "rounds_server_cpu_us_per_request": cpu_per_request[name]}
+            for name, v in per_round.items()}
 
 
 def rotated(items: Sequence[T], shift: int) -> list[T]:

@@ -1,6 +1,6 @@
 """A small RAG service that ragheat did not write, for measuring what observing it costs.
 
-    RAGHEAT_OBSERVE=off|library .venv/bin/python benchmarks/plain_rag_service.py PORT CORPUS.jsonl
+    RAGHEAT_OBSERVE=off|library [PLAIN_RAG_DOCUMENTS=3000] .venv/bin/python benchmarks/plain_rag_service.py PORT CORPUS.jsonl
 
 Plain Python and numpy over the first documents of a BEIR corpus: a hashed bag-of-words "embedding", a dense
 matrix-vector search, a BM25 over an inverted index, reciprocal-rank fusion and an extractive answer. With
@@ -22,7 +22,8 @@ import numpy as np
 import uvicorn
 from fastapi import FastAPI
 
-DIMENSIONS, DOCUMENTS, TOP_K = 384, 3000, 10
+DIMENSIONS, TOP_K = 384, 10
+DOCUMENTS = int(os.environ.get("PLAIN_RAG_DOCUMENTS", "3000"))
 WORD = re.compile(r"[a-z0-9]+")
 OBSERVE = os.environ.get("RAGHEAT_OBSERVE", "off")
 if OBSERVE not in ("off", "library"):

@@ -18,6 +18,23 @@ def percentiles_ms(seconds: Sequence[float]) -> dict[str, float | None]:
     return {name: float(np.percentile(values, q)) for name, q in PERCENTILES.items()}
 
 
+def scraped_buckets(exposition: str, family: str, by: str) -> dict[str, dict[float, float]]:
+    """``by``'s value -> upper bound -> cumulative count of ``family``'s buckets in a Prometheus text exposition (a
+    scrape of ``/metrics``), summed over the family's other labels."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, dict[float, float]] = {}
+    for found in text_string_to_metric_families(exposition):
+        if found.name != family:
+            continue
+        for sample in found.samples:
+            if sample.name == family + "_bucket":
+                edges = out.setdefault(sample.labels[by], {})
+                le = float(sample.labels["le"])
+                edges[le] = edges.get(le, 0.0) + sample.value
+    return out
+
+
 @dataclass
 class StepResult:
     """One step of a sweep, as written to results.json."""

@@ -35,6 +35,8 @@ import time
 from contextvars import ContextVar
 from typing import Mapping, Sequence
 
+from opentelemetry.trace import get_current_span
+
 from rag.errors import StageError
 from rag.settings import TelemetrySettings, telemetry_from_environment
 from rag.threadnames import original_name, set_name, stage_comm
@@ -192,8 +194,6 @@ class Observer:
 
 
 def _current_span_context():
-    from opentelemetry.trace import get_current_span
-
     context = get_current_span().get_span_context()
     return context if context.is_valid else None
 
@@ -266,12 +266,7 @@ class StageScope:
         seconds = time.perf_counter() - start
         if restore is not None:
             _restore(restore)
-        if request is not None and not request.finished:
-            request.stages.append(StageTiming(label, seconds, start))
-            if exc is not None and request.failure is None:  # the innermost stage sees it first
-                request.failure = (label, exc)
-        else:
-            observer.record_stage(label, seconds, exc is not None)
+        _record(observer, request, label, start, seconds, exc)
 
     def __enter__(self) -> "StageScope":
         self._enter(rename=_running_loop() is None)  # on the loop thread a block may await: see the module doc
@@ -365,7 +360,7 @@ class OpenStage:
     an event loop, and named back only on the thread that opened it, to the innermost stage still open there (so
     stages may close in any order)."""
 
-    __slots__ = ("label", "request", "observer", "start", "thread", "comm")
+    __slots__ = ("label", "request", "observer", "start", "thread", "comm", "closed")
 
     def __init__(self, observer: "Observer", name: str) -> None:
         self.request = _current.get()
@@ -380,24 +375,32 @@ class OpenStage:
                 _thread.base = getattr(_thread, "comm", None) or original_name()
             opened.append(self)
             _rename(self.comm)
+        self.closed = False
         self.start = time.perf_counter()
 
     def close(self, error: BaseException | None = None) -> None:
-        if self.start is None:
+        if self.closed:
             return
-        seconds, self.start = time.perf_counter() - self.start, None
+        self.closed = True
+        seconds = time.perf_counter() - self.start
         if self.comm is not None and threading.get_ident() == self.thread:
             opened = _open_stages()
             if self in opened:
                 opened.remove(self)
             _restore(opened[-1].comm if opened else _thread.base)
-        request = self.request
-        if request is not None and not request.finished:
-            request.stages.append(StageTiming(self.label, seconds, time.perf_counter() - seconds))
-            if error is not None and request.failure is None:
-                request.failure = (self.label, error)
-        else:
-            self.observer.record_stage(self.label, seconds, error is not None)
+        _record(self.observer, self.request, self.label, self.start, seconds, error)
+
+
+def _record(observer: "Observer", request: "_RequestState | None", label: str, start: float, seconds: float,
+            error: BaseException | None) -> None:
+    """One timed stage: into its request while that is open (the innermost stage to raise is its failure), else
+    on its own, at the load of the moment."""
+    if request is not None and not request.finished:
+        request.stages.append(StageTiming(label, seconds, start))
+        if error is not None and request.failure is None:
+            request.failure = (label, error)
+    else:
+        observer.record_stage(label, seconds, error is not None)
 
 
 def _open_stages() -> list:

@@ -169,21 +169,24 @@ per configuration):
 def observe(d: dict) -> str:
     o = d["observe"]
     lat, thr, summary, settings, inner = o["latency_c1"], o["throughput"], o["summary"], o["settings"], o["in_process"]
-    labels = {"off": "bare", "library": "with `ragheat.observe` (middleware + 5 stage scopes)"}
+    stages = settings["stages"]
+    labels = {"off": "bare", "library": f"with `ragheat.observe` (middleware + {len(stages)} stage scopes)"}
     rows = []
     for name in ("off", "library"):
         l, h = lat[name], thr[name]
         rows.append([labels[name], with_range(l["rounds"]["p50_ms"]), with_range(l["rounds"]["p99_ms"]),
                      with_range(h["rounds_rps"], lambda v: num(v, 1)), f"{count(h['server_cpu_us_per_request'])} µs"])
     library, processor = inner["library"], inner["span_processor"]
+    share = library["request_with_5_stages_us"] / 1000 / lat["off"]["p50_ms"] * 100
     return f"""\
 The same small RAG service, written without ragheat (`benchmarks/plain_rag_service.py`: a hashed bag-of-words
-embedding, a dense matrix-vector search and a BM25 over {count(3000)} SciFact abstracts, reciprocal-rank fusion, an
-extractive answer, behind FastAPI), runs twice at once: bare, and with the library's middleware and one stage scope
-per step (Prometheus metrics with exemplars at `/metrics`, threads named for the probes). Latency:
-{count(lat['off']['n'])} requests per server at concurrency 1, interleaved request by request, {count(settings['rounds'])}
-rounds. Throughput: {count(settings['clients'])} closed-loop clients, rounds of {settings['round_s']:g} s alternating
-between the two; server CPU per request from `/proc/<pid>/stat`.
+embedding, a dense matrix-vector search and a BM25 over {count(settings['documents'])} SciFact abstracts,
+reciprocal-rank fusion, an extractive answer, behind FastAPI), runs twice at once: bare, and with the library's
+middleware and one stage scope per step ({', '.join(f'`{s}`' for s in stages)}, as its `/metrics` showed them;
+Prometheus metrics with exemplars, threads named for the probes). Latency: {count(lat['off']['n'])} requests per
+server at concurrency 1, interleaved request by request, {count(settings['rounds'])} rounds. Throughput:
+{count(settings['clients'])} closed-loop clients, rounds of {settings['round_s']:g} s alternating between the two;
+server CPU per request from `/proc/<pid>/stat`.
 
 {table(["service", "P50 ms", "P99 ms", "req/s (median, min–max)", "server CPU per request (median)"], rows, "lrrrr")}
 
@@ -191,12 +194,11 @@ between the two; server CPU per request from `/proc/<pid>/stat`.
 - {noise_verdict(summary['rounds_p99_added_ms'], 'P99 added by the library', lambda v: f'{signed(v)} ms')}
 - {noise_verdict(summary['rounds_throughput_loss_pct_paired'], 'Throughput loss, round by round (paired)')}
 
-In-process, the same run: one observed request with {count(settings['stages_per_request'])} stages costs \
-{num(library['request_with_5_stages_us'], 1)} µs (`Observer.request` and the stage scopes, thread renaming included);
-`StageSpanProcessor` adds {num(processor['processor_added_us'], 1)} µs to a request the OpenTelemetry SDK already
-traces with {count(processor['spans_per_request'])} spans ({num(processor['sdk_request_us'], 1)} µs for the SDK
-alone, without an exporter). Both are far below the service's own {num(lat['off']['p50_ms'])} ms, and below what
-this machine's noise lets the side-by-side run resolve."""
+In-process, the same run: one observed request with {count(library['stages'])} stages costs \
+{num(library['request_with_5_stages_us'], 1)} µs (`Observer.request` and the stage scopes, thread renaming included),
+{pct(share, 2)} of the bare service's P50; `StageSpanProcessor` adds {num(processor['processor_added_us'], 1)} µs to a
+request the OpenTelemetry SDK already traces with {count(processor['spans_per_request'])} spans
+({num(processor['sdk_request_us'], 1)} µs for the SDK alone, without an exporter)."""
 
 
 def _f(v, digits: int = 1) -> str:

@@ -221,18 +221,10 @@ def stage_p99s(metrics_text: str) -> dict[str, float]:
     """Stage -> the upper bound (seconds) of the bucket holding its P99, read off a ``/metrics`` exposition, for
     the stages that ran: the service registers every stage's series at start-up, so a stage that never ran (an
     optional one switched off, or one its route does not take) has buckets holding nothing, and is left out."""
-    from prometheus_client.parser import text_string_to_metric_families
+    from loadgen.stats import scraped_buckets
 
-    buckets: dict[str, dict[float, float]] = {}
-    for family in text_string_to_metric_families(metrics_text):
-        if family.name == "ragheat_stage_duration_seconds":
-            for sample in family.samples:
-                if sample.name.endswith("_bucket"):
-                    stage_buckets = buckets.setdefault(sample.labels["stage"], {})
-                    le = float(sample.labels["le"])
-                    stage_buckets[le] = stage_buckets.get(le, 0.0) + sample.value
     p99s = {}
-    for stage, counts in buckets.items():
+    for stage, counts in scraped_buckets(metrics_text, "ragheat_stage_duration_seconds", "stage").items():
         edges = sorted(counts)
         total = counts[edges[-1]]
         if total:
