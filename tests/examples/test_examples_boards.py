@@ -49,10 +49,10 @@ def observed(tmp_path_factory, claims):
         with LocalPrometheus(f"127.0.0.1:{prometheus_port}", port=prometheus_port, scrape_interval_s=1,
                              extra_targets={JOB: f"127.0.0.1:{port}"},
                              extra_config=f"rule_files:\n  - {folder / 'rules' / render.RULES_FILE}\n") as prometheus:
-            # A counter's increase is seen only from its second sample on: the load starts once Prometheus holds
-            # the service's request series, before any request.
+            # A counter's increase is seen only from its second sample on: the load starts once Prometheus has
+            # scraped the service, so the request series it creates are sampled while it runs.
             api, deadline = PrometheusApi(prometheus), time.monotonic() + 60
-            while not api.query(f'ragheat_request_duration_seconds_count{{job="{JOB}"}}'):
+            while not api.query(f'up{{job="{JOB}"}} == 1'):
                 assert time.monotonic() < deadline, f"Prometheus never scraped {JOB}'s request series"
                 time.sleep(0.5)
             for claim in claims[:LOAD]:
