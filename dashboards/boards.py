@@ -88,6 +88,7 @@ def latency_board(profile: Profile) -> Board:
     answered = f'outcome="ok", {load}'
     selected_stage = 'stage=~"$stage"'
     hit, consulted, cache_off = 'result="hit"', 'result=~"hit|miss"', 'result="off"'
+    busy, some = 'mode!~"idle|iowait|steal"', 'scope="some"'
     quantiles = tuple(query for q in (0.5, 0.95, 0.99)
                       for query in _quantile(q, request, contract.NATIVE_REQUEST_DURATION, answered))
     per_stage = f"{{{{{JOB}}}}} {{{{stage}}}}"  # the recording rules keep the job
@@ -128,6 +129,22 @@ def latency_board(profile: Profile) -> Board:
         Panel("Requests in flight", "timeseries",
               (Query(f"sum by (route) ({contract.IN_FLIGHT}{{{ON_JOB}}})", "{{route}}", (contract.IN_FLIGHT,)),),
               unit="short"),
+        Panel("CPU: the service and the rest of the host", "timeseries",
+              (Query(f"sum({_rate(contract.HOST['process_cpu'])})", "service", (contract.HOST["process_cpu"],)),
+               Query(f"max(sum by (instance) ({_rate(contract.HOST['host_cpu'], busy)})) - "
+                     f"sum({_rate(contract.HOST['process_cpu'])})", "everything else on the host",
+                     (contract.HOST["host_cpu"],))),
+              unit="short", width=6,
+              description="Cores in use: the service's own process, and the rest of the machine (busy CPU time from "
+                          "/proc/stat minus the service's). A neighbour taking the CPU shows as the second line "
+                          "rising while the first stays; `ragheat explain` reads the same two."),
+        Panel("Pressure stalls", "timeseries",
+              (Query(f"max by (resource) ({_rate(contract.HOST['pressure'], some)})", "{{resource}}",
+                     (contract.HOST["pressure"],)),),
+              unit="percentunit", width=6,
+              description="Share of time some runnable task of the host stalled waiting for CPU, memory or I/O "
+                          "(the kernel's pressure stall information): memory means reclaim or page faults (a cold "
+                          "page cache), io a slow disk."),
         *(_heatmap(f"{'Router' if name == 'route' else 'Graph retrieval'} latency: {name}", stage,
                    f'stage="{name}", {load}', native=contract.NATIVE_STAGE_DURATION, width=8, exemplars=True,
                    pipeline_only=True, description="Requests per second in each latency bucket of this stage; it runs only for requests "

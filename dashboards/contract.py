@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from telemetry.metrics import (GENERATION_METRICS, KERNEL_METRICS, SERVICE_METRICS, VLLM_METRICS,
+from telemetry.metrics import (GENERATION_METRICS, HOST_METRICS, KERNEL_METRICS, SERVICE_METRICS, VLLM_METRICS,
                                VLLM_NATIVE_METRICS)
 from telemetry.otlp_metrics import REQUEST_DURATION as OTLP_REQUEST_DURATION
 from telemetry.otlp_metrics import STAGE_DURATION as OTLP_STAGE_DURATION
@@ -32,11 +32,12 @@ NATIVE_STAGE_DURATION = prometheus_name(OTLP_STAGE_DURATION)
 NATIVE_REQUEST_DURATION = prometheus_name(OTLP_REQUEST_DURATION)
 
 GENERATION = GENERATION_METRICS
+HOST = HOST_METRICS
 KERNEL = KERNEL_METRICS
 VLLM = VLLM_METRICS
 VLLM_NATIVE = VLLM_NATIVE_METRICS
 
-LIBRARY = (STAGE_DURATION, REQUEST_DURATION, REQUESTS, IN_FLIGHT, QPS, STAGE_ERRORS)
+LIBRARY = (STAGE_DURATION, REQUEST_DURATION, REQUESTS, IN_FLIGHT, QPS, STAGE_ERRORS, *HOST.values())
 """The families ragheat's instrumentation library emits from any Python RAG service, under the names and labels of
 ragheat's own service: what the boards may ask of a library-only service."""
 PIPELINE_ONLY = frozenset({*(SERVICE[role] for role in (

@@ -32,9 +32,15 @@ class PrometheusApi:
             raise PrometheusQueryError(f"{body.get('errorType', 'error')}: {body.get('error')}")
         return body["data"]
 
-    def query(self, promql: str) -> list[dict]:
-        """Instant query: a list of ``{"metric": {...}, "value": [t, "v"]}``."""
-        return self._get("/api/v1/query", {"query": promql})["result"]
+    def query(self, promql: str, at: float | None = None) -> list[dict]:
+        """Instant query (now, or at unix time ``at``): a list of ``{"metric": {...}, "value": [t, "v"]}``."""
+        params = {"query": promql} if at is None else {"query": promql, "time": f"{at:.3f}"}
+        return self._get("/api/v1/query", params)["result"]
+
+    def exemplars(self, selector: str, start: float, end: float) -> list[dict]:
+        """The exemplars of the series ``selector`` picks between two unix times (empty when storage is off)."""
+        return self._get("/api/v1/query_exemplars", {"query": selector, "start": f"{start:.3f}",
+                                                     "end": f"{end:.3f}"}) or []
 
     def query_range(self, promql: str, start: float, end: float, step_s: float) -> list[dict]:
         return self._get("/api/v1/query_range", {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}",

@@ -9,7 +9,8 @@ import sys
 
 import typer
 
-from ragheat.commands import bench, dashboards, demo, evaluate, index, judge, keys, probes, serve, stack, train
+from ragheat.commands import (bench, dashboards, demo, evaluate, explain, index, judge, keys, probes, serve, stack,
+                              train)
 
 app = typer.Typer(help="ragheat: observability-first RAG on embedded defaults.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
@@ -25,6 +26,7 @@ app.command()(bench.bench)
 app.command("ann-bench")(bench.ann_bench)
 app.command("tune-vllm")(bench.tune_vllm)
 app.command()(demo.demo)
+app.command()(explain.explain)
 app.add_typer(dashboards.app, name="dashboards")
 app.command("probes")(probes.probes)
 app.add_typer(stack.app, name="stack")

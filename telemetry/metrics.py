@@ -43,10 +43,15 @@ KERNEL_TCP_STATES = ("established", "syn_sent", "syn_recv", "fin_wait1", "fin_wa
 """``state`` label of the retransmit counter: the kernel's TCP states in their ABI order (TCP_ESTABLISHED = 1
 ... in include/net/tcp_states.h, as /proc/net/tcp numbers them), then ``other`` for anything newer."""
 VLLM_PHASES = ("prefill", "decode", "mixed")
+HOST_CPU_MODES = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+"""``mode`` label of the host CPU counter: the first columns of /proc/stat's ``cpu`` line, in its order."""
+PRESSURE_RESOURCES = ("cpu", "memory", "io")
+PRESSURE_SCOPES = ("some", "full")
 
-Group = Literal["service", "generation", "vllm", "kernel"]
+Group = Literal["service", "generation", "vllm", "kernel", "host"]
 """Who exports a family: the service (``PrometheusMetrics``), the service about its language model
-(``PrometheusMetrics``, streamed generators only), ragheat's plugin inside vLLM's engine, the eBPF probes."""
+(``PrometheusMetrics``, streamed generators only), ragheat's plugin inside vLLM's engine, the eBPF probes, the
+service about the machine it runs on (``telemetry.host``, computed at each scrape)."""
 
 
 @dataclass(frozen=True)
@@ -132,6 +137,15 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("generation", "degraded", "ragheat_generation_degraded_total", "counter",
                "Answers that fell back to the extractive generator, by reason: the LLM was down (unavailable) or "
                "slow, or none of its sentences was supported by the passages (unsupported).", ("reason",)),
+    # -- the machine: the same service, read at each scrape (telemetry.host) -----------------------------------
+    MetricSpec("host", "host_cpu", "ragheat_host_cpu_seconds_total", "counter",
+               "CPU time the whole machine spent in each mode, summed over its CPUs (/proc/stat): the busy modes minus "
+               "ragheat_process_cpu_seconds_total is everything else on the host.", ("mode",)),
+    MetricSpec("host", "pressure", "ragheat_host_pressure_stalled_seconds_total", "counter",
+               "Time some (or all) runnable tasks of the machine stalled waiting for a resource, from the kernel's "
+               "pressure stall information (/proc/pressure).", ("resource", "scope")),
+    MetricSpec("host", "process_cpu", "ragheat_process_cpu_seconds_total", "counter",
+               "CPU time (user + system) the service's process used, every thread."),
     # -- vLLM's engine: ragheat's plugin (telemetry.vllm_plugin), served by vLLM's own /metrics ---------------
     MetricSpec("vllm", "step_duration", "ragheat_vllm_step_duration_seconds", "histogram",
                "Time of one vLLM engine step (schedule, forward, update) by phase.", ("phase",), LATENCY_SECONDS),
@@ -175,9 +189,10 @@ SERVICE_METRICS = _names("service")
 GENERATION_METRICS = _names("generation")
 VLLM_METRICS = _names("vllm")
 KERNEL_METRICS = _names("kernel")
+HOST_METRICS = _names("host")
 """Role -> family name as Prometheus stores it, per group (read by dashboards, probes, tests)."""
 
-EXPECTED_METRICS = [m.name for m in METRICS if m.group in ("service", "generation")]
+EXPECTED_METRICS = [m.name for m in METRICS if m.group in ("service", "generation", "host")]
 """Metric families a scrape of a running service must contain (as prometheus_client's parser names them;
 counters are listed with ``_total``, which the parser strips from the family name)."""
 

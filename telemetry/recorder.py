@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry
 from rag import __version__
 from rag.settings import TelemetrySettings
 from rag.types import CacheStats, RequestRecord, StageTiming
+from telemetry.host import HostCollector
 from telemetry.metrics import ROUTES, PrometheusMetrics, request_outcome, status_class
 from telemetry.qps import QpsBuckets, SlidingWindowRate
 from telemetry.tracing import BoundedSpanProcessor, otlp_configured
@@ -62,6 +63,7 @@ class Telemetry:
         self.metrics = PrometheusMetrics(self.registry, self.buckets.labels, routes) if settings.metrics else None
         if self.metrics:
             self.metrics.qps.set_function(self.rate.rate)
+            self.registry.register(HostCollector())
         self.otlp = settings.otlp == "on" or (settings.otlp == "auto" and otlp_configured(environ))
         self.span_processor = None
         self._ids = RandomIdGenerator()

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("rag", "telemetry", "probes", "stack", "loadgen", "dashboards", "ragheat")
+PACKAGES = ("rag", "telemetry", "probes", "stack", "loadgen", "dashboards", "explain", "ragheat")
 MAY_IMPORT = {
     "rag": set(),
     "telemetry": {"rag"},
@@ -19,6 +19,7 @@ MAY_IMPORT = {
     "dashboards": {"rag", "telemetry"},
     "stack": {"rag"},
     "loadgen": {"rag", "telemetry", "stack"},
+    "explain": {"rag", "telemetry", "dashboards"},
     "ragheat": set(PACKAGES) - {"ragheat"},
 }
 """Top-level package -> the other packages of this repository it may import (docs/architecture.md)."""

@@ -48,7 +48,7 @@ def test_committed_files_match_the_generator():
 @pytest.mark.parametrize("profile", list(slo.PROFILES))
 def test_every_metric_name_is_from_the_contract_or_a_recording_rule(profile):
     families = [*contract.SERVICE.values(), *contract.GENERATION.values(), *contract.KERNEL.values(),
-                *contract.VLLM.values(), *contract.VLLM_NATIVE.values()]
+                *contract.HOST.values(), *contract.VLLM.values(), *contract.VLLM_NATIVE.values()]
     known = {f + s for f in families for s in SUFFIXES}
     known |= {r["record"] for g in slo.prometheus_rules(slo.PROFILES[profile])["groups"] for r in g["rules"]
               if "record" in r}
@@ -290,7 +290,8 @@ def test_stages_come_from_label_values_not_from_the_closed_set():
 def test_the_library_families_are_the_service_families_any_service_emits():
     assert contract.LIBRARY == ("ragheat_stage_duration_seconds", "ragheat_request_duration_seconds",
                                 "ragheat_requests_total", "ragheat_requests_in_flight", "ragheat_qps",
-                                "ragheat_stage_errors_total")
+                                "ragheat_stage_errors_total", "ragheat_host_cpu_seconds_total",
+                                "ragheat_host_pressure_stalled_seconds_total", "ragheat_process_cpu_seconds_total")
     assert not set(contract.LIBRARY) & contract.PIPELINE_ONLY
     assert {contract.CACHE_REQUESTS, contract.RETRIEVAL_ROUTES, contract.SHED, contract.SERVICE["index_reloads"],
             *contract.GENERATION.values()} <= contract.PIPELINE_ONLY

@@ -29,6 +29,7 @@ FRAMEWORK, JOB = "haystack", "haystack-rag"  # the fastest of the three to start
 LOAD = 20
 PROFILE = slo.PROFILES["production"]  # what `dashboards check` reads by default; its windows cover the whole module
 DATA_BOARDS = ("latency", "slo")  # the boards the library's families feed (vLLM and kernel panels have no source)
+REQUEST_H = "ragheat_request_duration_seconds"
 STATUSES = ("ok", "empty", "error", "absent", "skipped")
 
 
@@ -49,13 +50,15 @@ def observed(tmp_path_factory, claims):
         with LocalPrometheus(f"127.0.0.1:{prometheus_port}", port=prometheus_port, scrape_interval_s=1,
                              extra_targets={JOB: f"127.0.0.1:{port}"},
                              extra_config=f"rule_files:\n  - {folder / 'rules' / render.RULES_FILE}\n") as prometheus:
-            # A counter's increase is seen only from its second sample on: the load starts once Prometheus has
-            # scraped the service, so the request series it creates are sampled while it runs.
+            # A counter's increase is seen only from its second sample on, and the request series appear with the
+            # first answer: one answer, then the load once Prometheus holds that answer's series, so the load's
+            # answers are an increase on a sample already taken.
+            assert service.query(claims[0].text)["answer"]
             api, deadline = PrometheusApi(prometheus), time.monotonic() + 60
-            while not api.query(f'up{{job="{JOB}"}} == 1'):
+            while not api.query(f'{REQUEST_H}_count{{job="{JOB}"}}'):
                 assert time.monotonic() < deadline, f"Prometheus never scraped {JOB}'s request series"
                 time.sleep(0.5)
-            for claim in claims[:LOAD]:
+            for claim in claims[1:LOAD]:
                 assert service.query(claim.text)["answer"]
             yield service, prometheus
     finally:

@@ -8,8 +8,8 @@ import re
 import pytest
 from prometheus_client import CollectorRegistry
 
-from telemetry.metrics import (EXPECTED_METRICS, GENERATION_METRICS, KERNEL_METRICS, METRICS, SERVICE_METRICS,
-                               VLLM_METRICS, PrometheusMetrics, specs)
+from telemetry.metrics import (EXPECTED_METRICS, GENERATION_METRICS, HOST_METRICS, KERNEL_METRICS, METRICS,
+                               SERVICE_METRICS, VLLM_METRICS, PrometheusMetrics, specs)
 
 UNITS = ("_seconds", "_total", "_ratio", "_documents", "_tokens", "_blocks", "_allocated", "_freed", "_flight", "_qps",
          "_bytes", "_entries")
@@ -38,11 +38,11 @@ def test_every_row_follows_the_naming_rules(spec):
 def test_names_and_roles_are_unique():
     assert len({m.name for m in METRICS}) == len(METRICS)
     assert all(len(specs(group)) == sum(m.group == group for m in METRICS)
-               for group in ("service", "generation", "vllm", "kernel"))
+               for group in ("service", "generation", "vllm", "kernel", "host"))
 
 
 def test_the_name_maps_and_expected_metrics_are_read_off_the_table():
-    assert set(EXPECTED_METRICS) == {*SERVICE_METRICS.values(), *GENERATION_METRICS.values()}
+    assert set(EXPECTED_METRICS) == {*SERVICE_METRICS.values(), *GENERATION_METRICS.values(), *HOST_METRICS.values()}
     assert all(name.startswith("ragheat_vllm_") for name in VLLM_METRICS.values())
     assert all(name.startswith("ragheat_kernel_") for name in KERNEL_METRICS.values())
     assert not any(name.startswith("ragheat_vllm_") for name in GENERATION_METRICS.values()), \

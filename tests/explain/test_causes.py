@@ -1,0 +1,105 @@
+"""The ranking on evidence written out by hand: each machine-wide source, each stage slowing on its own, and the
+quiet cases (nothing changed, one outlier) that must name no cause."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from explain.causes import explain
+from explain.report import as_json
+from explain.signals import Evidence, Side, Span
+
+STAGE_P99 = {"queue": 1.0, "embed": 6.0, "retrieve_dense": 1.0, "retrieve_bm25": 2.0, "fuse": 0.2, "rerank": 4.0,
+             "generate": 1.0}
+
+
+def quiet(**changes) -> Side:
+    side = Side(answered_per_s=10.0, p99_ms=20.0, stage_p99_ms=dict(STAGE_P99),
+                stage_ms_per_request={s: v / 2 for s, v in STAGE_P99.items()}, process_cores=0.3,
+                host_busy_cores=0.5, host_cores=2.0, pressure={"cpu": 0.02, "memory": 0.0, "io": 0.01})
+    return dataclasses.replace(side, **changes)
+
+
+def slower(by: float, stages=("embed", "retrieve_dense", "retrieve_bm25", "rerank", "generate"), **changes) -> Side:
+    p99 = {s: v * (by if s in stages else 1.0) for s, v in STAGE_P99.items()}
+    return quiet(p99_ms=20.0 * by, stage_p99_ms=p99, stage_ms_per_request={s: v / 2 for s, v in p99.items()},
+                 **changes)
+
+
+def evidence(now: Side, before: Side | None = None, tail_share: float = 0.2) -> Evidence:
+    return Evidence("svc", Span(60), Span(600, 60), 0.0, now, before or quiet(), tail_share=tail_share,
+                    tail_requests=600 * tail_share)
+
+
+def top(explanation) -> str:
+    assert explanation.verdict == "slower", explanation.headline
+    return explanation.causes[0].kind
+
+
+def test_nothing_changed_names_no_cause():
+    result = explain(evidence(quiet(p99_ms=22.0), tail_share=0.012))
+    assert result.verdict == "ok" and not result.causes and result.headline.startswith("nothing is wrong")
+
+
+def test_one_outlier_moves_the_p99_but_is_not_a_fault():
+    result = explain(evidence(quiet(p99_ms=60.0), tail_share=0.011))
+    assert result.verdict == "ok", result.headline
+
+
+def test_a_neighbour_taking_the_cpu():
+    result = explain(evidence(slower(2.5, host_busy_cores=1.9, pressure={"cpu": 0.6})))
+    assert top(result) == "cpu_neighbour" and "other processes" in result.headline
+    assert set(result.causes[0].stages) == {"embed", "retrieve_dense", "retrieve_bm25", "rerank", "generate"}
+
+
+def test_the_service_burning_cpu_at_the_same_load():
+    result = explain(evidence(slower(2.0, process_cores=1.3, host_busy_cores=1.5)))
+    assert top(result) == "cpu_in_process", result.headline
+
+
+def test_more_load_queues():
+    now = slower(3.0, stages=("queue", "embed", "rerank"), answered_per_s=30.0, process_cores=0.9,
+                 host_busy_cores=1.1)
+    now.stage_p99_ms["queue"] = 80.0
+    result = explain(evidence(now), knee_qps=18)
+    assert top(result) == "overload" and "knee of 18" in result.headline
+    assert all(c.kind == "overload" for c in result.causes)
+
+
+def test_shedding_alone_is_overload():
+    result = explain(evidence(quiet(shed_per_s=3.0), tail_share=0.01))
+    assert result.verdict == "slower" and top(result) == "overload"
+
+
+@pytest.mark.parametrize(("stage", "kind"), [("generate_prefill", "language_model"),
+                                             ("retrieve_graph", "graph_store"), ("retrieve_bm25", "stage")])
+def test_a_stage_slowing_on_its_own_is_charged_to_its_dependency_or_itself(stage, kind):
+    before = quiet()
+    before.stage_p99_ms[stage] = 5.0
+    now = quiet(p99_ms=120.0)
+    now.stage_p99_ms[stage] = 100.0
+    result = explain(evidence(now, before))
+    assert top(result) == kind and result.causes[0].stages == (stage,)
+
+
+def test_the_kernel_says_what_a_slow_stage_waits_on():
+    before, now = quiet(), quiet(p99_ms=90.0)
+    now.stage_p99_ms["retrieve_bm25"] = 70.0
+    now.stage_ms_per_request["retrieve_bm25"] = 31.0
+    now.kernel_ms_per_request[("retrieve_bm25", "syscall:futex")] = 28.0
+    result = explain(evidence(now, before))
+    assert top(result) == "lock", result.causes
+
+
+def test_no_requests_in_the_window_or_the_baseline():
+    assert explain(evidence(quiet(answered_per_s=0.0))).verdict == "no_data"
+    assert explain(evidence(quiet(), quiet(answered_per_s=0.0, p99_ms=float("nan")))).verdict == "no_data"
+
+
+def test_the_json_has_no_nan_and_shares_add_up():
+    result = as_json(explain(evidence(slower(2.5, host_busy_cores=1.9))))
+    assert result["verdict"] == "slower"
+    assert abs(sum(c["share"] for c in result["causes"]) - 1.0) < 1e-6
+    assert "NaN" not in repr(result) and "nan" not in repr(result)
