@@ -106,6 +106,8 @@ step_telemetry() { "$PY" benchmarks/bench_telemetry.py --beir "$BEIR" --index "$
 step_telemetry-recording() { "$PY" benchmarks/bench_telemetry.py --beir "$BEIR" --index "$INDEX" --recording-only \
                                --json "$RESULTS/telemetry-recording.json"; }
 step_observe() { "$PY" benchmarks/bench_observe.py --beir "$BEIR" "${OBSERVE_ARGS[@]}" --json "$RESULTS/observe.json"; }
+step_explain() { "$PY" benchmarks/bench_explain.py --index "$INDEX" --queries "$BEIR/queries.jsonl" \
+                   --json "$RESULTS/explain.json"; }  # starts the service, its Prometheus and the faults itself
 step_loadgen() { "$PY" benchmarks/bench_loadgen.py "${LOADGEN_ARGS[@]}" --json "$RESULTS/loadgen.json"; }
 step_knee() {
   local port log pid
@@ -212,8 +214,8 @@ step_render() {
     "$PY" benchmarks/render_docs.py --results "$RESULTS" --out "$RESULTS/benchmarks.md"; fi
 }
 
-ALL=(ingest eval eval-fp32 fusion query telemetry telemetry-recording observe loadgen knee examples ann probes tune-vllm
-     tune-vllm-real boards-llm embedding graph vllm-ttft rerank rerank-latency cache capacity batching replicas answers hyde judge render)
+ALL=(ingest eval eval-fp32 fusion query telemetry telemetry-recording observe loadgen knee examples explain ann probes
+     tune-vllm tune-vllm-real boards-llm embedding graph vllm-ttft rerank rerank-latency cache capacity batching replicas answers hyde judge render)
 if [ "${1:-}" = --list ]; then printf '%s\n' "${ALL[@]}"; exit 0; fi
 steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=("${ALL[@]}")

@@ -42,9 +42,12 @@ class LibraryOnlyService:
         from stack.servers import BackgroundServer
         from telemetry.metrics import create_metric, specs
 
+        from telemetry.host import HostCollector
+
         registry = CollectorRegistry()
+        registry.register(HostCollector())  # the host families, as every observed service has them
         by_name = {spec.name: spec for spec in specs("service").values()}
-        self.families = {name: create_metric(by_name[name], registry) for name in LIBRARY}
+        self.families = {name: create_metric(by_name[name], registry) for name in LIBRARY if name in by_name}
         self.families["ragheat_requests_in_flight"].labels("/ask").set(0)
         self.families["ragheat_stage_errors_total"].labels("tool")  # at zero: none failed
         self.stop = threading.Event()

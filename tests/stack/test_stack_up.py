@@ -55,8 +55,11 @@ def running_stack(subset_index, tmp_path_factory):
     leftover = StackState(folder).spawn("api", ["sleep", "300"])
     dummy = vllm_installed()
     model = ["--vllm-model", "dummy"] if dummy else []
-    # Short noise answers keep the run short; the API inherits the environment `stack up` runs in.
-    env = {**os.environ, "COLUMNS": "200", "RAGHEAT_GENERATION__MAX_TOKENS": "32"}
+    # Short noise answers keep the run short; the API inherits the environment `stack up` runs in. A deadline the
+    # random model's answers on two loaded cores cannot exhaust: with the default one, the queries after the first
+    # may be predicted too slow for the model and answered extractively before it writes.
+    env = {**os.environ, "COLUMNS": "200", "RAGHEAT_GENERATION__MAX_TOKENS": "32",
+           "RAGHEAT_ADMISSION__DEADLINE_MS": "60000", "RAGHEAT_ADMISSION__MAX_TIMEOUT_MS": "60000"}
     up = subprocess.run([RAGHEAT, "stack", "up", "--index", str(subset_index), "--folder", str(folder), *FREE_PORTS,
                          *model], capture_output=True, text=True, timeout=420, env=env)
     try:
