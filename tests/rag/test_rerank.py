@@ -40,8 +40,8 @@ def test_maxsim_matches_a_brute_force_reference():
 
 
 def test_the_int8_product_matches_maxsim_over_the_dequantised_vectors(tmp_path):
-    """Int8MaxSim (ONNX Runtime's uint8 x int8 product over the stored codes, the query quantised per token) gives
-    the scores float MaxSim gives over codes x scales, within the query's quantisation step."""
+    """Int8MaxSim (ONNX Runtime's integer product over the stored codes, the query quantised per token) gives the
+    scores float MaxSim gives over codes x scales, within the query's quantisation step."""
     rng = np.random.default_rng(11)
     head = _head(rng, dim=16)
     states = [rng.standard_normal((n, 24)).astype(np.float32) for n in (1, 5, 31, 2, 64, 9)]
@@ -68,6 +68,22 @@ def test_the_int8_product_matches_maxsim_over_the_dequantised_vectors(tmp_path):
     asked = RerankQuery(query_states, {})
     np.testing.assert_allclose(served.scores(asked, hits), reference.scores(asked, hits), atol=2e-3)
     assert served._int8 is not None and reference._int8 is None
+
+
+def test_the_int8_product_is_exact_at_the_codes_extremes():
+    """Codes and query components at int8's ends (every product as large as it gets, long rows of one sign): the
+    integer product is exact on this CPU, whatever its kernels (a uint8 x int8 kernel without VNNI adds pairs of
+    products in 16 bits and would saturate here)."""
+    rng = np.random.default_rng(5)
+    dim = 128
+    codes = np.where(rng.random((40, dim)) < 0.9, 127, -127).astype(np.int16)
+    codes[:8] = 127  # whole rows at the top end
+    scales = np.full(40, 1 / 127 / np.sqrt(dim), np.float32)
+    query = np.where(rng.random((6, dim)) < 0.9, 1.0, -1.0).astype(np.float32) / np.sqrt(dim)
+    starts = np.array([0, 8, 21, 33])
+    exact = maxsim(query, codes.astype(np.float32) * scales[:, None], starts)
+    got = Int8MaxSim()(query, (codes + 128).astype(np.uint8), scales, starts)
+    np.testing.assert_allclose(got, exact, rtol=1e-5, atol=1e-6)
 
 
 def _head(rng, hidden=24, dim=8, weights=(1.0, 0.0, 0.0, 0.0)) -> RerankHead:
