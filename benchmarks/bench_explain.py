@@ -13,6 +13,7 @@ top-1 and top-2 correctness, and the seconds from the fault's start to the first
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -26,16 +27,12 @@ from dashboards.promapi import PrometheusApi  # noqa: E402
 from explain.causes import explain  # noqa: E402
 from explain.report import as_json  # noqa: E402
 from explain.signals import Span, gather  # noqa: E402
-from loadgen.faults import CpuHog, OpenLoop  # noqa: E402
+from loadgen.faults import CpuHog, OpenLoop, wait_until  # noqa: E402
 from loadgen.resultsfile import BenchmarkRun  # noqa: E402
 from stack.prometheus import LocalPrometheus  # noqa: E402
 from stack.servers import ServeProcess  # noqa: E402
 
 EXPECTED = {"none": None, "cpu_hog": "cpu_neighbour", "overload": "overload"}
-
-
-def wait_until(t: float) -> None:
-    time.sleep(max(0.0, t - time.time()))
 
 
 def explained(api: PrometheusApi, window_s: int, at: float) -> dict:
@@ -47,12 +44,12 @@ def drill(fault: str, load: OpenLoop, api: PrometheusApi, args) -> dict:
     start = time.time() + args.window_s  # the quiet seconds before are the baseline
     wait_until(start)
     tries, first_correct = [], None
-    hog = CpuHog() if fault == "cpu_hog" else None
-    if hog:
-        hog.__enter__()
-    if fault == "overload":
-        load.rate = args.overload_qps
-    try:
+    with contextlib.ExitStack() as fault_on:
+        if fault == "cpu_hog":
+            fault_on.enter_context(CpuHog())
+        fault_on.callback(setattr, load, "rate", args.quiet_qps)
+        if fault == "overload":
+            load.rate = args.overload_qps
         offset = args.every_s
         while offset <= args.fault_s:
             at = start + offset
@@ -66,10 +63,6 @@ def drill(fault: str, load: OpenLoop, api: PrometheusApi, args) -> dict:
             if offset >= args.window_s and (first_correct is not None or EXPECTED[fault] is None):
                 break
             offset += args.every_s
-    finally:
-        if hog:
-            hog.__exit__(None, None, None)
-        load.rate = args.quiet_qps
     final = explained(api, args.window_s, start + min(args.window_s, args.fault_s))
     kinds = [c["kind"] for c in final["causes"]]
     expected = EXPECTED[fault]

@@ -205,6 +205,6 @@ def gather(api: PrometheusApi, job: str | None, window: Span, baseline: Span, at
     at = time.time() if at is None else at
     reader = Reader(api, pick_job(api, job), at)
     before = reader.side(baseline)
-    evidence = Evidence(reader.job, window, baseline, at, reader.side(window), before, reader.slowest_traces(window))
-    evidence.tail_share, evidence.tail_requests = reader.tail(window, before.p99_ms / 1e3)
-    return evidence
+    tail_share, tail_requests = reader.tail(window, before.p99_ms / 1e3)
+    return Evidence(reader.job, window, baseline, at, reader.side(window), before, reader.slowest_traces(window),
+                    tail_share, tail_requests)

@@ -16,6 +16,12 @@ from pathlib import Path
 import httpx
 
 
+def wait_until(unix_time: float) -> None:
+    """Sleep until a wall-clock instant (now if it has passed): the drills' phases are instants Prometheus also
+    reads."""
+    time.sleep(max(0.0, unix_time - time.time()))
+
+
 class OpenLoop:
     """``with OpenLoop(url, rate, queries):`` POSTs ``{"query": ...}`` to ``url/v1/query`` at ``rate`` per second,
     whatever the answers' speed (an open loop: a slow service queues them); ``rate`` may change while it runs."""

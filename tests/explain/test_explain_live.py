@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from loadgen.faults import CpuHog, OpenLoop
+from loadgen.faults import CpuHog, OpenLoop, wait_until
 from ragheat.cli import app
 from stack.prometheus import LocalPrometheus
 from stack.servers import ServeProcess
@@ -30,10 +30,6 @@ def explained(prometheus: str, at: float) -> dict:
                                       "--baseline", f"{PHASE_S}s", "--at", f"{at:.3f}", "--json"])
     assert result.exit_code == 0, result.output
     return json.loads(result.output)
-
-
-def wait_until(t: float) -> None:
-    time.sleep(max(0.0, t - time.time()))
 
 
 @pytest.fixture(scope="module")
