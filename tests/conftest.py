@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 from dataclasses import dataclass
@@ -26,12 +27,39 @@ def pytest_report_header(config):
 # A test that needs what this machine lacks either fails with a reason, or is deselected by a marker
 # expression (`-m`), and then the summary says how many were deselected, by which marker and why.
 # GPU tests are deselected by pyproject's default `-m 'not gpu'`; a root test run without privileges fails.
-MARKERS = ("slow", "root", "gpu")
+MARKERS = ("slow", "root", "gpu", "serial")
 _DESELECTED = pytest.StashKey[list]()
 
 
 def pytest_configure(config):
     config.stash[_DESELECTED] = []
+
+
+# -- parallel runs: scripts/test.sh runs the suite in two passes, the tests not marked serial on pytest-xdist
+# workers, then the serial ones alone. Under ``--dist loadfile`` each test module goes to one worker whole, so its
+# fixtures are built once; the modules of the shared vLLM server (and its tiny model) are one group, so one worker
+# starts it (tests/test_suite_groups.py checks that every test using it is in the group). xdist's own loadgroup
+# cannot do this on pytest 9: it renames node ids through an attribute pytest 9 no longer reads.
+SHARED_VLLM_FIXTURES = frozenset({"vllm_server", "tiny_model"})
+SHARED_VLLM_MODULES = ("tests/vllm/", "tests/dashboards/test_dashboards_live.py")
+
+
+def worker_group(nodeid: str) -> str:
+    """The group of the test at ``nodeid``: the shared vLLM server's, or its module's."""
+    module = nodeid.split("::", 1)[0]
+    return "vllm-server" if module.startswith(SHARED_VLLM_MODULES) else module
+
+
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return worker_group(nodeid)
+
+    return ModuleGroups(config, log)
 
 
 def pytest_deselected(items):
@@ -173,16 +201,43 @@ def measured_settings(settings: RagheatSettings) -> RagheatSettings:
         "graph": settings.graph.model_copy(update={"enabled": False})})
 
 
+def _imported_files(module: str) -> list[Path]:
+    """The files of the repo's ``module`` and of every module of its package that it imports, at any depth and from
+    any scope (a function's own imports included), read from the syntax trees: the code an ingest can run."""
+    top = module.split(".")[0]
+    seen: set[Path] = set()
+    todo = [module]
+    while todo:
+        name = todo.pop()
+        base = REPO.joinpath(*name.split("."))
+        path = next((p for p in (base.with_suffix(".py"), base / "__init__.py") if p.is_file()), None)
+        if path is None or path in seen:
+            continue
+        seen.add(path)
+        parts = name.split(".")
+        todo += [".".join(parts[:i]) for i in range(1, len(parts))]  # the packages' __init__ run first
+        package = parts if path.name == "__init__.py" else parts[:-1]
+        for node in ast.walk(ast.parse(path.read_bytes())):
+            if isinstance(node, ast.Import):
+                todo += [alias.name for alias in node.names if alias.name.split(".")[0] == top]
+            elif isinstance(node, ast.ImportFrom):
+                origin = package[:len(package) - node.level + 1] if node.level else []
+                source = ".".join(origin + ([node.module] if node.module else []))
+                if source.split(".")[0] == top:
+                    todo += [source, *(f"{source}.{alias.name}" for alias in node.names)]  # a name may be a module
+    return sorted(seen)
+
+
 def _code_key() -> str:
-    """What an index built by this checkout depends on beyond the ingest's own fingerprint: the code of rag/ (its
-    syntax trees without docstrings: a comment or a docstring changes nothing built) and every installed package
-    with its version (onnxruntime, faiss, tokenizers, ...)."""
-    import ast
+    """What an index built by this checkout depends on beyond the ingest's own fingerprint: the code the ingest
+    imports (its syntax trees without docstrings: a comment or a docstring changes nothing built; a module the
+    ingest never imports, such as the query path's, changes nothing either) and every installed package with its
+    version (onnxruntime, faiss, tokenizers, ...)."""
     import hashlib
     from importlib.metadata import distributions
 
     digest = hashlib.sha256()
-    for path in sorted((REPO / "rag").rglob("*.py")):
+    for path in _imported_files("rag.ingest.pipeline"):
         tree = ast.parse(path.read_bytes())
         for node in ast.walk(tree):
             body = getattr(node, "body", None)

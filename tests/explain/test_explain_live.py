@@ -18,7 +18,7 @@ from ragheat.cli import app
 from stack.prometheus import LocalPrometheus
 from stack.servers import ServeProcess
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # a neighbour's CPU is one of the causes it tells apart
 
 QUERIES = Path(__file__).resolve().parents[2] / "datasets" / "scifact" / "queries.jsonl"
 PHASE_S = 20

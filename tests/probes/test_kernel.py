@@ -19,7 +19,7 @@ import workload as wl
 from telemetry.buckets import KERNEL_LOG2_SECONDS
 from telemetry.metrics import KERNEL_METRICS, KERNEL_STAGES, OFFCPU_REASONS
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.serial]  # the scheduling it measures is its own workload's
 RAGHEAT = Path(sys.executable).parent / "ragheat"
 SLOT_8_16_MS = KERNEL_LOG2_SECONDS.index(2 ** 14 / 1e6)  # slot k holds [2^(k-1), 2^k) us: 8.192-16.384 ms
 

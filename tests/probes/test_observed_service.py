@@ -13,7 +13,7 @@ import pytest
 from rag.childproc import ChildProcess, free_port
 from rag.settings import ProbeSettings
 
-pytestmark = [pytest.mark.root]
+pytestmark = [pytest.mark.root, pytest.mark.serial]
 APP = Path(__file__).with_name("observed_app.py")
 
 

@@ -10,7 +10,7 @@ import pytest
 from rag.settings import ProbeSettings
 from stack.servers import ServeProcess
 
-pytestmark = [pytest.mark.root, pytest.mark.slow]
+pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.serial]
 QUERIES = ["0-dimensional biomaterials lack inductive properties.", "Vitamin D deficiency and bone density",
            "Antibiotic resistance in hospitals", "Obesity increases the risk of type 2 diabetes"]
 

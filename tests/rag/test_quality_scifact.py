@@ -34,6 +34,8 @@ MAX_INGEST_CPU_S = 1800
 # Ingest = chunking + embedding + FAISS + BM25: no more than this times the CPU of embedding its chunks (the
 # ingest batches chunks of similar length, the sample pads more, so the ratio is below 1 when nothing is wasted).
 MAX_INGEST_OVER_EMBED = 1.5
+# The ratio compares CPU seconds of the ingest and of a later embedding run: both alone on the machine.
+pytestmark = pytest.mark.serial
 
 
 @pytest.mark.slow

@@ -78,6 +78,7 @@ def test_slots_then_queue_then_queue_full_and_release_hands_on():
     assert asyncio.run(scenario()) == {"queue_full": 1, "deadline": 0, "expired": 0}
 
 
+@pytest.mark.serial  # a refusal's few milliseconds, which another test's load on the same cores would stretch
 def test_predicted_miss_is_shed_at_once_and_a_queued_query_expires_at_its_deadline():
     async def scenario():
         times = ServiceTimes()
