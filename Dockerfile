@@ -82,6 +82,8 @@ FROM ${PYTHON_IMAGE} AS api
 RUN useradd --create-home --uid 10001 ragheat \
  && mkdir -p /data /etc/ragheat/rendered && chown ragheat /data /etc/ragheat/rendered
 COPY --from=build /opt/ragheat /opt/ragheat
+# Every interface of the container, so `ragheat serve` starts only with an API key (RAGHEAT_SERVER__API_KEYS or
+# RAGHEAT_SERVER__API_KEYS_FILE; compose passes RAGHEAT_API_KEY) or the explicit RAGHEAT_SERVER__INSECURE_NO_API_KEY.
 ENV PATH=/opt/ragheat/bin:$PATH RAGHEAT_EMBEDDING__CACHE_DIR=/opt/ragheat/models \
     RAGHEAT_SERVER__HOST=0.0.0.0 RAGHEAT_SERVER__INDEX_DIR=/data/index
 USER ragheat

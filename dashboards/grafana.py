@@ -101,13 +101,20 @@ def dashboard_json(board: Board) -> str:
     return json.dumps(dashboard(board).to_json_data(), cls=DashboardEncoder, sort_keys=True, indent=2) + "\n"
 
 
-def datasources(prometheus_url: str, traces_url: str) -> dict:
-    """Prometheus (exemplars' ``trace_id`` opens the trace in the traces datasource) and Tempo for traces."""
+def datasources(prometheus_url: str, traces_url: str, prometheus_user: str = "",
+                prometheus_password_file: str = "") -> dict:
+    """Prometheus (exemplars' ``trace_id`` opens the trace in the traces datasource) and Tempo for traces. With
+    ``prometheus_password_file`` Grafana presents basic auth to Prometheus: ``prometheus_user`` and the file's
+    content, which Grafana reads when it provisions (``$__file{}``), so the password is never written here."""
+    prometheus = {"name": "Prometheus", "uid": PROMETHEUS_UID, "type": "prometheus", "access": "proxy",
+                  "url": prometheus_url, "isDefault": True,
+                  "jsonData": {"httpMethod": "POST", "timeInterval": "5s",
+                               "exemplarTraceIdDestinations": [{"name": "trace_id", "datasourceUid": TRACES_UID}]}}
+    if prometheus_password_file:
+        prometheus.update(basicAuth=True, basicAuthUser=prometheus_user,
+                          secureJsonData={"basicAuthPassword": f"$__file{{{prometheus_password_file}}}"})
     return {"apiVersion": 1, "datasources": [
-        {"name": "Prometheus", "uid": PROMETHEUS_UID, "type": "prometheus", "access": "proxy", "url": prometheus_url,
-         "isDefault": True,
-         "jsonData": {"httpMethod": "POST", "timeInterval": "5s",
-                      "exemplarTraceIdDestinations": [{"name": "trace_id", "datasourceUid": TRACES_UID}]}},
+        prometheus,
         {"name": "Traces", "uid": TRACES_UID, "type": "tempo", "access": "proxy", "url": traces_url},
     ]}
 

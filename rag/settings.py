@@ -216,10 +216,16 @@ class ServerSettings(_Section):
     # -- access (rag/api/access.py) ------------------------------------------------------------------------------
     api_keys: list[SecretStr] = Field(
         default_factory=list, description="API keys accepted as `Authorization: Bearer KEY` or `X-API-Key: KEY`; "
-                                          "with neither this nor api_keys_file the API is open. Never logged")
+                                          "with neither this nor api_keys_file the API is open, which `ragheat "
+                                          "serve` allows only on a loopback host or with insecure_no_api_key. "
+                                          "Never logged")
     api_keys_file: Path | None = Field(
         None, description="file of hashed API keys, one `sha256:<64 hex> [name]` a line (`ragheat keys new`); read "
                           "at start-up and again on every index reload")
+    insecure_no_api_key: bool = Field(
+        False, description="let `ragheat serve` listen beyond loopback (host not 127.0.0.0/8, ::1 or localhost) "
+                           "without any API key: anyone who reaches the port may query it. Off, such a host without "
+                           "keys refuses to start (docs/reliability.md, Who can reach what)")
     rate_limit_per_s: float = Field(0.0, ge=0, le=1e6, description="requests per second each API key (each client "
                                                                   "address without keys) may make to /v1 and /admin; "
                                                                   "0 = no limit")

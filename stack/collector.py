@@ -23,7 +23,7 @@ CONTRIB_COMPONENTS: dict[str, frozenset[str]] = {
                              "tail_sampling", "probabilistic_sampler"}),
     "exporters": frozenset({"otlp", "otlphttp", "debug", "prometheus", "prometheusremotewrite"}),
     "connectors": frozenset({"spanmetrics", "forward"}),
-    "extensions": frozenset({"health_check", "pprof", "zpages"}),
+    "extensions": frozenset({"health_check", "pprof", "zpages", "basicauth"}),
 }
 SIGNALS = ("traces", "metrics", "logs")
 CONNECTOR_SIGNALS = {"spanmetrics": ("traces", "metrics")}
@@ -69,6 +69,12 @@ def collector_problems(config: dict) -> list[str]:
     for name in service.get("extensions", []):
         if name not in (config.get("extensions") or {}):
             problems.append(f"service.extensions names {name!r}, which is not defined under extensions")
+    for kind in ("receivers", "exporters"):  # an authenticator only works as an extension the service starts
+        for name, spec in (config.get(kind) or {}).items():
+            authenticator = ((spec or {}).get("auth") or {}).get("authenticator")
+            if authenticator and authenticator not in service.get("extensions", []):
+                problems.append(f"{kind}.{name}.auth names the authenticator {authenticator!r}, which "
+                                f"service.extensions does not start")
     pipelines = service.get("pipelines") or {}
     if not pipelines:
         problems.append("service.pipelines is empty: the collector would refuse to start")

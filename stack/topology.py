@@ -87,11 +87,19 @@ class LocalAddresses:
         return argument
 
 
+LOCAL_DROPPED_RENDER_OPTION = "--prometheus-password-file"
+"""compose's render option (Grafana presents the web-auth password) that the loopback stack leaves out."""
+
+
 def render_command(addresses: LocalAddresses, rendered_dir: Path, compose: dict | None = None,
                    profile: str | None = None) -> list[str]:
-    """compose's ``dashboards-render`` command, writing into ``rendered_dir`` and pointing at local URLs;
+    """compose's ``dashboards-render`` command, writing into ``rendered_dir`` and pointing at local URLs, without
+    Grafana's Prometheus password;
     ``profile`` replaces its ``--profile`` (``test``: every SLO window divided by 60, for drills and tests)."""
     command = [addresses.localize(a, rendered_dir) for a in compose_command("dashboards-render", compose)]
+    if LOCAL_DROPPED_RENDER_OPTION in command:  # the local Prometheus asks for no password (loopback only)
+        at = command.index(LOCAL_DROPPED_RENDER_OPTION)
+        del command[at:at + 2]
     if profile is not None:
         if "--profile" in command:
             command[command.index("--profile") + 1] = profile
@@ -102,14 +110,19 @@ def render_command(addresses: LocalAddresses, rendered_dir: Path, compose: dict 
 
 def prometheus_flags(compose: dict | None = None) -> list[str]:
     """compose's Prometheus flags, less the ones naming container paths (config file, storage)."""
-    own = ("--config.file", "--storage.tsdb.path", "--web.listen-address")
+    own = ("--config.file", "--storage.tsdb.path", "--web.listen-address", "--web.config.file")
     return [f for f in compose_command("prometheus", compose) if not f.startswith(own)]
 
 
 def local_prometheus_config(addresses: LocalAddresses, rendered_dir: Path, config: dict | None = None,
-                            time_divisor: int = 1) -> tuple[dict, list[str]]:
+                            time_divisor: int = 1, password_file: Path | None = None) -> tuple[dict, list[str]]:
     """compose's Prometheus config with every target on loopback; returns it and the jobs left out
     because their component is not running here (each named, so nothing disappears silently).
+
+    compose's Prometheus and Alertmanager ask for basic auth, so its config presents the password (``basic_auth``
+    with a ``password_file`` in the rendered volume) to itself, to Alertmanager and when it delivers alerts. Locally
+    everything listens on loopback without a web config, so those ``basic_auth`` blocks are dropped, unless
+    ``password_file`` (a ``ragheat stack web-auth`` folder's) is given: then they point at it.
 
     ``rendered_dir`` must be absolute: Prometheus resolves a relative ``rule_files`` pattern against the config
     file's folder, and a pattern that matches nothing is legal, so a relative one loads no rule, silently.
@@ -127,7 +140,10 @@ def local_prometheus_config(addresses: LocalAddresses, rendered_dir: Path, confi
                     for key, value in config.get("global", {}).items() if key in ("scrape_interval", "evaluation_interval")}
         local["global"] = {**config.get("global", {}), **interval}
     if "alertmanager" in addresses.components:
-        local["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [addresses.components["alertmanager"]]}]}]}
+        compose_alertmanagers = config.get("alerting", {}).get("alertmanagers") or [{}]
+        local["alerting"] = {"alertmanagers": [_local_auth(
+            {**compose_alertmanagers[0], "static_configs": [{"targets": [addresses.components["alertmanager"]]}]},
+            password_file)]}
     else:
         local.pop("alerting", None)
     jobs, dropped = [], []
@@ -140,6 +156,7 @@ def local_prometheus_config(addresses: LocalAddresses, rendered_dir: Path, confi
         if component not in addresses.components:
             dropped.append(name)
             continue
+        job = _local_auth(job, password_file)
         if name == API_JOB:
             jobs.append(_local_api_job(job, addresses))
             continue
@@ -149,6 +166,16 @@ def local_prometheus_config(addresses: LocalAddresses, rendered_dir: Path, confi
         jobs.append({**job, "static_configs": [{"targets": [addresses.components[component]]}]})
     local["scrape_configs"] = jobs
     return local, dropped
+
+
+def _local_auth(section: dict, password_file: Path | None) -> dict:
+    """A scrape job or Alertmanager entry with compose's ``basic_auth`` dropped, or reading ``password_file``."""
+    if "basic_auth" not in section:
+        return section
+    local = {k: v for k, v in section.items() if k != "basic_auth"}
+    if password_file is not None:
+        local["basic_auth"] = {**section["basic_auth"], "password_file": str(password_file)}
+    return local
 
 
 def _local_api_job(job: dict, addresses: LocalAddresses) -> dict:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import math
 import secrets
 import threading
@@ -167,6 +168,44 @@ def presented_key(headers: Mapping[bytes, bytes]) -> str | None:
     if key and key.strip():
         return key.decode("latin-1").strip()
     return None
+
+
+# -- exposure --------------------------------------------------------------------------------------------------
+
+LOOPBACK_NAMES = frozenset({"localhost"})
+"""Host names that always mean this machine; any other name may resolve to an address others reach."""
+
+
+def is_loopback(host: str) -> bool:
+    """True when a server bound to ``host`` answers only this machine: 127.0.0.0/8, ::1 or ``localhost``. Any other
+    name counts as reachable (what it resolves to can change), and so does the empty host (every interface)."""
+    host = host.strip().strip("[]").lower()
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+INSECURE_FLAG = "--insecure-no-api-key"
+
+
+def open_api_problem(server) -> str | None:
+    """Why these server settings would serve an API anyone on the network may call (a sentence naming both ways
+    out), or None: the host is loopback, keys are configured, or ``server.insecure_no_api_key`` says the operator
+    chose an open API."""
+    if is_loopback(server.host) or server.api_keys or server.api_keys_file is not None \
+            or server.insecure_no_api_key:
+        return None
+    return (f"server.host {server.host!r} is reachable from the network and no API key is configured: make one "
+            f"with `ragheat keys new --file api-keys.txt` and pass --api-keys-file api-keys.txt (or set "
+            f"RAGHEAT_SERVER__API_KEYS_FILE / RAGHEAT_SERVER__API_KEYS), or serve an open API on purpose with "
+            f"{INSECURE_FLAG} (RAGHEAT_SERVER__INSECURE_NO_API_KEY=true); --host 127.0.0.1 needs neither")
+
+
+OPEN_API_WARNING = (f"{INSECURE_FLAG}: this API answers anyone who reaches %s without a key, on every route but "
+                    f"/admin; put it behind your own authentication or firewall")
 
 
 # -- rate limit ------------------------------------------------------------------------------------------------

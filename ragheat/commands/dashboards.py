@@ -51,13 +51,19 @@ def render(
                                         help="where Grafana finds the dashboard JSON files"),
     page_webhook: str = typer.Option("http://alert-receiver:9095/page", help="Alertmanager receiver for pages"),
     ticket_webhook: str = typer.Option("http://alert-receiver:9095/ticket", help="Alertmanager receiver for tickets"),
+    prometheus_password_file: str = typer.Option(
+        "", "--prometheus-password-file", help="Grafana presents basic auth to Prometheus with this password file "
+                                               "(a path as Grafana sees it; `ragheat stack web-auth` writes it)"),
+    prometheus_user: str = typer.Option("ragheat", "--prometheus-user",
+                                        help="the user it presents with --prometheus-password-file"),
 ) -> None:
     """Write Grafana dashboards (JSON, sorted keys) and provisioning, Prometheus rules and Alertmanager config."""
     from dashboards.render import Targets, write
 
     if out_dir.exists() and not out_dir.is_dir():
         _fail(f"{out_dir} exists and is not a folder")
-    targets = Targets(prometheus_url, traces_url, dashboards_path, page_webhook, ticket_webhook)
+    targets = Targets(prometheus_url, traces_url, dashboards_path, page_webhook, ticket_webhook, prometheus_user,
+                      prometheus_password_file)
     written = write(out_dir, _profile(profile), targets)
     for path in written:
         out.print(f"wrote {path}")

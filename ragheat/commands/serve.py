@@ -34,6 +34,10 @@ def serve(
     api_keys_file: Optional[Path] = typer.Option(
         None, "--api-keys-file", help="require an API key from this file of hashed keys (`ragheat keys new`); keys "
                                       "themselves only via RAGHEAT_SERVER__API_KEYS, never on the command line"),
+    insecure_no_api_key: bool = typer.Option(
+        False, "--insecure-no-api-key", help="listen beyond loopback without any API key: anyone who reaches the "
+                                             "port may query the API (logged as a warning). Without it, a host "
+                                             "other than 127.0.0.0/8, ::1 or localhost needs a key"),
     metrics_port: Optional[int] = typer.Option(None, "--metrics-port",
                                                help="serve /metrics on this port instead of the API port"),
     reload_poll_s: Optional[float] = typer.Option(
@@ -50,14 +54,20 @@ def serve(
 
     import uvicorn
 
+    from rag.api.access import OPEN_API_WARNING, is_loopback, open_api_problem
     from ragheat.commands.demo_llm import default_llm_model  # the installed real model, for --generator vllm
     from rag.slo import SLO_MS
     from ragheat.service import build_service
 
     settings = load_settings(server={"host": host, "port": port, "index_dir": index, "api_keys_file": api_keys_file,
-                                     "metrics_port": metrics_port, "reload_poll_s": reload_poll_s},
+                                     "metrics_port": metrics_port, "reload_poll_s": reload_poll_s,
+                                     "insecure_no_api_key": insecure_no_api_key or None},
                              generation={"generator": generator, "base_url": llm_url,
                                          "model": llm_model or default_llm_model(generator)})
+    # Before anything loads or binds, and in the --workers parent too: an API reachable from the network answers
+    # only with a key, unless the operator named the risk.
+    if problem := open_api_problem(settings.server):
+        _fail(problem)
     metrics_on = telemetry_on and settings.telemetry.metrics
     if settings.generation.generator != "extractive" and settings.admission.enabled \
             and settings.admission.deadline_ms <= SLO_MS:
@@ -80,6 +90,9 @@ def serve(
         _supervise(settings, workers, prometheus, probes_on)
         return
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if settings.server.insecure_no_api_key and not is_loopback(settings.server.host) \
+            and not (settings.server.api_keys or settings.server.api_keys_file):
+        logging.getLogger("ragheat.serve").warning(OPEN_API_WARNING, f"{settings.server.host}:{settings.server.port}")
     # A missing or corrupt index stops here, with its path, before anything binds. The probes never fail the
     # service: without privileges they log what is missing and it serves without them.
     multiprocess_dir = None

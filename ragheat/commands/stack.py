@@ -198,6 +198,26 @@ def down(folder: Path = typer.Option(DEFAULT_FOLDER, "--folder", help=FOLDER_HEL
     out.print(f"stopped {', '.join(stopped)}" if stopped else "nothing was running; state cleared")
 
 
+@app.command("web-auth")
+@_guard
+def web_auth(
+    folder: Path = typer.Argument(DEFAULT_FOLDER / "auth", help="where to write web.yml and password"),
+    renew: bool = typer.Option(False, "--renew", help="a new password even if the folder holds one (every client "
+                                                      "must then read the new one)"),
+    world_readable: bool = typer.Option(False, "--world-readable",
+                                        help="the password file mode 644 instead of 600: for compose's volume, "
+                                             "where other services' users read it"),
+) -> None:
+    """Basic auth for Prometheus and Alertmanager: a password (kept if the folder has one) and the web config with
+    its bcrypt hash, for their --web.config.file (compose runs this before they start)."""
+    from stack.webauth import USER, ensure_web_auth
+
+    auth = ensure_web_auth(folder, renew=renew, world_readable=world_readable)
+    state = "a new password" if auth.created else "the password already there"
+    console.print(f"web config {auth.web_config} (pass it as --web.config.file) accepts user {USER} with {state}, "
+                  f"in {auth.password_file} (mode {auth.password_file.stat().st_mode & 0o777:o})", highlight=False)
+
+
 @app.command("alert-receiver")
 def alert_receiver(
     host: str = typer.Option("127.0.0.1", help="bind address"),

@@ -158,6 +158,18 @@ def test_provisioning_links_exemplars_to_traces():
     assert provider["type"] == "file" and provider["options"]["path"] == render.Targets().dashboards_path
 
 
+def test_the_prometheus_datasource_presents_basic_auth_only_with_a_password_file():
+    """Grafana reads the password from the file when it provisions ($__file{}): the rendered file never holds it."""
+    def prometheus(targets: render.Targets) -> dict:
+        sources = yaml.safe_load(render.rendered_files(slo.PRODUCTION, targets)[render.DATASOURCES_FILE])["datasources"]
+        return next(s for s in sources if s["type"] == "prometheus")
+
+    assert not {"basicAuth", "basicAuthUser", "secureJsonData"} & set(prometheus(render.Targets()))
+    secured = prometheus(render.Targets(prometheus_password_file="/run/auth/password"))
+    assert secured["basicAuth"] is True and secured["basicAuthUser"] == "ragheat"
+    assert secured["secureJsonData"] == {"basicAuthPassword": "$__file{/run/auth/password}"}
+
+
 def test_profiles_scale_every_window():
     def seconds(text: str) -> int:
         sizes = {"d": 86400, "h": 3600, "m": 60, "s": 1}

@@ -13,10 +13,12 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 from typer.testing import CliRunner
 
 from rag.api.app import create_app
+from rag.childproc import ChildProcess, free_port
 from stack.servers import BackgroundServer
 from rag.errors import IndexLoadError
 from rag.index.store import resolve_generation
@@ -214,3 +216,73 @@ def test_query_missing_index_exits_2_naming_it(tmp_path):
     result = query_cli(QUERY, "--index", str(missing))
     assert result.exit_code == 2, (result.stdout, result.stderr)
     assert str(missing) in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+# ------------------------------------------------------------------ serve beyond loopback: a key, or the opt-out
+
+OWN_ACCESS_SETTINGS = ("RAGHEAT_SERVER__API_KEYS", "RAGHEAT_SERVER__API_KEYS_FILE",
+                       "RAGHEAT_SERVER__INSECURE_NO_API_KEY", "RAGHEAT_SERVER__HOST")
+REFUSAL = ("no API key is configured", "ragheat keys new", "--api-keys-file", "--insecure-no-api-key")
+
+
+def keyless_env(**extra: str) -> dict[str, str]:
+    """This process's environment with no key, host or opt-out of its own, so only the test's flags decide."""
+    return {**{k: v for k, v in os.environ.items() if k not in OWN_ACCESS_SETTINGS}, "COLUMNS": "1000",
+            "NO_COLOR": "1", "TERM": "dumb", **extra}
+
+
+@pytest.mark.parametrize("args, env", [
+    (["--host", "0.0.0.0"], {}),
+    (["--host", "::"], {}),
+    (["--host", "0.0.0.0", "--workers", "2"], {}),  # the parent refuses before any worker starts
+    ([], {"RAGHEAT_SERVER__HOST": "0.0.0.0"}),  # the API image's environment (Dockerfile), no key configured
+], ids=["ipv4-any", "ipv6-any", "workers", "image-env"])
+def test_serve_beyond_loopback_without_a_key_refuses_naming_both_ways_out(tmp_path, args, env):
+    """Refused before the index is read (this one does not exist: the sentence must be about keys). In this
+    process: the installed command's own exit is the next test."""
+    runner = CliRunner(env={**dict.fromkeys(OWN_ACCESS_SETTINGS), "COLUMNS": "1000", "NO_COLOR": "1", **env})
+    result = runner.invoke(app, ["serve", "--index", str(tmp_path / "index"), "--port", str(free_port()), *args])
+    assert result.exit_code == 2, result.output
+    for needle in REFUSAL:
+        assert needle in result.output, result.output
+    assert "does not exist" not in result.output and not (tmp_path / "index").exists()
+
+
+def test_the_installed_serve_refuses_beyond_loopback_before_it_binds(tmp_path):
+    start = time.monotonic()
+    result = subprocess.run([str(RAGHEAT), "serve", "--index", str(tmp_path / "index"), "--host", "0.0.0.0",
+                             "--port", str(free_port())], cwd=tmp_path, env=keyless_env(), capture_output=True,
+                            text=True, timeout=120)
+    assert_refused(result, time.monotonic() - start, *REFUSAL)
+    assert result.returncode == 2 and "does not exist" not in result.stderr, result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("access", ["key", "insecure"])
+def test_serve_beyond_loopback_with_a_key_or_the_opt_out(subset_index, tmp_path, access):
+    """On 0.0.0.0 with a keys file a keyless query gets 401 and the key's gets an answer; with the opt-out flag
+    the keyless query is answered and the log says, as a warning, that the API is open."""
+    from rag.api.access import key_line, new_key
+
+    key, port = new_key(), free_port()
+    (tmp_path / "keys").write_text(key_line(key, "tester") + "\n")
+    flags = ["--api-keys-file", str(tmp_path / "keys")] if access == "key" else ["--insecure-no-api-key"]
+    log = tmp_path / "serve.log"
+    url = f"http://127.0.0.1:{port}"
+    with ChildProcess("serve", [str(RAGHEAT), "serve", "--index", str(subset_index), "--host", "0.0.0.0", "--port",
+                                str(port), "--log-level", "warning", *flags],
+                      log_path=log, die_with_parent=True, env=keyless_env()) as child:
+        child.wait_until_ok(f"{url}/readyz", 300)
+        keyless = httpx.post(f"{url}/v1/query", json={"query": QUERY}, timeout=60)
+        if access == "key":
+            assert keyless.status_code == 401, keyless.text
+            keyed = httpx.post(f"{url}/v1/query", json={"query": QUERY}, timeout=60,
+                               headers={"Authorization": f"Bearer {key}"})
+            assert keyed.status_code == 200 and keyed.json()["citations"], keyed.text
+        else:
+            assert keyless.status_code == 200 and keyless.json()["citations"], keyless.text
+    text = log.read_text()
+    warned = [line for line in text.splitlines() if "WARNING" in line and "--insecure-no-api-key" in line]
+    assert bool(warned) == (access == "insecure"), text[-3000:]
+    if warned:
+        assert f"0.0.0.0:{port}" in warned[0] and "without a key" in warned[0]

@@ -21,7 +21,8 @@ FREE_PORTS = ["--api-port", "0", "--prometheus-port", "0", "--alertmanager-port"
 """``ragheat stack up`` flags for free ports, so a test stack never collides with a running one."""
 PROFILES = ["cpu", "gpu", "probes"]
 # Values for the variables compose requires; nothing here is a real secret.
-REQUIRED_ENV = {"NEO4J_PASSWORD": "test-password", "GRAFANA_ADMIN_PASSWORD": "test-password"}
+REQUIRED_ENV = {"NEO4J_PASSWORD": "test-password", "GRAFANA_ADMIN_PASSWORD": "test-password",
+                "RAGHEAT_API_KEY": "rh_test-key-0123456789abcdef"}
 
 
 def tool(name: str, package: str) -> str:
@@ -40,7 +41,8 @@ class Compose:
 
     def run(self, *args: str, profiles: tuple[str, ...] = (), env: dict | None = None,
             compose_file: Path | None = None) -> subprocess.CompletedProcess:
-        base = {k: v for k, v in os.environ.items() if k not in REQUIRED_ENV and not k.startswith(("COMPOSE_", "VLLM_"))}
+        base = {k: v for k, v in os.environ.items()
+                if k not in REQUIRED_ENV and not k.startswith(("COMPOSE_", "VLLM_", "RAGHEAT_"))}
         command = [self.binary, "--project-directory", str(REPO), "-f", str(compose_file or REPO / "compose.yaml"),
                    "--env-file", str(self.env_file)]
         for profile in profiles:

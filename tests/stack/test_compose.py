@@ -3,6 +3,7 @@ model: mounts exist, dependencies wait for health, required settings are named, 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -12,9 +13,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from stack import topology
 from tests.stack.conftest import PROFILES, REPO, REQUIRED_ENV
 
-ONE_SHOT = {"ingest", "dashboards-render", "tempo-init"}
+ONE_SHOT = {"ingest", "dashboards-render", "tempo-init", "web-auth"}
 
 
 @pytest.mark.parametrize("profiles", [(), *[(p,) for p in PROFILES], tuple(PROFILES)],
@@ -150,7 +152,7 @@ def test_no_secret_is_written_in_the_file(compose):
     model = yaml.safe_load(raw.stdout)
     for name, service in model["services"].items():
         for key, value in (service.get("environment") or {}).items():
-            if re.search(r"(PASSWORD|TOKEN|SECRET|API_KEY)$|^NEO4J_AUTH$", key):
+            if re.search(r"(PASSWORD|TOKEN|SECRET|API_KEYS?)$|^NEO4J_AUTH$", key):
                 assert value and "${" in value, f"{name}.{key} must come from the environment, not the file"
 
 
@@ -211,3 +213,93 @@ def test_dockerfile_has_every_target_compose_builds_and_copies_every_package():
     packages = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
     for package in (p.rstrip("*") for p in packages):
         assert re.search(rf"^COPY {package} {package}$", dockerfile, re.M), f"Dockerfile does not copy {package}/"
+
+
+# -- closed by default: what listens where, and who may ask ------------------------------------------------------
+
+PUBLISHED = {"nginx": 8000, "prometheus": 9090, "alertmanager": 9093, "grafana": 3000}
+"""Every service with a host port, and its container port."""
+AUTH_FOLDER = "/etc/ragheat/rendered/auth"
+
+
+def published(model: dict) -> dict[str, list[dict]]:
+    return {name: service["ports"] for name, service in model["services"].items() if service.get("ports")}
+
+
+@pytest.mark.parametrize("bind", [None, "0.0.0.0", "192.0.2.10"], ids=["default", "every-interface", "one-address"])
+def test_every_published_port_is_bound_to_loopback_unless_ragheat_bind_says_otherwise(compose, bind):
+    env = {**REQUIRED_ENV, **({"RAGHEAT_BIND": bind} if bind else {})}
+    result = compose.run("config", "--format", "json", profiles=tuple(PROFILES), env=env)
+    assert result.returncode == 0, result.stderr
+    ports = published(json.loads(result.stdout))
+    assert {name: [p["target"] for p in specs] for name, specs in ports.items()} == \
+        {name: [port] for name, port in PUBLISHED.items()}
+    for name, specs in ports.items():
+        assert [p.get("host_ip") for p in specs] == [bind or "127.0.0.1"], (name, specs)
+
+
+def test_the_api_asks_for_the_key_from_env_and_prometheus_scrapes_its_own_metrics_port(compose_model, monkeypatch):
+    """The API replicas listen on every interface of their container (the image's server.host): with the
+    environment compose gives them, read by the real settings class, `ragheat serve` has a key to ask for and so
+    starts; /metrics moves to a port of its own, published nowhere, which Prometheus scrapes."""
+    from rag.api.access import KeyRing, open_api_problem
+    from rag.settings import RagheatSettings
+
+    api = compose_model["services"]["api"]
+    for key in [k for k in os.environ if k.startswith("RAGHEAT_")]:
+        monkeypatch.delenv(key)
+    image_env = dict(re.findall(r"(RAGHEAT_SERVER__HOST)=(\S+)", (REPO / "Dockerfile").read_text()))
+    assert image_env == {"RAGHEAT_SERVER__HOST": "0.0.0.0"}
+    for key, value in {**image_env, **api["environment"]}.items():
+        if key.startswith("RAGHEAT_"):
+            monkeypatch.setenv(key, value)
+    server = RagheatSettings().server
+    assert server.host == "0.0.0.0" and open_api_problem(server) is None
+    assert KeyRing.from_settings(server).identify(REQUIRED_ENV["RAGHEAT_API_KEY"]) is not None
+    assert "ports" not in api and server.metrics_port is not None
+    scrape = yaml.safe_load((REPO / "deploy" / "prometheus" / "prometheus.yml").read_text())
+    api_job = next(j for j in scrape["scrape_configs"] if j["job_name"] == "ragheat-api")
+    assert api_job["dns_sd_configs"][0]["port"] == server.metrics_port
+    monkeypatch.delenv("RAGHEAT_SERVER__API_KEYS")
+    assert "ragheat keys new" in open_api_problem(RagheatSettings().server)  # the image alone refuses to serve
+
+
+def test_prometheus_and_alertmanager_ask_for_the_generated_password_and_their_clients_present_it(compose_model,
+                                                                                               tmp_path):
+    services = compose_model["services"]
+    web_auth = services["web-auth"]
+    assert web_auth["command"][:4] == ["ragheat", "stack", "web-auth", AUTH_FOLDER]
+    assert "--world-readable" in web_auth["command"]  # their own users (nobody, grafana, otel) read it
+    password_file = f"{AUTH_FOLDER}/password"
+    for name in ("prometheus", "alertmanager"):
+        service = services[name]
+        assert f"--web.config.file={AUTH_FOLDER}/web.yml" in service["command"]
+        assert service["depends_on"]["web-auth"]["condition"] == "service_completed_successfully"
+        # /-/ready asks for it too: the healthcheck's shell (run here, with wget echoed and the volume a local
+        # folder; `$$` is compose's escape for the container's `$`) puts it in the URL.
+        kind, script = service["healthcheck"]["test"]
+        (tmp_path / "password").write_text("s3cret")
+        script = script.replace("$$", "$").replace(AUTH_FOLDER, str(tmp_path)).replace("wget ", "echo wget ", 1)
+        echoed = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, timeout=10)
+        port = PUBLISHED[name]
+        assert kind == "CMD-SHELL" and f"http://ragheat:s3cret@127.0.0.1:{port}/-/ready" in echoed.stdout, echoed
+    # Prometheus presents it to itself, to Alertmanager and with every alert it delivers.
+    scrape = yaml.safe_load((REPO / "deploy" / "prometheus" / "prometheus.yml").read_text())
+    jobs = {j["job_name"]: j for j in scrape["scrape_configs"]}
+    for section in (jobs["prometheus"], jobs["alertmanager"], *scrape["alerting"]["alertmanagers"]):
+        assert section["basic_auth"] == {"username": "ragheat", "password_file": password_file}
+    # The collector's remote write into Prometheus, and Grafana's data source.
+    collector = yaml.safe_load((REPO / "deploy" / "otel-collector" / "config.yaml").read_text())
+    assert collector["exporters"]["prometheusremotewrite"]["auth"]["authenticator"] == "basicauth/prometheus"
+    assert collector["extensions"]["basicauth/prometheus"]["client_auth"] == {
+        "username": "ragheat", "password": f"${{file:{password_file}}}"}
+    assert services["otel-collector"]["depends_on"]["web-auth"]["condition"] == "service_completed_successfully"
+    assert any(v["target"] == topology.RENDERED_MOUNT for v in services["otel-collector"]["volumes"])
+    render = services["dashboards-render"]["command"]
+    assert render[render.index("--prometheus-password-file") + 1] == password_file
+
+
+def test_grafana_asks_everyone_to_log_in(compose_model):
+    environment = compose_model["services"]["grafana"]["environment"]
+    assert environment["GF_AUTH_ANONYMOUS_ENABLED"] == "false"
+    assert "GF_AUTH_ANONYMOUS_ORG_ROLE" not in environment

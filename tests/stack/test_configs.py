@@ -91,7 +91,8 @@ def test_prometheus_scrapes_compose_services_and_the_rules_come_from_the_rendere
     for job, target in jobs.items():
         assert target.rsplit(":", 1)[0] in hosts, f"job {job} scrapes {target}, which is no compose service"
     # Every API replica, found through Docker's DNS (one address per replica), each labelled: not the balancer.
-    assert jobs["ragheat-api"] == "api:8000"
+    # The API's own metrics port: its API port asks for a key.
+    assert jobs["ragheat-api"] == f"api:{compose_model['services']['api']['environment']['RAGHEAT_SERVER__METRICS_PORT']}"
     api_job = next(j for j in config["scrape_configs"] if j["job_name"] == "ragheat-api")
     assert "static_configs" not in api_job and api_job["dns_sd_configs"][0]["type"] == "A"
     assert api_job["relabel_configs"] == [{"source_labels": ["__address__"], "target_label": topology.REPLICA_LABEL}]
@@ -195,9 +196,11 @@ def _set_statement(config: dict, index: int, text: str) -> None:
     (lambda c: _set_statement(c, 0, 'sett(span.attributes["rag.stage"], "embed")'), "not an OTTL editor"),
     (lambda c: c["processors"]["filter/rag_stage"]["traces"]["span"].append('attributes["rag.stage"] =='),
      "span condition"),
+    (lambda c: c["service"]["extensions"].remove("basicauth/prometheus"),
+     "authenticator 'basicauth/prometheus', which service.extensions does not start"),
 ], ids=["unknown-component", "undefined-exporter", "processor-order", "unknown-connector", "connector-one-end",
         "connector-wrong-signal", "two-histograms", "fractional-bucket", "unordered-buckets", "ottl-unbalanced",
-        "ottl-no-context", "ottl-unterminated", "ottl-editor", "ottl-filter"])
+        "ottl-no-context", "ottl-unterminated", "ottl-editor", "ottl-filter", "authenticator-not-started"])
 def test_collector_check_catches_mistakes(break_it, problem):
     config = load(DEPLOY / "otel-collector" / "config.yaml")
     break_it(config)

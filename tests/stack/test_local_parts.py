@@ -52,7 +52,9 @@ def test_an_unknown_scrape_job_is_refused_by_name(tmp_path):
 def test_render_command_is_composes_with_local_paths_and_urls(tmp_path):
     command = topology.render_command(topology.LocalAddresses(ALL_LOCAL), tmp_path)
     compose = topology.compose_command("dashboards-render")
-    assert len(command) == len(compose) and command[:3] == compose[:3]
+    # The local Prometheus asks for no password, so Grafana's data source presents none.
+    assert topology.LOCAL_DROPPED_RENDER_OPTION in compose and topology.LOCAL_DROPPED_RENDER_OPTION not in command
+    assert len(command) == len(compose) - 2 and command[:3] == compose[:3]
     assert command[3] == str(tmp_path)
     assert f"http://{ALL_LOCAL['prometheus']}" in command
     assert f"http://{ALL_LOCAL['alert-receiver']}/page" in command
@@ -169,7 +171,27 @@ def test_a_model_is_named_once_and_must_be_a_real_one(tmp_path):
 def test_prometheus_flags_are_composes_less_container_paths():
     flags = topology.prometheus_flags()
     assert "--web.enable-remote-write-receiver" in flags
-    assert not any(f.startswith(("--config.file", "--storage.tsdb.path")) for f in flags)
+    assert not any(f.startswith(("--config.file", "--storage.tsdb.path", "--web.config.file")) for f in flags)
+    assert any(f.startswith("--web.config.file=") for f in topology.compose_command("prometheus"))
+
+
+def _auth_blocks(config: dict) -> list[dict]:
+    return [section.get("basic_auth") for section in (*config["scrape_configs"], *config["alerting"]["alertmanagers"])
+            if "basic_auth" in section]
+
+
+def test_the_local_config_drops_composes_basic_auth_or_points_it_at_a_local_password(tmp_path):
+    """compose's Prometheus presents web-auth's password to itself, Alertmanager and its alert deliveries; the
+    loopback stack runs them without a web config, so those blocks go, unless a password file is given (the
+    web-auth test runs them with one)."""
+    compose = topology.load_yaml(topology.PROMETHEUS_CONFIG)
+    assert len(_auth_blocks(compose)) == 3
+    plain, _ = topology.local_prometheus_config(topology.LocalAddresses(ALL_LOCAL), tmp_path)
+    assert _auth_blocks(plain) == []
+    password = tmp_path / "auth" / "password"
+    secured, _ = topology.local_prometheus_config(topology.LocalAddresses(ALL_LOCAL), tmp_path, password_file=password)
+    assert _auth_blocks(secured) == [{"username": "ragheat", "password_file": str(password)}] * 3
+    assert [j["job_name"] for j in secured["scrape_configs"]] == [j["job_name"] for j in plain["scrape_configs"]]
 
 
 def test_a_recorded_process_is_stopped_with_its_group_and_the_state_is_cleared(tmp_path):

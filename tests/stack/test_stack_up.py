@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
@@ -97,6 +99,49 @@ def test_every_component_runs_and_prometheus_sees_every_target_up(running_stack)
             break
         time.sleep(0.5)
     assert seen and float(seen[0]["value"][1]) >= len(QUERIES), seen
+
+
+def _address(hex_address: str) -> tuple[str, int]:
+    """A /proc/net/tcp{,6} local address (little-endian 32-bit words, hex) as (IP, port)."""
+    host, port = hex_address.split(":")
+    raw = b"".join(bytes.fromhex(host[i:i + 8])[::-1] for i in range(0, len(host), 8))
+    return socket.inet_ntop(socket.AF_INET if len(raw) == 4 else socket.AF_INET6, raw), int(port, 16)
+
+
+def listening_addresses(pids: list[int]) -> set[tuple[str, int]]:
+    """(IP, port) of every TCP socket the processes ``pids`` listen on."""
+    inodes = set()
+    for pid in pids:
+        for fd in Path(f"/proc/{pid}/fd").glob("*"):
+            try:
+                target = os.readlink(fd)
+            except OSError:  # closed meanwhile
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:["):-1])
+    listening = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                listening.add(_address(fields[1]))
+    return listening
+
+
+def test_every_stack_process_listens_on_loopback_only(running_stack):
+    """`stack up` keeps the whole stack on this machine: every TCP port any of its processes (and their children:
+    vLLM's engine, nginx's workers) listens on is bound to a loopback address, and each component's own URL is one
+    of them. Alertmanager's cluster port, which would listen on every interface, is off."""
+    from rag.api.access import is_loopback
+
+    pids = sorted({pid for p in running_stack.processes.values() for pid in group_members(p["pid"])})
+    listening = listening_addresses(pids)
+    assert listening, pids
+    exposed = sorted(address for address in listening if not is_loopback(address[0]))
+    assert not exposed, f"stack processes listen beyond loopback: {exposed}"
+    for name, process in running_stack.processes.items():
+        port = int(process["url"].rsplit(":", 1)[1])
+        assert ("127.0.0.1", port) in listening, (name, process["url"], sorted(listening))
 
 
 def test_a_random_weight_model_is_never_presented_as_the_answering_model(running_stack):

@@ -365,3 +365,35 @@ def test_keys_hash_reads_a_key_on_stdin(tmp_path):
     assert key not in result.stdout
     short = CliRunner().invoke(app, ["keys", "hash"], input="short\n")
     assert short.exit_code != 0 and "16" in short.output
+
+
+# -- exposure: who may serve without a key ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "127.255.255.254", "::1", "[::1]", "localhost",
+                                  "LOCALHOST"])
+def test_loopback_hosts_serve_without_a_key(host):
+    from rag.api.access import is_loopback, open_api_problem
+
+    assert is_loopback(host)
+    assert open_api_problem(ServerSettings(host=host)) is None
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "", "192.0.2.7", "10.0.0.1", "fe80::1", "example.org",
+                                  "localhost.example.org", "128.0.0.1"])
+def test_a_reachable_host_without_keys_is_refused_naming_both_ways_out(host):
+    from rag.api.access import INSECURE_FLAG, is_loopback, open_api_problem
+
+    assert not is_loopback(host)
+    problem = open_api_problem(ServerSettings(host=host))
+    assert problem is not None and repr(host) in problem
+    assert "ragheat keys new" in problem and "--api-keys-file" in problem and INSECURE_FLAG in problem
+
+
+def test_a_reachable_host_serves_with_keys_or_the_named_opt_out(tmp_path):
+    from rag.api.access import open_api_problem
+
+    keys_file = tmp_path / "keys"
+    keys_file.write_text(key_line(KEYS["main"], "main") + "\n")
+    assert open_api_problem(ServerSettings(host="0.0.0.0", api_keys=[KEYS["main"]])) is None
+    assert open_api_problem(ServerSettings(host="0.0.0.0", api_keys_file=keys_file)) is None
+    assert open_api_problem(ServerSettings(host="0.0.0.0", insecure_no_api_key=True)) is None
