@@ -191,12 +191,17 @@ def is_loopback(host: str) -> bool:
 INSECURE_FLAG = "--insecure-no-api-key"
 
 
+def open_to_the_network(server) -> bool:
+    """Whether these server settings answer anyone on the network without a key: a host beyond loopback and no key
+    configured (whatever ``server.insecure_no_api_key`` says)."""
+    return not (is_loopback(server.host) or server.api_keys or server.api_keys_file is not None)
+
+
 def open_api_problem(server) -> str | None:
     """Why these server settings would serve an API anyone on the network may call (a sentence naming both ways
     out), or None: the host is loopback, keys are configured, or ``server.insecure_no_api_key`` says the operator
     chose an open API."""
-    if is_loopback(server.host) or server.api_keys or server.api_keys_file is not None \
-            or server.insecure_no_api_key:
+    if not open_to_the_network(server) or server.insecure_no_api_key:
         return None
     return (f"server.host {server.host!r} is reachable from the network and no API key is configured: make one "
             f"with `ragheat keys new --file api-keys.txt` and pass --api-keys-file api-keys.txt (or set "

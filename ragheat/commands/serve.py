@@ -54,7 +54,7 @@ def serve(
 
     import uvicorn
 
-    from rag.api.access import OPEN_API_WARNING, is_loopback, open_api_problem
+    from rag.api.access import OPEN_API_WARNING, open_api_problem, open_to_the_network
     from ragheat.commands.demo_llm import default_llm_model  # the installed real model, for --generator vllm
     from rag.slo import SLO_MS
     from ragheat.service import build_service
@@ -90,8 +90,7 @@ def serve(
         _supervise(settings, workers, prometheus, probes_on)
         return
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if settings.server.insecure_no_api_key and not is_loopback(settings.server.host) \
-            and not (settings.server.api_keys or settings.server.api_keys_file):
+    if open_to_the_network(settings.server):  # only with insecure_no_api_key: open_api_problem stopped it otherwise
         logging.getLogger("ragheat.serve").warning(OPEN_API_WARNING, f"{settings.server.host}:{settings.server.port}")
     # A missing or corrupt index stops here, with its path, before anything binds. The probes never fail the
     # service: without privileges they log what is missing and it serves without them.
