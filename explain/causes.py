@@ -7,7 +7,8 @@ each stage's growth is charged to what the evidence says slowed it:
   (and the knee, when known) and the share shed as evidence.
 - A stage that slowed far more than the others (its P99 ratio ``STANDS_OUT`` times theirs) has a cause of its own:
   its dependency (the language model, the graph store) or, when the kernel probes report it, what its threads
-  waited on (a lock, the disk, the network); otherwise the stage itself.
+  waited on (a lock, the disk, the network); otherwise the stage itself, unless a machine-wide source moved (below):
+  then the stage is the one that source hurt most.
 - Stages that slowed together share a machine-wide cause, split by how many CPU cores each source took beyond the
   baseline: the rest of the host (a **neighbour**), the service's own process at the same load (**work no request
   explains**: a spinning thread, a lock or GIL holder), the extra load itself, and stall time on memory or I/O
@@ -180,6 +181,7 @@ def _causes(evidence: Evidence, stages: list[StageChange], knee_qps: float | Non
                          f"shed {_share(before.shed_per_s, _offered(before)):.1%} -> "
                          f"{_share(now.shed_per_s, _offered(now)):.1%} of offered requests"]
     weights = _machine_weights(now, before)
+    total = sum(weights.values())
     ordinary = [c.ratio for c in stages if c.growth_ms > 0 and c.stage not in WAIT_STAGES
                 and c.stage not in DEPENDENCY and math.isfinite(c.ratio)]
     median_ratio = max(1.0, statistics.median(ordinary)) if ordinary else 1.0
@@ -195,11 +197,14 @@ def _causes(evidence: Evidence, stages: list[StageChange], knee_qps: float | Non
         on_its_own = change.ratio >= STANDS_OUT * median_ratio and change.growth_ms >= NOISE_MS / 2
         if on_its_own:
             key, kind, headline, lines = _own_cause(change, evidence)
-            charge(key, kind, change.growth_ms, headline, lines, change.stage)
-        else:
-            shared.append(change)
+            if kind != "stage" or total <= 0:
+                charge(key, kind, change.growth_ms, headline, lines, change.stage)
+                continue
+            # Nothing of its own explains it but a machine-wide source moved: the stage that suffers most from
+            # a busy CPU or an interpreter lock held elsewhere (the one with the most CPU or lock hand-offs) is its
+            # victim, not its cause.
+        shared.append(change)
     pool = sum(c.growth_ms for c in shared)
-    total = sum(weights.values())
     if pool > 0 and total > 0:
         for key, weight in weights.items():
             if weight <= 0:

@@ -1,11 +1,15 @@
 """Constant load and the faults injected under it, for the drills that check what ``ragheat explain`` says: an
-open-loop sender whose rate can change while it runs (overload is the same sender, faster) and processes spinning on
-the host's cores (a neighbour taking the CPU)."""
+open-loop sender whose rate can change while it runs (overload is the same sender, faster), processes spinning on
+the host's cores (a neighbour taking the CPU), a dependency paused and resumed (a graph store or model server that
+stalls or stops), a thread spinning inside the service (work no request explains), a memory limit squeezing the
+service (its file pages reclaimed and faulted back) and a neighbour writing to the disk."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -14,6 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+
+from loadgen.cpu import process_tree
 
 
 def wait_until(unix_time: float) -> None:
@@ -77,3 +83,180 @@ class CpuHog:
         for child in self._children:
             child.kill()
             child.wait()
+
+
+def descendants_named(root: int, name: str) -> list[int]:
+    """The processes under ``root`` (itself excluded) whose command name (``/proc/PID/comm``) is ``name``."""
+    found = []
+    for pid in process_tree([root]) - {root}:
+        with contextlib.suppress(OSError):  # gone meanwhile
+            if Path(f"/proc/{pid}/comm").read_text().strip() == name:
+                found.append(pid)
+    return sorted(found)
+
+
+class Paused:
+    """``with Paused(pids, stopped_s, period_s):`` stops the processes (SIGSTOP) for ``stopped_s`` of every
+    ``period_s`` and lets them run (SIGCONT) the rest: a dependency that stalls, as one on a slow disk, in long GC
+    pauses or saturated by other clients does. ``stopped_s >= period_s`` keeps them stopped: a dependency that
+    stopped answering. ``group=True`` signals each pid's process group (a server and its workers)."""
+
+    def __init__(self, pids: list[int], stopped_s: float, period_s: float = 1.0, group: bool = False) -> None:
+        if not pids:
+            raise ValueError("Paused: no process to pause")
+        self.pids, self.stopped_s, self.period_s, self.group = pids, stopped_s, period_s, group
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="paused", daemon=True)
+
+    def _signal(self, sig: int) -> None:
+        for pid in self.pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, sig) if self.group else os.kill(pid, sig)
+
+    def _run(self) -> None:
+        stopped_for = None if self.stopped_s >= self.period_s else self.stopped_s  # None: until the block ends
+        while not self._stop.is_set():
+            self._signal(signal.SIGSTOP)
+            if self._stop.wait(stopped_for):
+                break
+            self._signal(signal.SIGCONT)
+            self._stop.wait(self.period_s - self.stopped_s)
+
+    def __enter__(self) -> "Paused":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._signal(signal.SIGCONT)
+
+
+_SPINNER = '''"""Loaded at start-up through PYTHONPATH by the explain drills: a thread that spins in Python while the file
+named by {variable} exists (a busy thread inside the service, holding the GIL the requests need)."""
+import os, threading, time
+
+def _spin(trigger):
+    while True:
+        while os.path.exists(trigger):
+            deadline = time.monotonic() + 0.05
+            while time.monotonic() < deadline:
+                pass
+        time.sleep(0.2)
+
+if os.environ.get("{variable}"):
+    threading.Thread(target=_spin, args=(os.environ["{variable}"],), name="drill-spinner", daemon=True).start()
+'''
+
+
+class InProcessSpinner:
+    """A thread inside another Python process that spins in pure Python while ``with`` lasts: work no request
+    explains, holding the interpreter's lock. The process must be started with ``env()`` (a ``sitecustomize``
+    module on its ``PYTHONPATH`` starts the thread, idle until the trigger file appears); nothing in the service
+    itself knows about it."""
+
+    VARIABLE = "RAGHEAT_DRILL_SPIN_FILE"
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = Path(folder)
+        self.trigger = self.folder / "spin"
+        self.folder.mkdir(parents=True, exist_ok=True)
+        (self.folder / "sitecustomize.py").write_text(_SPINNER.replace("{variable}", self.VARIABLE))
+
+    def env(self, base: dict[str, str]) -> dict[str, str]:
+        path = os.pathsep.join(p for p in (str(self.folder), base.get("PYTHONPATH", "")) if p)
+        return {**base, "PYTHONPATH": path, self.VARIABLE: str(self.trigger)}
+
+    def __enter__(self) -> "InProcessSpinner":
+        self.trigger.touch()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.trigger.unlink(missing_ok=True)
+
+
+class MemoryCgroup:
+    """A memory cgroup (v1 or v2) beside the caller's, for a process whose memory a drill squeezes.
+
+    ``with group.holding_new_children():`` puts the caller in it while it starts the process, so the process and
+    everything it loads are charged to the group (moving a running process would leave its pages charged where
+    they are); ``with group.limited(keep):`` caps the group at what it uses less the share of its page cache
+    ``keep`` does not leave, so the kernel reclaims its file pages (code, mapped index files) and it faults them
+    back in: memory pressure, as a container's too tight limit makes."""
+
+    def __init__(self, name: str = "ragheat-drill") -> None:
+        if os.geteuid() != 0:
+            raise PermissionError("MemoryCgroup: squeezing a process's memory needs root (cgroup files)")
+        own = {line.split(":", 2)[1]: line.split(":", 2)[2].strip()
+               for line in Path("/proc/self/cgroup").read_text().splitlines()}
+        v1 = Path("/sys/fs/cgroup/memory")
+        if "memory" in own and v1.is_dir():
+            self.v2, self.parent = False, v1 / own["memory"].lstrip("/")
+        elif "" in own and (Path("/sys/fs/cgroup") / "cgroup.controllers").exists():
+            self.v2, self.parent = True, Path("/sys/fs/cgroup") / own[""].lstrip("/")
+        else:
+            raise RuntimeError("MemoryCgroup: no memory cgroup controller (v1 or v2) is mounted")
+        self.path = self.parent / name
+        self.path.mkdir(exist_ok=True)
+
+    @contextlib.contextmanager
+    def holding_new_children(self):
+        (self.path / "cgroup.procs").write_text(str(os.getpid()))
+        try:
+            yield self
+        finally:
+            (self.parent / "cgroup.procs").write_text(str(os.getpid()))
+
+    def _stat(self) -> dict[str, int]:
+        rows = (line.split() for line in (self.path / "memory.stat").read_text().splitlines())
+        return {key: int(value) for key, value in rows}
+
+    def _limit_file(self) -> Path:
+        return self.path / ("memory.high" if self.v2 else "memory.limit_in_bytes")
+
+    @contextlib.contextmanager
+    def limited(self, keep: float):
+        cache = self._stat()["file" if self.v2 else "cache"]
+        usage = int((self.path / ("memory.current" if self.v2 else "memory.usage_in_bytes")).read_text())
+        limit = usage - int((1 - keep) * cache)  # usage counts kernel memory too: take the cache's share off it
+        self._limit_file().write_text(str(limit))
+        try:
+            yield limit
+        finally:
+            self._limit_file().write_text("max" if self.v2 else "-1")
+
+    def remove(self) -> None:
+        """Once its processes are gone."""
+        with contextlib.suppress(OSError):
+            self.path.rmdir()
+
+
+_WRITER = """import os, sys
+block, size = os.urandom(1 << 20), 256
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o600)
+while True:
+    for _ in range(size):
+        os.write(fd, block)
+        os.fsync(fd)
+    os.lseek(fd, 0, os.SEEK_SET)
+"""
+
+
+class DiskWriter:
+    """``with DiskWriter(folder):`` a process beside the service writing to a file in ``folder`` and syncing every
+    megabyte (a neighbour flooding the disk: a backup, a log shipper, a compaction)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.file = Path(folder) / "disk-writer.bin"
+        self._child: subprocess.Popen | None = None
+
+    def __enter__(self) -> "DiskWriter":
+        self.file.parent.mkdir(parents=True, exist_ok=True)
+        self._child = subprocess.Popen([sys.executable, "-c", _WRITER, str(self.file)])
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._child is not None:
+            self._child.kill()
+            self._child.wait()
+        self.file.unlink(missing_ok=True)

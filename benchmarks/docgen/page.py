@@ -13,7 +13,7 @@ from typing import Callable, Mapping
 
 from loadgen.resultsfile import load
 
-from . import capacity, latency, llm, quality
+from . import capacity, explain, latency, llm, quality
 from .stats import duration, table
 
 RESULTS_DIR = Path("benchmarks/results")
@@ -84,6 +84,8 @@ PAGE: list[str | Section] = [
     Section("capacity", "### Capacity and admission control", ("capacity",), capacity.capacity),
     Section("batching", "### Micro-batched query embedding", ("batching",), capacity.batching),
     Section("replicas", "### Replicas behind nginx", ("replicas",), capacity.replicas),
+    "## Explaining a slow P99 (`ragheat explain`)",
+    Section("explain", "### The fault matrix", ("explain",), explain.matrix),
     "## ANN indexes (`ragheat ann-bench`)",
     Section("ann", "", ("ann",), capacity.ann),
     "## eBPF probe overhead",

@@ -59,6 +59,14 @@ def test_the_service_burning_cpu_at_the_same_load():
     assert top(result) == "cpu_in_process", result.headline
 
 
+def test_a_stage_hurt_most_by_a_busy_thread_in_the_process_is_its_victim_not_its_cause():
+    now = slower(2.0, process_cores=1.3, host_busy_cores=1.5)
+    now.stage_p99_ms["embed"] = 60.0  # the stage with the most lock hand-offs slows far more than the others
+    result = explain(evidence(now))
+    assert top(result) == "cpu_in_process", result.headline
+    assert "embed" in result.causes[0].stages
+
+
 def test_more_load_queues():
     now = slower(3.0, stages=("queue", "embed", "rerank"), answered_per_s=30.0, process_cores=0.9,
                  host_busy_cores=1.1)

@@ -1,0 +1,55 @@
+"""The fault matrix of ``ragheat explain`` (benchmarks/bench_explain.py): per fault, how often the top-ranked cause
+was the right one, the false alarms where nothing (or nothing the service depends on) was wrong, and how long a
+correct explanation took."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from .stats import num, opt, pct, table
+
+WHAT = {"none": "nothing injected", "cpu_hog": "a process spinning on every core beside the service",
+        "overload": "the offered load multiplied past the knee",
+        "gil_hog": "a thread spinning in Python inside the service",
+        "graph_slow": "the graph store stopped part of every second",
+        "memory": "the service's memory cgroup squeezed (its page cache reclaimed)",
+        "disk_writes": "a neighbour writing to the disk, syncing every megabyte",
+        "none_llm": "nothing injected, a language model answering",
+        "llm_slow": "the model server stopped part of every second",
+        "llm_stopped": "the model server stopped"}
+
+
+def _answers(rows: list[dict]) -> str:
+    """What the explanations said at the end of the window, most frequent first."""
+    said = Counter((r["causes"][0] if r["causes"] else "nothing is wrong") if r["verdict"] != "no_data" else "no data"
+                   for r in rows)
+    return ", ".join(f"{what} ×{n}" for what, n in said.most_common())
+
+
+def matrix(d: dict[str, dict]) -> str:
+    data = d["explain"]
+    params, summary, rows = data["params"], data["summary"], data["rows"]
+    lines = []
+    for fault, s in summary["faults"].items():
+        mine = [r for r in rows if r["fault"] == fault]
+        expected = s["expected"] or "nothing is wrong"
+        lines.append([f"`{fault}`", WHAT.get(fault, ""), expected, str(s["runs"]), pct(100 * s["top1"], 0),
+                      pct(100 * s["top2"], 0), str(s["false_alarms"]) if s["expected"] is None else "–",
+                      opt(s["median_seconds_to_correct"], 0), opt(s["max_seconds_to_correct"], 0), _answers(mine)])
+    faulty = [r for r in rows if r["expected"] is not None]
+    text = [table(["fault", "injected", "expected top cause", "runs", "top-1", "top-2", "false alarms",
+                   "seconds to correct (median)", "(max)", "top cause said"], lines),
+            f"Over the {len(faulty)} runs with a fault: top-1 **{pct(100 * summary['top1'], 0)}**, top-2 "
+            f"{pct(100 * summary['top2'], 0)}; **{summary['false_alarms']} false alarm"
+            f"{'s' if summary['false_alarms'] != 1 else ''}** in {summary['quiet_runs']} runs where the service "
+            f"had nothing to blame. Each fault's window is {params['window_s']} s against the {params['window_s']} "
+            f"quiet seconds before it, Prometheus scraping every {num(params['scrape_s'], 1)} s, `explain` run every "
+            f"{params['every_s']} s from the fault's start; the load is {num(params['quiet_qps'], 0)} req/s "
+            f"({num(params['llm_qps'], 0)} with the model), overload {num(params['overload_qps'], 0)} req/s. A "
+            "fault's *seconds to correct* is from its start to the first explanation whose top cause was right; "
+            "the faults are held for at least the window, so the last explanation covers the fault alone."]
+    wrong = [r for r in faulty if not r["top1"]] + [r for r in rows if r["false_alarm"]]
+    if wrong:
+        text.append("The runs it got wrong, and what it said:\n\n" + "\n".join(
+            f"- `{r['fault']}` (run {r['run'] + 1}): {r['headline']}" for r in wrong))
+    return "\n\n".join(text)
