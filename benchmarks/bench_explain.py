@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import json
 import os
 import statistics
@@ -44,9 +45,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from rich.console import Console  # noqa: E402
+
+from dashboards.boards import latency_board  # noqa: E402
 from dashboards.promapi import PrometheusApi  # noqa: E402
+from dashboards.slo import PRODUCTION  # noqa: E402
+from dashboards.snapshot import snapshot  # noqa: E402
 from explain.causes import explain  # noqa: E402
-from explain.report import as_json  # noqa: E402
+from explain.report import as_json, render  # noqa: E402
 from explain.signals import Span, gather  # noqa: E402
 from loadgen.faults import (CpuHog, DiskWriter, InProcessSpinner, MemoryCgroup, OpenLoop, Paused,  # noqa: E402
                             descendants_named, wait_until)
@@ -100,8 +106,24 @@ class Setup:
         self.model_pid: int | None = None
 
 
-def explained(api: PrometheusApi, window_s: int, at: float) -> dict:
-    return as_json(explain(gather(api, None, Span(window_s), Span(window_s, window_s), at=at)))
+def explained(api: PrometheusApi, window_s: int, at: float, printed: bool = False) -> dict:
+    """The explanation as JSON; with ``printed``, also as ``ragheat explain`` prints it (key ``printed``)."""
+    explanation = explain(gather(api, None, Span(window_s), Span(window_s, window_s), at=at))
+    result = as_json(explanation)
+    if printed:
+        console = Console(file=io.StringIO(), width=118, color_system=None)
+        render(explanation, console)
+        result["printed"] = console.file.getvalue()
+    return result
+
+
+def picture(api: PrometheusApi, path: Path, start: float, end: float) -> str:
+    """The latency board's heatmaps over ``start``..``end`` (what an engineer paged would open), as a PNG."""
+    result = snapshot(api, (latency_board(PRODUCTION),), path.parent, (end - start) / 60, "5s", step_s=1.0, end=end)
+    if not result.written:
+        return ""
+    result.written[0].replace(path)
+    return str(path.relative_to(REPO) if path.is_relative_to(REPO) else path)
 
 
 def judged(fault: str, result: dict) -> tuple[bool, bool]:
@@ -113,7 +135,7 @@ def judged(fault: str, result: dict) -> tuple[bool, bool]:
     return (quiet_and_ok or kinds[:1] and kinds[0] in right), (quiet_and_ok or any(k in right for k in kinds[:2]))
 
 
-def drill(fault: str, setup: Setup, load: OpenLoop, api: PrometheusApi, args) -> dict:
+def drill(fault: str, setup: Setup, load: OpenLoop, api: PrometheusApi, args, pictures: Path | None = None) -> dict:
     """One fault: quiet baseline, the fault with explanations every ``--every-s``, then quiet recovery."""
     start = time.time() + args.window_s  # the quiet seconds before are the baseline
     wait_until(start)
@@ -132,7 +154,8 @@ def drill(fault: str, setup: Setup, load: OpenLoop, api: PrometheusApi, args) ->
             if offset >= args.window_s and (first_correct is not None or EXPECTED[fault] is None):
                 break
             offset += args.every_s
-    final = explained(api, args.window_s, start + min(args.window_s, args.fault_s))
+    ended = time.time()
+    final = explained(api, args.window_s, start + min(args.window_s, args.fault_s), printed=pictures is not None)
     top1, top2 = judged(fault, final)
     expected = EXPECTED[fault]
     row = {"fault": fault, "expected": expected, "verdict": final["verdict"],
@@ -141,6 +164,9 @@ def drill(fault: str, setup: Setup, load: OpenLoop, api: PrometheusApi, args) ->
            "top2": bool(top2), "false_alarm": expected is None and not top1,
            "seconds_to_correct": first_correct, "tries": tries, "explanation": final}
     wait_until(time.time() + args.window_s)  # recovery: the next fault's baseline is quiet again
+    if pictures is not None:
+        row["printed"] = final.pop("printed")
+        row["picture"] = picture(api, pictures / f"{fault}.png", start - args.window_s, ended + args.window_s)
     return row
 
 
@@ -179,7 +205,7 @@ def run_matrix(faults: list[str], setup: Setup, env: dict[str, str], qps: float,
         time.sleep(args.window_s)  # warm-up: the first baseline starts after it
         for i in range(args.runs):
             for fault in faults:
-                row = drill(fault, setup, load, api, args)
+                row = drill(fault, setup, load, api, args, args.pictures if i == 0 and args.pictures else None)
                 row["run"] = i
                 rows.append(row)
                 took = f", correct after {row['seconds_to_correct']} s" if row["seconds_to_correct"] else ""
@@ -231,6 +257,8 @@ def main() -> None:
                         help="the service's retrievers (graph_slow needs the graph, and the index to have one)")
     parser.add_argument("--llm-qps", type=float, default=2.0, help="the load while a language model answers")
     parser.add_argument("--llm-max-tokens", type=int, default=16, help="tokens in a written answer (noise)")
+    parser.add_argument("--pictures", type=lambda v: Path(v) if v else None, default=REPO / "docs" / "images" / "explain",
+                        help="the latency board's heatmaps around each fault's first run go here ('' for none)")
     parser.add_argument("--json", type=Path, help="results file (default benchmarks/results/explain.json)")
     args = parser.parse_args()
     run = BenchmarkRun("explain")
@@ -265,7 +293,8 @@ def main() -> None:
     summary = summarise(rows)
     print(f"top-1 {summary['top1']:.0%}, top-2 {summary['top2']:.0%}, false alarms {summary['false_alarms']} "
           f"of {summary['quiet_runs']} quiet runs")
-    report = {"params": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "json"},
+    report = {"params": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
+                         if k not in ("json", "pictures")},
               "summary": summary, "rows": rows}
     print(f"wrote {run.write(report, args.json)}")
 

@@ -10,7 +10,8 @@ each stage's growth is charged to what the evidence says slowed it:
   waited on (a lock, the disk, the network); otherwise the stage itself, unless a machine-wide source moved (below):
   then the stage is the one that source hurt most.
 - Stages that slowed together share a machine-wide cause, split by how many CPU cores each source took beyond the
-  baseline: the rest of the host (a **neighbour**), the service's own process at the same load (**work no request
+  baseline: the rest of the host (a **neighbour**; on a host already busy, whose busy time cannot grow, the extra
+  time its tasks waited for a CPU), the service's own process at the same load (**work no request
   explains**: a spinning thread, a lock or GIL holder), the extra load itself, and stall time on memory or I/O
   (the kernel's pressure stall information, counted in cores lost).
 
@@ -238,6 +239,11 @@ def _machine_weights(now: Side, before: Side) -> dict[str, float]:
     own = (now.process_cores - before.process_cores) - load_cores
     weights["cpu_in_process"] = own if own >= CORE_NOISE else 0.0
     cores = now.host_cores if math.isfinite(now.host_cores) else 1.0
+    waiting = now.pressure.get("cpu", 0.0) - before.pressure.get("cpu", 0.0)
+    if not weights["cpu_neighbour"] and not more_load and not own >= CORE_NOISE and waiting >= PRESSURE_NOISE:
+        # A host already busy cannot get busier, but its tasks wait longer for a CPU: at the same load and with
+        # the service burning no more, the extra wait is someone else's.
+        weights["cpu_neighbour"] = cores * waiting
     for resource in ("memory", "io"):
         stalled = now.pressure.get(resource, 0.0) - before.pressure.get(resource, 0.0)
         weights[resource] = cores * stalled if stalled >= PRESSURE_NOISE else 0.0

@@ -54,6 +54,13 @@ def test_a_neighbour_taking_the_cpu():
     assert set(result.causes[0].stages) == {"embed", "retrieve_dense", "retrieve_bm25", "rerank", "generate"}
 
 
+def test_a_neighbour_on_a_host_already_busy_shows_as_waiting_for_a_cpu():
+    before = quiet(process_cores=0.6, host_busy_cores=1.95, pressure={"cpu": 0.1, "memory": 0.0, "io": 0.01})
+    now = slower(3.0, process_cores=0.45, host_busy_cores=1.97, pressure={"cpu": 0.7, "memory": 0.0, "io": 0.01})
+    result = explain(evidence(now, before))
+    assert top(result) == "cpu_neighbour", result.headline
+
+
 def test_the_service_burning_cpu_at_the_same_load():
     result = explain(evidence(slower(2.0, process_cores=1.3, host_busy_cores=1.5)))
     assert top(result) == "cpu_in_process", result.headline
