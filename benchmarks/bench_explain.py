@@ -68,6 +68,9 @@ ALSO_CORRECT = {"disk_writes": {"io"}}
 """Causes that are right too when the service did slow (the disk is then the honest answer)."""
 LLM_FAULTS = ("none_llm", "llm_slow", "llm_stopped")
 GRAPH_STORE_PROCESS = "redis-server"
+SETTLE_S = 5
+"""Seconds after a fault before the next one's baseline starts: what a fault leaves behind (a queue, pages to
+fault back in) drains before the quiet seconds the next one is compared with."""
 
 
 @contextlib.contextmanager
@@ -163,7 +166,8 @@ def drill(fault: str, setup: Setup, load: OpenLoop, api: PrometheusApi, args, pi
            "p99_ms": final["p99_ms"], "baseline_p99_ms": final["baseline_p99_ms"], "top1": bool(top1),
            "top2": bool(top2), "false_alarm": expected is None and not top1,
            "seconds_to_correct": first_correct, "tries": tries, "explanation": final}
-    wait_until(time.time() + args.window_s)  # recovery: the next fault's baseline is quiet again
+    # The next fault's baseline (the window before it starts) is this one's recovery; a picture shows it too.
+    wait_until(time.time() + (args.window_s if pictures is not None else SETTLE_S))
     if pictures is not None:
         row["printed"] = final.pop("printed")
         row["picture"] = picture(api, pictures / f"{fault}.png", start - args.window_s, ended + args.window_s)
@@ -243,10 +247,11 @@ def main() -> None:
                         help="a BEIR queries.jsonl to send (its corpus.jsonl trains the tiny model's tokenizer)")
     parser.add_argument("--faults", default=",".join(EXPECTED), help=f"comma list of {', '.join(EXPECTED)}")
     parser.add_argument("--runs", type=int, default=3, help="runs of each fault")
-    parser.add_argument("--window-s", type=int, default=20, help="the window explained (and its baseline)")
+    parser.add_argument("--window-s", type=int, default=30, help="the window explained (and its baseline)")
     parser.add_argument("--fault-s", type=int, default=60, help="the longest a fault lasts while not yet explained")
     parser.add_argument("--every-s", type=int, default=5, help="seconds between explanations during a fault")
-    parser.add_argument("--scrape-s", type=float, default=1.0, help="Prometheus' scrape interval")
+    parser.add_argument("--scrape-s", type=float, default=5.0,
+                        help="Prometheus' scrape interval (compose's and `ragheat stack up`'s)")
     parser.add_argument("--quiet-qps", type=float, default=6.0)
     parser.add_argument("--overload-qps", type=float, default=120.0)
     parser.add_argument("--pause-s", type=float, default=0.3,
