@@ -113,11 +113,16 @@ def build_service(settings: RagheatSettings, pipeline: RagPipeline | None = None
         aggregate = multiprocess_dir is not None and service.telemetry.metrics is not None
         instrument_app(service.app, service.telemetry, metrics_route=metrics_port is None and not aggregate)
         if aggregate:  # a worker of `ragheat serve --workers N`: every scrape sums all workers (ragheat/workers.py)
-            from ragheat.workers import ScrapeRegistry
+            from ragheat.workers import HIGH_WATER_FILE, ScrapeRegistry
             from telemetry.asgi import metrics_endpoint
             from telemetry.exemplars import ExemplarShare
 
             share = ExemplarShare(multiprocess_dir)  # its traced observations' exemplars, for every worker's scrape
+            # The service's CPU is its supervisor's tree (this worker's parent: ragheat/workers.py), whichever worker
+            # answers the scrape; their answers share one high-water mark, so the counter never steps back between
+            # them.
+            service.telemetry.host.root = os.getppid()
+            service.telemetry.host.share_high_water(Path(multiprocess_dir) / HIGH_WATER_FILE)
             service.telemetry.metrics.share_exemplars(share)
             service._closing.callback(share.close)
 

@@ -11,7 +11,9 @@ either) or when it is told to stop, and removes the folder afterwards.
 A scrape reaches one worker; that worker answers with a ``MultiProcessCollector`` over the folder, i.e. every worker's
 counters and histograms summed, gauges per worker (``pid`` label), plus its own scrape-time collectors.
 prometheus_client keeps no exemplars in multiprocess mode; each worker shares its latest ones through the same
-folder instead (``telemetry.exemplars``), so an OpenMetrics scrape carries exemplars from every worker.
+folder instead (``telemetry.exemplars``), so an OpenMetrics scrape carries exemplars from every worker. The host
+families are read by the answering worker alone: the machine once, and the service's CPU as the whole tree under this
+parent (``telemetry.host``), never one worker's.
 
     supervise(["--index", "data/index/scifact", "--port", "8000"], workers=2)   # returns when stopped
 """
@@ -31,6 +33,8 @@ from typing import Sequence
 from rag.childproc import ChildProcess
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+HIGH_WATER_FILE = "process-cpu-high-water"
+"""In the multiprocess folder: the service's CPU counter as last exported by any worker (``telemetry.host``)."""
 
 
 def worker_socket(host: str, port: int) -> socket.socket:

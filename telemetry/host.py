@@ -1,11 +1,18 @@
 """The machine under the service, read when Prometheus scrapes: CPU time by mode (``/proc/stat``), the kernel's
-pressure stall information (``/proc/pressure``) and the service process's own CPU time. ``ragheat explain``
-reads them to tell a neighbour taking the CPU from the service's own work, and memory or I/O pressure from a slow
-dependency; nothing here is per request, so none of it costs a request anything."""
+pressure stall information (``/proc/pressure``) and the service's own CPU time. ``ragheat explain`` reads them to
+tell a neighbour taking the CPU from the service's own work, and memory or I/O pressure from a slow dependency;
+nothing here is per request, so none of it costs a request anything.
+
+The service's CPU is a process tree: the process that serves (``ragheat serve --workers N``: the supervisor, whose
+children the workers are) and everything it started, since the service starts those for its own work (the embedded
+graph store, vLLM's engine core, the kernel probes' exporter). Only a Prometheus it runs for the operator
+(``--prometheus``) is left out: scraping is not the service's work. Processes already gone count too: the kernel
+adds a reaped child's time to its parent's."""
 
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 from typing import Iterator
 
@@ -17,6 +24,9 @@ from telemetry.metrics import HOST_CPU_MODES, PRESSURE_RESOURCES, PRESSURE_SCOPE
 SPECS = specs("host")
 PROC = Path("/proc")
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+LEFT_OUT = frozenset({"prometheus"})
+"""Executables (``/proc/PID/comm``) under the service that are not its work: their processes and children are
+skipped."""
 
 
 def host_cpu_seconds(proc: Path = PROC) -> dict[str, float]:
@@ -43,16 +53,98 @@ def pressure_stalled_seconds(proc: Path = PROC) -> dict[tuple[str, str], float]:
 
 
 def process_cpu_seconds() -> float:
-    """User plus system CPU time of this process, every thread."""
+    """User plus system CPU time of this process, every thread, and of its children it has waited for."""
     times = os.times()
-    return times.user + times.system
+    return times.user + times.system + times.children_user + times.children_system
+
+
+def tree_cpu_seconds(root: int, proc: Path = PROC, left_out: frozenset[str] = LEFT_OUT) -> float | None:
+    """User plus system CPU time of process ``root`` and of every process under it, every thread, plus what each of
+    them reaped from its children; the subtrees of ``left_out`` executables skipped. None when ``root`` is not in
+    ``proc`` (no /proc, or the process is gone)."""
+    children: dict[int, list[int]] = {}
+    seconds: dict[int, tuple[str, float]] = {}
+    try:
+        entries = os.listdir(proc)
+    except OSError:
+        return None
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"{proc}/{entry}/stat", "rb") as file:
+                text = file.read().decode(errors="replace")
+        except OSError:  # gone since the listing
+            continue
+        # "pid (comm) state ppid ...": comm may hold spaces or parentheses, so it ends at the last ")".
+        comm, fields = text[text.find("(") + 1:text.rfind(")")], text[text.rfind(")") + 2:].split()
+        pid, ppid = int(entry), int(fields[1])
+        utime, stime, cutime, cstime = (int(f) for f in fields[11:15])
+        seconds[pid] = comm, (utime + stime + cutime + cstime) / CLOCK_TICKS
+        children.setdefault(ppid, []).append(pid)
+    if root not in seconds:
+        return None
+    total, todo = 0.0, [root]
+    while todo:
+        pid = todo.pop()
+        comm, spent = seconds[pid]
+        if pid != root and comm in left_out:
+            continue
+        total += spent
+        todo += children.get(pid, ())
+    return total
+
+
+class HighWater:
+    """The largest value a counter has been exported with, so that it never steps back: Prometheus would read a
+    step back as a counter reset and its rate as a burst. A tree's sum can step back: a process orphaned by its
+    parent's death leaves the tree with its time, and a child reaped during a scrape's reads is missed by both.
+    ``path``: one file shared by the processes that take turns answering scrapes (the workers); None: this one's."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path, self.value, self._lock = path, 0.0, threading.Lock()
+
+    def __call__(self, value: float) -> float:
+        with self._lock:
+            if self.path is None:
+                self.value = max(self.value, value)
+                return self.value
+            import fcntl  # POSIX only: the shared file serves `ragheat serve --workers N`
+
+            with open(self.path, "a+") as file:
+                fcntl.flock(file, fcntl.LOCK_EX)  # released on close
+                file.seek(0)
+                try:
+                    value = max(float(file.read() or 0.0), value)
+                except ValueError:  # a torn write cannot happen under the lock; any other junk is replaced
+                    pass
+                file.seek(0)
+                file.truncate()
+                file.write(repr(value))
+            return value
 
 
 class HostCollector(Collector):
-    """The ``host`` group of ``METRICS``, computed at each scrape."""
+    """The ``host`` group of ``METRICS``, computed at each scrape. ``root``: the service's top process (None: this
+    one, read at each scrape, so that a process forked after this was built reports its own tree)."""
 
-    def __init__(self, proc: Path = PROC) -> None:
-        self.proc = proc
+    def __init__(self, proc: Path = PROC, root: int | None = None) -> None:
+        self.proc, self.root = proc, root
+        self.high_water, self._high_water_root = HighWater(), root
+
+    def share_high_water(self, path: Path) -> None:
+        """Keep the service's CPU counter monotonic together with the other processes that answer its scrapes in
+        turn, through the file ``path``."""
+        self.high_water = HighWater(path)
+
+    def service_cpu_seconds(self) -> float:
+        root = os.getpid() if self.root is None else self.root
+        if root != self._high_water_root and self.high_water.path is None:  # a forked child: its own counter
+            self.high_water, self._high_water_root = HighWater(), root
+        seconds = tree_cpu_seconds(root, self.proc)
+        if seconds is None:  # no /proc (not Linux): this process and its reaped children
+            seconds = process_cpu_seconds()
+        return self.high_water(seconds)
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         cpu_spec, pressure_spec, process_spec = SPECS["host_cpu"], SPECS["pressure"], SPECS["process_cpu"]
@@ -68,5 +160,5 @@ class HostCollector(Collector):
             pressure.add_metric([resource, scope], seconds)
         yield pressure
         process = CounterMetricFamily(process_spec.base_name, process_spec.help)
-        process.add_metric([], process_cpu_seconds())
+        process.add_metric([], self.service_cpu_seconds())
         yield process

@@ -145,7 +145,9 @@ METRICS: tuple[MetricSpec, ...] = (
                "Time some (or all) runnable tasks of the machine stalled waiting for a resource, from the kernel's "
                "pressure stall information (/proc/pressure).", ("resource", "scope")),
     MetricSpec("host", "process_cpu", "ragheat_process_cpu_seconds_total", "counter",
-               "CPU time (user + system) the service's process used, every thread."),
+               "CPU time (user + system) the service used: its process (with serve --workers N, the supervisor "
+               "and every worker) and the processes it started (the graph store, vLLM's engine core), every "
+               "thread, the exited ones included."),
     # -- vLLM's engine: ragheat's plugin (telemetry.vllm_plugin), served by vLLM's own /metrics ---------------
     MetricSpec("vllm", "step_duration", "ragheat_vllm_step_duration_seconds", "histogram",
                "Time of one vLLM engine step (schedule, forward, update) by phase.", ("phase",), LATENCY_SECONDS),

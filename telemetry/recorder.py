@@ -61,9 +61,10 @@ class Telemetry:
         self.rate = SlidingWindowRate(settings.qps_window_s, min(0.25, settings.qps_window_s), clock=clock)
         self.buckets = QpsBuckets(settings.qps_edges)
         self.metrics = PrometheusMetrics(self.registry, self.buckets.labels, routes) if settings.metrics else None
+        self.host = HostCollector() if self.metrics else None
         if self.metrics:
             self.metrics.qps.set_function(self.rate.rate)
-            self.registry.register(HostCollector())
+            self.registry.register(self.host)
         self.otlp = settings.otlp == "on" or (settings.otlp == "auto" and otlp_configured(environ))
         self.span_processor = None
         self._ids = RandomIdGenerator()

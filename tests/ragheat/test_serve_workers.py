@@ -1,20 +1,23 @@
-"""``ragheat serve --workers 2``: two processes on one port, every scrape sums both workers' counters, and a worker
-that dies is restarted without its gauges lingering."""
+"""``ragheat serve --workers 2``: two processes on one port, every scrape sums both workers' counters and reports the
+whole service's CPU, and a worker that dies is restarted without its gauges lingering."""
 
 from __future__ import annotations
 
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
 import httpx
+import pytest
 from prometheus_client.mmap_dict import MmapedDict
 from prometheus_client.parser import text_string_to_metric_families
 
 from rag.childproc import ChildProcess, free_port
 from ragheat.workers import worker_argv
+from telemetry.metrics import HOST_CPU_MODES, HOST_METRICS
 from telemetry.exemplars import read_exemplars
 
 
@@ -169,3 +172,81 @@ def test_exemplars_of_every_worker_reach_an_openmetrics_scrape(subset_index, tmp
     assert set().union(*seen.values()) <= sent
     # The scrape came from one worker and carries what both workers shared.
     assert shared == set().union(*seen.values())
+
+
+def _family(text: str, name: str) -> list:
+    return [s for f in text_string_to_metric_families(text) for s in f.samples if s.name == name]
+
+
+def _tree_cpu_s(root: int) -> dict[int, float]:
+    """pid -> user + system CPU seconds, its reaped children's included, of ``root`` and every process under it."""
+    tick = os.sysconf("SC_CLK_TCK")
+    seconds, todo = {}, [root]
+    while todo:
+        pid = todo.pop()
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            tasks = list(Path(f"/proc/{pid}/task").iterdir())
+        except OSError:  # gone
+            continue
+        seconds[pid] = sum(int(f) for f in fields[11:15]) / tick
+        for task in tasks:  # a child is listed under the thread that forked it
+            try:
+                todo += [int(child) for child in (task / "children").read_text().split()]
+            except OSError:
+                pass
+    return seconds
+
+
+@pytest.mark.slow
+@pytest.mark.serial  # compares CPU time: other tests' load would only blur it
+def test_the_exported_process_cpu_is_every_workers(subset_index, tmp_path):
+    port = free_port()
+    ragheat = str(Path(sys.executable).parent / "ragheat")
+    url = f"http://127.0.0.1:{port}"
+    process_cpu, host_cpu = HOST_METRICS["process_cpu"], HOST_METRICS["host_cpu"]
+    with ChildProcess("serve-workers", [ragheat, "serve", "--index", str(subset_index), "--host", "127.0.0.1",
+                                        "--port", str(port), "--workers", "2", "--log-level", "warning"],
+                      log_path=tmp_path / "serve.log", die_with_parent=True,
+                      env={**os.environ, "TMPDIR": str(tmp_path)}) as parent:
+        parent.wait_until_ok(f"{url}/readyz", 300)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and len(_workers(parent.pid)) < 2:
+            time.sleep(0.5)
+        time.sleep(3)  # a worker is up before it binds the port
+        stop = threading.Event()
+
+        def load() -> None:
+            i = 0
+            while not stop.is_set():  # a new connection each time: the kernel spreads them over both workers
+                with httpx.Client(timeout=30) as client:
+                    client.post(f"{url}/v1/query", json={"query": f"vitamin D and bone {i}"})
+                i += 1
+
+        def scrape() -> tuple[float, dict[int, float], str]:
+            with httpx.Client(timeout=30) as client:
+                text = client.get(f"{url}/metrics").text
+            return _family(text, process_cpu)[0].value, _tree_cpu_s(parent.pid), text
+
+        senders = [threading.Thread(target=load) for _ in range(2)]
+        for sender in senders:
+            sender.start()
+        try:
+            time.sleep(2)
+            workers = _workers(parent.pid)
+            exported = [scrape()]
+            for _ in range(8):  # each scrape on a new connection: either worker answers
+                time.sleep(1)
+                exported.append(scrape())
+        finally:
+            stop.set()
+            for sender in senders:
+                sender.join()
+    (first, tree_first, _), (last, tree_last, text) = exported[0], exported[-1]
+    values = [value for value, _, _ in exported]
+    assert values == sorted(values), f"the counter stepped back between workers' answers: {values}"
+    spent = {pid: tree_last[pid] - tree_first.get(pid, 0.0) for pid in tree_last}
+    assert all(spent[pid] > 0.2 * sum(spent.values()) for pid in workers), f"one worker did all the work: {spent}"
+    assert abs((last - first) - sum(spent.values())) < 0.1 * sum(spent.values()) + 0.1, (last - first, spent)
+    # The host is one machine whichever worker answers: one series per mode, none per worker.
+    assert sorted(s.labels["mode"] for s in _family(text, host_cpu)) == sorted(HOST_CPU_MODES)
