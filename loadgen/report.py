@@ -40,9 +40,12 @@ def level_label(step: dict) -> str:
 
 
 def causes_line(explanation: dict) -> str:
-    """``overload 93%, cpu_in_process 7%``: an explanation's causes, most likely first, with their shares."""
-    return ", ".join(c["kind"] + ("" if c.get("share") is None else f" {c['share']:.0%}")
-                     for c in explanation.get("causes") or ())
+    """``overload 90%, stage (rerank) 6%, stage (embed) 4%``: an explanation's causes, most likely first, with their
+    shares; a kind that several causes share (each stage slowed on its own) names their stages."""
+    causes = explanation.get("causes") or ()
+    kinds = [c["kind"] for c in causes]
+    return ", ".join(c["kind"] + (f" ({', '.join(c.get('stages') or ())})" if kinds.count(c["kind"]) > 1 else "")
+                     + ("" if c.get("share") is None else f" {c['share']:.0%}") for c in causes)
 
 
 def step_why(step: dict) -> str | None:

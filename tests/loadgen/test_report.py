@@ -71,7 +71,11 @@ def _explained_sweep(rng) -> dict:
                     "evidence": ["offered 40.00 -> 80.00 req/s (2.00x)", "queue P99 2.0 ms -> 1500.0 ms"]},
                    {"kind": "cpu_in_process", "ms": 166.7, "share": 0.1,
                     "headline": "the service's own process burns CPU its requests do not explain",
-                    "evidence": ["CPU per answered request 9.0 -> 14.0 ms"]}]}
+                    "evidence": ["CPU per answered request 9.0 -> 14.0 ms"]},
+                   {"kind": "stage", "ms": 1.5, "share": 0.0009, "stages": ["rerank"],
+                    "headline": "rerank itself got slower: rerank P99 20.0 ms -> 21.5 ms", "evidence": []},
+                   {"kind": "stage", "ms": 0.5, "share": 0.0003, "stages": ["embed"],
+                    "headline": "embed itself got slower: embed P99 5.0 ms -> 5.5 ms", "evidence": []}]}
     return {"url": "http://127.0.0.1:8000", "mode": "open", "slo_ms": 420.0, "max_error_rate": 0.001,
             "duration_s": 5.0, "warmup_s": 1.0, "interrupted": False, "knee_qps": 40, "steps": steps,
             "explained": {"source": "a local Prometheus scraping 127.0.0.1:8000/metrics every 1 s", "job": "ragheat",
@@ -99,7 +103,7 @@ def test_the_report_says_why_each_step_past_the_knee_was_slower(tmp_path):
         "why, past the knee (each step against the one at 40 req/s, from a local Prometheus scraping "
         "127.0.0.1:8000/metrics every 1 s):",
         f"step 80 req/s: {headline}",
-        "    causes: overload 90%, cpu_in_process 10%"]
+        "    causes: overload 90%, cpu_in_process 10%, stage (rerank) 0%, stage (embed) 0%"]
 
 
 def test_the_report_says_why_the_steps_are_not_explained(tmp_path):
