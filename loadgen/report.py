@@ -3,7 +3,9 @@
 Images: latency buckets × stage (heatmap), latency over time per stage (heatmaps), P50/P99 against
 offered load with the SLO line and the knee, and what became of the offered queries (answered within the SLO,
 answered late, shed by admission control, failed) with the goodput. Latency buckets are the telemetry bucket
-edges, so the report reads like the Grafana heatmaps of the same service.
+edges, so the report reads like the Grafana heatmaps of the same service. When ``explain.steps`` explained the
+steps past the knee, the table says why each was slower and a section lists its causes with their evidence (or the
+report says why the steps are not explained).
 """
 
 from __future__ import annotations
@@ -30,6 +32,50 @@ def target_label(results: dict) -> str:
 def error_reasons(step: dict) -> str:
     """``HTTP 500 x3, timeout x1``: a step's failed requests by reason."""
     return ", ".join(f"{reason} x{n}" for reason, n in (step.get("error_reasons") or {}).items())
+
+
+def level_label(step: dict) -> str:
+    """``120 req/s`` or ``8 clients``."""
+    return f"{step['offered_qps']:g} req/s" if step.get("offered_qps") is not None else f"{step['concurrency']} clients"
+
+
+def causes_line(explanation: dict) -> str:
+    """``overload 90%, stage (rerank) 6%, stage (embed) 4%``: an explanation's causes, most likely first, with their
+    shares; a kind that several causes share (each stage slowed on its own) names their stages."""
+    causes = explanation.get("causes") or ()
+    kinds = [c["kind"] for c in causes]
+    return ", ".join(c["kind"] + (f" ({', '.join(c.get('stages') or ())})" if kinds.count(c["kind"]) > 1 else "")
+                     + ("" if c.get("share") is None else f" {c['share']:.0%}") for c in causes)
+
+
+def step_why(step: dict) -> str | None:
+    """What the report says of a step past the knee: the explanation's headline, or why it is not explained; None
+    for a step that was not past it."""
+    if step.get("explanation"):
+        return step["explanation"]["headline"]
+    return step.get("not_explained")
+
+
+def explanation_lines(results: dict) -> list[str]:
+    """The steps past the knee in words (``explain.steps`` wrote them into results.json): where the signals came
+    from and the baseline step, then per step its headline and ranked causes; or why no step is explained. Empty
+    for a closed-loop sweep (it has no knee) and for results written before the steps were explained."""
+    explained = results.get("explained")
+    if not explained or results["mode"] != "open":
+        return []
+    if explained.get("reason"):
+        return [f"steps past the knee not explained: {explained['reason']}"]
+    lines = [f"why, past the knee (each step against the one at {explained['baseline_qps']:g} req/s, from "
+             f"{explained['source']}):"]
+    for step in results["steps"]:
+        why = step_why(step)
+        if why is None:
+            continue
+        lines.append(f"step {level_label(step)}: {why}")
+        causes = causes_line(step.get("explanation") or {})
+        if causes:
+            lines.append(f"    causes: {causes}")
+    return lines
 
 
 def _edges_ms() -> np.ndarray:
@@ -177,7 +223,35 @@ def _cache_line(results: dict) -> str:
     return f"\n<p>Answer cache hit rate per step{zipf}: {html.escape(cells)}.</p>"
 
 
+def _why_section(results: dict) -> str:
+    """Why each step past the knee was slower: the headline and, per cause, its evidence; or why no step is
+    explained (nothing for a closed-loop sweep: it has no knee)."""
+    explained = results.get("explained")
+    if not explained or results["mode"] != "open":
+        return ""
+    if explained.get("reason"):
+        return f"\n<p>Steps past the knee are not explained: {html.escape(explained['reason'])}.</p>"
+    blocks = []
+    for step in results["steps"]:
+        explanation = step.get("explanation")
+        if explanation:
+            causes = "".join(f"<li><b>{html.escape(c['kind'])}</b>"
+                             + ("" if c.get("share") is None else f" ({c['share']:.0%})")
+                             + f": {html.escape(c['headline'])}"
+                             + "".join(f"<br><small>{html.escape(line)}</small>" for line in c.get("evidence", ()))
+                             + "</li>" for c in explanation.get("causes") or ())
+            blocks.append(f"<h3>step {html.escape(level_label(step))}</h3><p>{html.escape(explanation['headline'])}"
+                          f"</p>" + (f"<ol>{causes}</ol>" if causes else ""))
+        elif step.get("not_explained"):
+            blocks.append(f"<h3>step {html.escape(level_label(step))}</h3><p>not explained: "
+                          f"{html.escape(step['not_explained'])}</p>")
+    return (f"\n<h2>Why, past the knee</h2>\n<p>Each step past the knee against the step at "
+            f"{explained['baseline_qps']:g} req/s, as <code>ragheat explain</code> reads them from "
+            f"{html.escape(explained['source'])}.</p>" + "".join(blocks))
+
+
 def _html(results: dict, images: list[tuple[str, str]]) -> str:
+    explained = bool(results.get("explained")) and not results["explained"].get("reason")
     rows = []
     for s in results["steps"]:
         lat = s["latency_ms"]
@@ -189,14 +263,16 @@ def _html(results: dict, images: list[tuple[str, str]]) -> str:
                     f"<td>{s.get('shed_rate', 0.0) * 100:.2f}%</td>"
                     f"<td>{html.escape(shed)}</td><td>{cell((s.get('refusal_ms') or {}).get('p99'))}</td>"
                     f"<td>{cell((s.get('refusal_server_ms') or {}).get('p99'))}</td>"
-                    + "".join(f"<td>{cell(lat[k])}</td>" for k in ("p50", "p90", "p99", "p99.9")) + "</tr>")
+                    + "".join(f"<td>{cell(lat[k])}</td>" for k in ("p50", "p90", "p99", "p99.9"))
+                    + (f'<td class="why">{html.escape(step_why(s) or "-")}</td>' if explained else "") + "</tr>")
     knee = results.get("knee_qps")
     notes = "".join(f"\n<p>Note: {html.escape(n)}.</p>" for n in results.get("notes") or ())
     figures = "".join(f'<figure><img src="{html.escape(src)}" alt="{html.escape(t)}"><figcaption>{html.escape(t)}'
                       "</figcaption></figure>" for src, t in images)
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>ragheat bench report</title>
 <style>body{{font-family:sans-serif;margin:2em;max-width:1200px}}table{{border-collapse:collapse}}
-td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}img{{max-width:100%}}</style></head><body>
+td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}img{{max-width:100%}}
+td.why{{text-align:left}}</style></head><body>
 <h1>ragheat bench: {html.escape(target_label(results))}</h1>
 <p>{html.escape(results['mode'])} loop, {results['duration_s']:g} s per step after {results['warmup_s']:g} s warm-up;
 SLO: P99 &le; {results['slo_ms']:g} ms with errors &le; {results['max_error_rate'] * 100:g} %.
@@ -205,4 +281,4 @@ SLO: P99 &le; {results['slo_ms']:g} ms with errors &le; {results['max_error_rate
 errors nor latency samples; refusal latency is of those shed at once (queue_full, deadline), as the client saw it
 and as the service timed it (Server-Timing). Goodput: answers within the SLO per second.</p>{_cache_line(results)}{notes}
 <table><tr><th>offered</th><th>achieved req/s</th><th>goodput req/s</th><th>errors</th><th>errors by reason</th><th>shed</th>
-<th>shed by reason</th><th>refusal P99 ms (client)</th><th>refusal P99 ms (service)</th><th>P50 ms</th><th>P90 ms</th><th>P99 ms</th><th>P99.9 ms</th></tr>{"".join(rows)}</table>{figures}</body></html>"""
+<th>shed by reason</th><th>refusal P99 ms (client)</th><th>refusal P99 ms (service)</th><th>P50 ms</th><th>P90 ms</th><th>P99 ms</th><th>P99.9 ms</th>{"<th>why (past the knee)</th>" if explained else ""}</tr>{"".join(rows)}</table>{_why_section(results)}{figures}</body></html>"""

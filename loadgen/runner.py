@@ -285,7 +285,8 @@ async def open_loop(url: str, queries: Sequence[str], rate: float, duration_s: f
     measured = [o for o in outcomes if o.intended >= start + warmup_s]
     if interrupted:  # the step ran short: rates are over the time actually measured
         duration_s = max(0.0, (max((o.intended for o in outcomes), default=start) - start) - warmup_s) or duration_s
-    return _summarise("open", measured, duration_s, rate, None, interrupted, slo_ms, cpu)
+    return _summarise("open", measured, duration_s, rate, None, interrupted, slo_ms, cpu,
+                      _unix(start + warmup_s, duration_s))
 
 
 async def closed_loop(url: str, queries: Sequence[str], concurrency: int, duration_s: float, warmup_s: float, *,
@@ -343,12 +344,19 @@ async def closed_loop(url: str, queries: Sequence[str], concurrency: int, durati
             task.result()  # a client's own error surfaces here, as gather would have raised it
     if interrupted:
         duration_s = max(0.0, stop - start - warmup_s) or duration_s
-    return _summarise("closed", outcomes, duration_s, None, concurrency, interrupted, slo_ms, cpu)
+    return _summarise("closed", outcomes, duration_s, None, concurrency, interrupted, slo_ms, cpu,
+                      _unix(start + warmup_s, duration_s))
+
+
+def _unix(measured_from: float, duration_s: float) -> list[float]:
+    """[start, end] in unix seconds of a measured part that starts at perf_counter time ``measured_from``."""
+    start = time.time() - (_now() - measured_from)
+    return [round(start, 3), round(start + duration_s, 3)]
 
 
 def _summarise(mode: str, outcomes: list[Outcome], duration_s: float, rate: float | None,
                concurrency: int | None, interrupted: bool, slo_ms: float = SLO_MS,
-               cpu: CpuWindow | None = None) -> LoadStep:
+               cpu: CpuWindow | None = None, measured_unix: list[float] | None = None) -> LoadStep:
     ok = sorted((o for o in outcomes if o.ok), key=lambda o: o.intended)
     shed = [o for o in outcomes if o.shed is not None]
     at_once = [o for o in shed if o.shed != "expired"]  # expired ones waited in the queue until their deadline
@@ -384,6 +392,7 @@ def _summarise(mode: str, outcomes: list[Outcome], duration_s: float, rate: floa
         interrupted=interrupted,
         samples=samples,
         cpu_ms_per_answer=cpu.per_answer(len(ok)) if cpu is not None else {},
+        measured_unix=measured_unix or [],
     )
 
 

@@ -69,6 +69,9 @@ class StepResult:
     # CPU ms per answer of the service's processes and of the generator in the measured window, and the rate ceiling
     # that sets on the shared cores (loadgen.cpu; empty unless the service's pid was given).
     cpu_ms_per_answer: dict = field(default_factory=dict)
+    # [start, end] of the measured part in unix seconds: where the step lies on the timeline of a Prometheus that
+    # scraped the service, so that its window can be compared with another step's (explain.steps).
+    measured_unix: list = field(default_factory=list)
 
     @property
     def error_rate(self) -> float:

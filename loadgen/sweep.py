@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from rich.markup import escape
 from rich.table import Table
@@ -127,14 +127,19 @@ def _stages_from_prometheus(step: StepResult, prometheus_url: str, notes: dict[s
               "come from the responses, where there are any"] = None
 
 
-def sweep_and_report(out_dir: Path, url: str, queries: Sequence[str], **options) -> tuple[dict, Path, Path]:
+def sweep_and_report(out_dir: Path, url: str, queries: Sequence[str], *,
+                     after_sweep: Callable[[dict], None] | None = None, **options) -> tuple[dict, Path, Path]:
     """run_sweep, then results.json and report.html in ``out_dir``, all under one StopSignals: a press once the
     sweep has stopped (the second Ctrl-C of an impatient user) waits for both files instead of leaving none, or
-    aborting the interpreter inside matplotlib's import. A third press still raises KeyboardInterrupt."""
+    aborting the interpreter inside matplotlib's import. A third press still raises KeyboardInterrupt.
+    ``after_sweep`` adds to the results before they are written (``ragheat bench`` explains the steps past the
+    knee there)."""
     from loadgen.report import render_report
 
     with StopSignals() as stop:
         results = run_sweep(url, queries, stop=stop, **options)
+        if after_sweep is not None:
+            after_sweep(results)
         path = write_results(results, out_dir)
         return results, path, render_report(path)
 

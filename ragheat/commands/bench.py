@@ -32,8 +32,13 @@ def bench(
                                          "over the (shuffled) query file, e.g. 1.1, so that popular questions repeat "
                                          "(the answer cache's hit rate per step is reported); default: in order"),
     out_dir: Path = typer.Option(Path("out/bench"), "--out", help="results.json, report.html and its PNGs go here"),
-    prometheus_url: Optional[str] = typer.Option(None, "--prometheus", help="take per-stage percentiles from this "
-                                                 "Prometheus (scraping the service) instead of the responses"),
+    prometheus_url: Optional[str] = typer.Option(None, "--prometheus", help="a Prometheus scraping the service: "
+                                                 "per-stage percentiles come from it instead of the responses, and "
+                                                 "the steps past the knee are explained from it (no local one)"),
+    explain_steps: bool = typer.Option(True, "--explain/--no-explain", help="explain each step past the knee with "
+                                       "ragheat explain (open loop, a target exporting ragheat's metrics at "
+                                       "/metrics): from --prometheus, or else a local Prometheus scraping the "
+                                       "target every second during the sweep"),
     results_file: Optional[Path] = typer.Option(None, "--results-file", help="also write results.json as a benchmark "
                                                 "results file (command, commit, machine; benchmarks/README.md)"),
     server_pid: str = typer.Option("", "--server-pid", help="the service's process ids on this machine, comma list "
@@ -56,13 +61,16 @@ def bench(
                                                "written to results.json)"),
 ) -> None:
     """Sweep load against a running service (ragheat's /v1/query, or any JSON HTTP API: --path, --body,
-    --query-field, --expect-field); report percentiles per step and the knee (max rate meeting the SLO)."""
+    --query-field, --expect-field); report percentiles per step, the knee (max rate meeting the SLO) and why each
+    step past the knee was slower."""
     from loadgen.arrivals import parse_rates
     from loadgen.http_target import HttpTarget, TargetError
     from loadgen.resultsfile import BenchmarkRun
 
     run_record = BenchmarkRun(results_file.stem) if results_file else None
+    from loadgen.report import explanation_lines
     from loadgen.runner import DEFAULT_QUERIES, load_queries, shuffled
+    from loadgen.scraping import step_metrics
     from loadgen.sweep import results_table, sweep_and_report
     from rich.markup import escape
 
@@ -91,24 +99,42 @@ def bench(
             CpuWindow(server_pids)  # here, not at the first step: a clear error before any load is sent
         except ValueError as exc:
             _fail(f"--server-pid {server_pid!r}: {exc}")
-    with progress_bar() as progress:
+    with step_metrics(url, prometheus_url=prometheus_url, enabled=explain_steps, mode=mode, levels=levels,
+                      duration_s=duration) as metrics, progress_bar() as progress:
+        if metrics.prometheus_url and not prometheus_url:
+            out.print(f"explaining the steps past the knee from {metrics.source}")
         # Under one signal guard: Ctrl-C or SIGTERM ends the sweep and still writes results.json and report.html.
         results, path, report = sweep_and_report(out_dir, url, shuffled(texts, seed), mode=mode, levels=levels,
                                                  duration_s=duration, warmup_s=warmup, slo_ms=slo_ms,
                                                  max_error_rate=max_error_rate, seed=seed, timeout_s=timeout,
                                                  progress=progress, prometheus_url=prometheus_url, zipf_s=zipf,
-                                                 server_pids=server_pids, target=target)
+                                                 server_pids=server_pids, target=target,
+                                                 after_sweep=lambda found: _explain(found, metrics))
     out.print(results_table(results))
     for note in results["notes"]:
         out.print(f"[yellow]note:[/] {escape(note)}")
     knee = results["knee_qps"]
-    if mode == "open":
+    if mode == "open":  # a closed loop has no knee: nothing to say of steps past it
         out.print(f"knee: {knee:g} req/s" if knee is not None else "knee: none of the offered rates met the SLO")
+        for line in explanation_lines(results):
+            out.print(escape(line), highlight=False)
     out.print(f"wrote {path} and {report}" + ("  (interrupted: partial results)" if results["interrupted"] else ""))
     if run_record is not None:
         data = {**results, "queries_file": str(queries) if queries else None, "queries": len(texts),
                 "service": _service_description(url)}
         out.print(f"wrote {run_record.write(data, results_file)}")
+
+
+def _explain(results: dict, metrics) -> None:
+    """Each step past the knee explained from ``metrics`` (``loadgen.scraping.StepMetrics``), or why none is."""
+    from dashboards.promapi import PrometheusApi
+    from explain.steps import explain_sweep, not_explained
+
+    if metrics.prometheus_url is None:
+        not_explained(results, metrics.reason)
+    else:
+        explain_sweep(results, PrometheusApi(metrics.prometheus_url), instance=metrics.instance,
+                      source=metrics.source)
 
 
 def _service_description(url: str) -> dict | None:
