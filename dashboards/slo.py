@@ -27,6 +27,10 @@ alert's short window when it fires:
   says so.
 - availability: the stage in which the most requests per second failed; "none" when no pipeline stage failed.
 
+The latency alerts also name **the cause** of the slower tail (annotations ``cause`` and ``cause_evidence``): the top
+of ``dashboards.why``'s recorded ranking over the last 5 minutes against the hour before, as ``ragheat explain``
+ranks it.
+
 Every rule keeps the scrape job (``job``, :data:`KEPT`): several services scraped by one Prometheus each get their own
 SLI, stage series and alerts, and the stage an alert names is looked up in its own job's series.
 
@@ -40,7 +44,7 @@ from dataclasses import dataclass
 
 from prometheus_client.utils import floatToGoString
 
-from dashboards import contract
+from dashboards import contract, why
 from dashboards.spec import JOB
 from rag.slo import SLO_SECONDS
 
@@ -240,6 +244,9 @@ def alert_rule(slo: Slo, alert: BurnAlert, profile: Profile) -> dict:
             f'and\n{sli_error_record(short)}{{slo="{slo.name}"}} > {threshold}')
     stage = stage_template(slo, profile, alert.short_s)
     evidence = stage_evidence_template(slo, profile, alert.short_s)
+    # Only a slower tail has a cause to rank (dashboards.why); a 5xx names its failing stage alone.
+    cause = ({"cause": why.cause_template(profile), "cause_evidence": why.cause_evidence_template(profile)}
+             if slo is LATENCY else {})
     return {
         "alert": alert_name(slo),
         "expr": expr,
@@ -252,12 +259,14 @@ def alert_rule(slo: Slo, alert: BurnAlert, profile: Profile) -> dict:
                            f"At this rate the whole budget is gone in {_duration(SLO_PERIOD_S / alert.factor)}.",
             "stage": stage,
             "stage_evidence": evidence,
+            **cause,
         },
     }
 
 
 def prometheus_rules(profile: Profile) -> dict:
-    """The rule file: per-stage quantiles, SLI error ratios per window, burn-rate alerts."""
+    """The rule file: per-stage quantiles, SLI error ratios per window, the causes of a slower tail, burn-rate
+    alerts (each group reads only records of the groups above it)."""
     bucket = contract.bucket(contract.STAGE_DURATION)
     quantiles = [{"record": stage_quantile_record(q, profile),
                   "expr": f"histogram_quantile({q:g}, sum by ({KEPT}, le, stage) (rate({bucket}[{profile.window(QUANTILE_WINDOW_S)}])))"}
@@ -274,6 +283,7 @@ def prometheus_rules(profile: Profile) -> dict:
     return {"groups": [
         {"name": "ragheat-stage-quantiles", "rules": quantiles},
         {"name": "ragheat-slo-error-ratios", "rules": ratios},
+        why.recording_rules(profile),
         {"name": "ragheat-slo-burn-alerts", "rules": alerts},
     ]}
 
