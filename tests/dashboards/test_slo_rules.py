@@ -325,7 +325,61 @@ SERVICES = {
 }
 
 
-def promtool_test(tmp_path: Path, name: str, series: list[dict], alert_tests: list[dict]) -> subprocess.CompletedProcess:
+# Causes of a slower tail (dashboards.why) on a measured host: the page names the top cause, and the recorded scores
+# rank every cause of the closed set, in milliseconds of stage P99 growth. Every answer slow in six stages together
+# (embed 300 ms, five others 100 ms) grows their P99s by 341 + 5 x 191 = 1294 ms; none stands out (embed's ratio 47
+# is under twice the median 27), so the machine-wide sources share it by the cores each took beyond the baseline.
+TOGETHER = (("embed", 1.0, 0.3), *((stage, 1.0, 0.1) for stage in DEFAULT_STAGES if stage != "embed"))
+CAUSES = ("overload", "cpu_neighbour", "cpu_in_process", "memory", "io", "language_model", "graph_store", "stage")
+
+
+def scores(minute: int, **ms: int) -> dict:
+    """promtool's expectation of every cause's score (rounded milliseconds; zero unless given) at ``minute``."""
+    return {"expr": f'round({"ragheat:why_cause:score5m"}{{job="{JOB}"}})', "eval_time": f"{minute}m",
+            "exp_samples": [{"labels": f'{{cause="{cause}", job="{JOB}"}}', "value": ms.get(cause, 0)}
+                            for cause in CAUSES]}
+
+
+def fast_page(minute: int, stage: str, cause: tuple[str, str]) -> dict:
+    """The fast page and the ticket at ``minute``, every answer slow in ``stage`` (alone over 420 ms) or spread."""
+    return fires("latency", minute, stage, cause=cause,
+                 fast=OVER.format(stage=stage, rate="10", window="5m"),
+                 slow=OVER.format(stage=stage, rate="0.278", window="6h"))
+
+
+SPREAD_PAGE = dict(fast=SPREAD.format(stage="embed", p99="348.5ms", window="5m"),
+                   slow=SPREAD.format(stage="embed", p99="296ms", window="6h"))
+MOST_IN_EMBED = CAUSED.format(ms="{ms}", stage="embed", before=7, now=348)
+CAUSE_SCENARIOS = {
+    # A neighbour takes 2 more cores and the host's tasks stall on I/O 30 % of the time (2.4 of its 8 cores): I/O
+    # gets 2.4 / 4.4 of the 1294 ms, the neighbour 2 / 4.4. Healthy, every score is zero.
+    "I/O stalls and a neighbour share a slowdown, I/O first": (
+        traffic(Phase(H), Phase(12, slow=1.0, stages=TOGETHER, others_cores=2.5, stalled=(("io", 0.3),)), host=True),
+        [*quiet("latency", H - 1),
+         fires("latency", H + 10, "embed", cause=("io", MOST_IN_EMBED.format(ms=706)
+                                                  + "; tasks stalled on I/O 30% against 0% of the time"), **SPREAD_PAGE)],
+        [scores(H - 1), scores(H + 10, io=706, cpu_neighbour=588)]),
+    # The service's process burns 2 more cores at the same load: all of it is work no request explains.
+    "the service's own CPU at the same load": (
+        traffic(Phase(H), Phase(12, slow=1.0, stages=TOGETHER, process_cores=3.0), host=True),
+        [fires("latency", H + 10, "embed", cause=("cpu_in_process", MOST_IN_EMBED.format(ms=1294)
+               + "; the service's process 3.00 against 1.00 cores at 10.0 against 10.0 req/s offered"), **SPREAD_PAGE)],
+        [scores(H + 10, cpu_in_process=1294)]),
+    # Twice the load, at the baseline's CPU per request, waits 300 ms in the queue: overload, from the queue stage.
+    "more load waits in the queue": (
+        traffic(Phase(H), Phase(12, slow=1.0, load=2.0, process_cores=2.0, stages=(("queue", 1.0, 0.3),)),
+                always=(*DEFAULT_STAGES, "queue"), host=True),
+        [fires("latency", H + 10, "queue",
+               cause=("overload", CAUSED.format(ms=341, stage="queue", before=7, now=348)
+                      + "; 20.0 against 10.0 req/s offered"),
+               fast=SPREAD.format(stage="queue", p99="348.5ms", window="5m"),
+               slow=SPREAD.format(stage="queue", p99="322.2ms", window="6h"))],
+        [scores(H + 10, overload=341)]),
+}
+
+
+def promtool_test(tmp_path: Path, name: str, series: list[dict], alert_tests: list[dict],
+                  expr_tests: list[dict] = ()) -> subprocess.CompletedProcess:
     shutil.copy(RULES, tmp_path / "rules.yml")
     test_file = tmp_path / "slo_test.yml"
     # Records before the alerts that read them, as the rule file lists them (promtool's default is by name, which
@@ -333,7 +387,8 @@ def promtool_test(tmp_path: Path, name: str, series: list[dict], alert_tests: li
     order = [g["name"] for g in yaml.safe_load(RULES.read_text())["groups"]]
     test_file.write_text(yamlout.dump({
         "rule_files": ["rules.yml"], "evaluation_interval": "1m", "group_eval_order": order,
-        "tests": [{"name": name, "interval": "1m", "input_series": series, "alert_rule_test": alert_tests}]}))
+        "tests": [{"name": name, "interval": "1m", "input_series": series, "alert_rule_test": alert_tests,
+                   "promql_expr_test": list(expr_tests)}]}))
     return run(tool("promtool"), "test", "rules", str(test_file))
 
 
@@ -353,11 +408,22 @@ def test_promtool_unit_tests_of_two_services(scenario, tmp_path):
     assert "SUCCESS" in result.stdout
 
 
+@pytest.mark.parametrize("scenario", list(CAUSE_SCENARIOS))
+def test_promtool_unit_tests_of_causes(scenario, tmp_path):
+    series, alert_tests, expr_tests = CAUSE_SCENARIOS[scenario]
+    result = promtool_test(tmp_path, scenario, series, alert_tests, expr_tests)
+    assert result.returncode == 0, f"{scenario}:\n{result.stdout}{result.stderr}"
+    assert "SUCCESS" in result.stdout
+
+
 @pytest.mark.parametrize("wrong", ["silence during the fast burn", "the slowest stage by P99",
-                                   "the healthy service pages too", "the other service's stage"])
+                                   "the healthy service pages too", "the other service's stage",
+                                   "the neighbour ranked over the I/O stalls"])
 def test_promtool_unit_tests_can_fail(tmp_path, wrong):
     """Wrong expectations must fail: the unit tests above are not vacuous, the LLM scenario really has a stage
-    (generate_decode) with a higher P99 than the one named, and the two services' alerts really are apart."""
+    (generate_decode) with a higher P99 than the one named, the two services' alerts really are apart, and the
+    recorded scores really rank the causes."""
+    expr_tests = ()
     if wrong == "silence during the fast burn":
         series, _ = SCENARIOS["fast latency burn pages within 10 minutes, naming the stage"]
         tests, needle = quiet("latency", H + 15), "burn=fast"
@@ -381,6 +447,9 @@ def test_promtool_unit_tests_can_fail(tmp_path, wrong):
             LIBRARY_JOB: ("fuse", {"fast": OVER.format(stage="fuse", rate="10", window="5m"),
                                    "slow": OVER.format(stage="fuse", rate="0.556", window="6h")})})]
         needle = "stage=retrieve"
-    result = promtool_test(tmp_path, wrong, series, tests)
+    elif wrong == "the neighbour ranked over the I/O stalls":
+        series, tests, _ = CAUSE_SCENARIOS["I/O stalls and a neighbour share a slowdown, I/O first"]
+        expr_tests, needle = [scores(H + 10, io=588, cpu_neighbour=706)], "cause=io"
+    result = promtool_test(tmp_path, wrong, series, tests, expr_tests)
     assert result.returncode != 0
     assert needle in (result.stdout + result.stderr).replace('"', ""), result.stdout + result.stderr
