@@ -164,6 +164,11 @@ AVAILABILITY = Slo("availability", "Availability", 0.999, "a request answered wi
 SLOS = (LATENCY, AVAILABILITY)
 
 
+def why_names(profile: Profile) -> why.Names:
+    """The names of the causes' records (``dashboards.why``) in ``profile``'s windows."""
+    return why.Names(profile.window(why.WINDOW_S), profile.window(why.BASELINE_S))
+
+
 def sli_error_record(window: str) -> str:
     """Name of the recording rule holding an SLO's bad-event ratio over ``window`` (label ``slo``)."""
     return f"slo:sli_error:ratio_rate{window}"
@@ -245,7 +250,8 @@ def alert_rule(slo: Slo, alert: BurnAlert, profile: Profile) -> dict:
     stage = stage_template(slo, profile, alert.short_s)
     evidence = stage_evidence_template(slo, profile, alert.short_s)
     # Only a slower tail has a cause to rank (dashboards.why); a 5xx names its failing stage alone.
-    cause = ({"cause": why.cause_template(profile), "cause_evidence": why.cause_evidence_template(profile)}
+    names = why_names(profile)
+    cause = ({"cause": why.cause_template(names), "cause_evidence": why.cause_evidence_template(names)}
              if slo is LATENCY else {})
     return {
         "alert": alert_name(slo),
@@ -283,18 +289,41 @@ def prometheus_rules(profile: Profile) -> dict:
     return {"groups": [
         {"name": "ragheat-stage-quantiles", "rules": quantiles},
         {"name": "ragheat-slo-error-ratios", "rules": ratios},
-        why.recording_rules(profile),
+        why.recording_rules(why_names(profile)),
         {"name": "ragheat-slo-burn-alerts", "rules": alerts},
     ]}
 
 
-def alertmanager_config(page_url: str, ticket_url: str) -> dict:
+NOTIFICATION_TEMPLATE = "ragheat.tmpl"
+"""Alertmanager's notification templates, written beside its config."""
+
+
+def notification_template() -> str:
+    """``ragheat.title`` and ``ragheat.text`` for a receiver that writes messages (chat, e-mail): the cause first,
+    then the stage, the summary and where to read the whole explanation. Webhook receivers (the stack's) get the same
+    annotations as JSON."""
+    return """{{ define "ragheat.title" }}[{{ .Status | toUpper }}] {{ .CommonLabels.alertname }} {{ .CommonLabels.job }}
+{{- with .CommonAnnotations.cause }}: cause {{ . }}{{ end }}{{ end }}
+
+{{ define "ragheat.text" }}{{ range .Alerts }}
+{{- with .Annotations.cause }}cause: {{ . }}{{ end }}{{ with .Annotations.cause_evidence }}: {{ . }}{{ end }}
+stage: {{ .Annotations.stage }}: {{ .Annotations.stage_evidence }}
+{{ .Annotations.summary }}
+{{ .Annotations.description }}
+{{ if .Annotations.cause }}the whole evidence: ragheat explain --prometheus URL --job {{ .Labels.job }} --window 5m
+{{ end }}{{ end }}{{ end }}
+"""
+
+
+def alertmanager_config(page_url: str, ticket_url: str, templates_dir: str = "/etc/alertmanager") -> dict:
     """Pages and tickets go to their own receivers, one notification per job and SLO; a page silences the ticket of
-    the same job and SLO."""
+    the same job and SLO. ``templates_dir``: where Alertmanager finds NOTIFICATION_TEMPLATE (an absolute path, as
+    the stack checks)."""
     def receiver(name: str, url: str) -> dict:
         return {"name": name, "webhook_configs": [{"url": url, "send_resolved": True}]}
 
     return {
+        "templates": [f"{templates_dir.rstrip('/')}/{NOTIFICATION_TEMPLATE}"],
         "route": {
             "receiver": "ticket", "group_by": ["alertname", KEPT, "slo"],
             "group_wait": "30s", "group_interval": "5m", "repeat_interval": "12h",

@@ -23,25 +23,29 @@ Where PromQL cannot follow ``ragheat explain`` the rules approximate it (the doc
 - The kernel probes' split of a stage's own cause into a lock, the disk or the network is left to ``ragheat
   explain``: here it stays ``stage``.
 
-Every threshold is ``explain.causes``'s own, imported, so the two cannot drift apart.
+The thresholds are ``explain.causes``'s, written again here (dashboards sits below explain, which reads Prometheus
+through it); a test keeps the two equal.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from dashboards import contract
 from dashboards.spec import JOB as KEPT
-from explain.causes import (CORE_NOISE, DEPENDENCY, LOAD_GROWTH, NOISE_MS, NOISE_SHARE, PRESSURE_NOISE, STANDS_OUT,
-                            TAIL_SHARE)
-from explain.signals import QUANTILE
-from rag.stages import WAIT_STAGES
-
-if TYPE_CHECKING:  # dashboards.slo builds its alerts from this module
-    from dashboards.slo import Profile
+from rag.stages import LANGUAGE_MODEL_STAGES, SKIPPABLE_STAGES, WAIT_STAGES
 
 WINDOW_S = 5 * 60
 BASELINE_S = 60 * 60
+QUANTILE = 0.99
+NOISE_MS = 10.0
+NOISE_SHARE = 0.3
+CORE_NOISE = 0.25
+PRESSURE_NOISE = 0.05
+TAIL_SHARE = 0.03
+STANDS_OUT = 2.0
+LOAD_GROWTH = 1.25
+DEPENDENCY = {**{s: "language_model" for s in LANGUAGE_MODEL_STAGES if s != "support_check"},
+              "hyde": "language_model", **{s: "graph_store" for s in SKIPPABLE_STAGES}}
+"""Stages whose time is mostly a dependency's (``explain.causes.DEPENDENCY``)."""
 MACHINE_CAUSES = ("overload", "cpu_neighbour", "cpu_in_process", "memory", "io")
 """Machine-wide sources, in ``explain.causes._machine_weights``'s order."""
 OWN_CAUSES = ("language_model", "graph_store", "stage")
@@ -63,11 +67,11 @@ STAGES_OF = {cause: _alternation(s for s, c in DEPENDENCY.items() if c == cause)
 
 
 class Names:
-    """The record names of one profile, each saying its window (``5m``) or that it is the baseline."""
+    """The record names for a window and a baseline (Prometheus durations: a profile's ``5m`` and ``1h``), each
+    saying its window or that it is the baseline."""
 
-    def __init__(self, profile: Profile) -> None:
-        self.window = profile.window(WINDOW_S)
-        self.baseline = profile.window(BASELINE_S)
+    def __init__(self, window: str, baseline: str) -> None:
+        self.window, self.baseline = window, baseline
 
     def now(self, signal: str) -> str:
         return f"ragheat:why_{signal}:{self.window}"
@@ -205,9 +209,8 @@ def _score_rules(names: Names) -> list[dict]:
     return rules
 
 
-def recording_rules(profile: Profile) -> dict:
+def recording_rules(names: Names) -> dict:
     """The rule group, in evaluation order: each rule reads only records above it."""
-    names = Names(profile)
     rules = _signal_rules(names) + _stage_rules(names) + _core_rules(names) + _charge_rules(names) + _score_rules(names)
     return {"name": "ragheat-why", "rules": rules}
 
@@ -257,15 +260,14 @@ def _top_cause(names: Names) -> str:
     return _each(f"topk(1, {names.score}{{{KEPT}=%q}} > 0)", f"$labels.{KEPT}")
 
 
-def cause_template(profile: Profile) -> str:
+def cause_template(names: Names) -> str:
     """Annotation text: the cause with the most milliseconds of stage P99 growth, or ``none``."""
-    return f"{_top_cause(Names(profile))}{{{{ .Labels.cause }}}}{{{{ else }}}}none{{{{ end }}}}"
+    return f"{_top_cause(names)}{{{{ .Labels.cause }}}}{{{{ else }}}}none{{{{ end }}}}"
 
 
-def cause_evidence_template(profile: Profile) -> str:
+def cause_evidence_template(names: Names) -> str:
     """Annotation sentence: the top cause's milliseconds, the stage it was most charged from (P99 then and now) and
     the signal that moved."""
-    names = Names(profile)
     stage_matchers, stage_args = f"{KEPT}=%q, stage=%q", (f"$labels.{KEPT}", "$stage")
     stage = (f'{_each(f"topk(1, {names.charge}{{{KEPT}=%q, cause=%q}})", f"$labels.{KEPT}", "$cause")}'
              "{{ $stage := .Labels.stage }}, most in {{ $stage }} (P99 "

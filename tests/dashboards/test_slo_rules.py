@@ -3,6 +3,7 @@ burn-rate alerts unit-tested by ``promtool test rules`` on synthetic series buil
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -60,6 +61,39 @@ def test_amtool_accepts_the_config_and_routes_pages_and_tickets():
                      f"severity={severity}", "slo=latency")
         assert routed.returncode == 0, routed.stdout + routed.stderr
         assert routed.stdout.split() == [severity], routed.stdout
+
+
+def test_amtool_renders_the_cause_first(tmp_path):
+    """The notification template as Alertmanager loads it (check-config reads the templates the config names) and as
+    a chat or e-mail receiver would write a page: amtool 0.25's ``template render`` on a webhook payload's data."""
+    amtool = tool("amtool")
+    targets = render.Targets(alertmanager_templates=str(tmp_path / "alertmanager"))
+    render.write(tmp_path, slo.PRODUCTION, targets)
+    config = tmp_path / render.ALERTMANAGER_FILE
+    checked = run(amtool, "check-config", str(config))
+    assert checked.returncode == 0 and "1 templates" in checked.stdout, checked.stdout + checked.stderr
+    labels = {"alertname": "RagheatLatencyBudgetBurn", "job": JOB, "severity": "page", "slo": "latency"}
+    annotations = {"cause": "io", "cause_evidence": "706 ms of stage P99 growth over 5m against the 1h before",
+                   "stage": "embed", "stage_evidence": "embed has the highest P99", "summary": "the summary",
+                   "description": "the objective"}
+    data = tmp_path / "page.json"
+    data.write_text(json.dumps({
+        "receiver": "page", "status": "firing", "externalURL": "http://alertmanager:9093",
+        "alerts": [{"status": "firing", "labels": labels, "annotations": annotations, "fingerprint": "1",
+                    "startsAt": "2025-01-01T00:00:00Z", "endsAt": "0001-01-01T00:00:00Z", "generatorURL": ""}],
+        "groupLabels": {"alertname": labels["alertname"]}, "commonLabels": labels, "commonAnnotations": annotations}))
+
+    def rendered(name: str) -> list[str]:
+        result = run(amtool, "template", "render", f"--template.glob={tmp_path / render.NOTIFICATION_FILE}",
+                     f'--template.text={{{{ template "{name}" . }}}}', f"--template.data={data}")
+        assert result.returncode == 0, result.stdout + result.stderr
+        return result.stdout.strip().splitlines()
+
+    assert rendered("ragheat.title") == [f"[FIRING] RagheatLatencyBudgetBurn {JOB}: cause io"]
+    text = rendered("ragheat.text")
+    assert text[:2] == ["cause: io: 706 ms of stage P99 growth over 5m against the 1h before",
+                        "stage: embed: embed has the highest P99"], text
+    assert text[-1] == f"the whole evidence: ragheat explain --prometheus URL --job {JOB} --window 5m", text
 
 
 # --- promtool unit tests -------------------------------------------------------------------------------------
