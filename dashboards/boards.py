@@ -231,12 +231,13 @@ def slo_board(profile: Profile) -> Board:
     names = why_names(profile)
     panels.append(Panel(
         f"Why: causes of a slower tail ({names.window} against the {names.baseline} before)", "bargauge",
-        # The rules read the scraped histograms whatever $source says; a job with answers always has every cause.
-        (Query(f"sort_desc({names.score}{{{ON_JOB}}})", f"{job} {{{{cause}}}}",
-               (contract.REQUEST_DURATION, contract.STAGE_DURATION)),),
+        # The rules read the scraped histograms alone; a job with answers always has every cause. Sorted last:
+        # the gate's `and` keeps no order.
+        (Query(f"sort_desc({gated(f'{names.score}{{{ON_JOB}}}', SCRAPED)})", f"{job} {{{{cause}}}}",
+               (contract.REQUEST_DURATION, contract.STAGE_DURATION), SCRAPED),),
         unit="ms", width=24,
         description="Milliseconds of stage P99 growth charged to each cause, largest first (recording rules of "
-                    "dashboards/why.py, the ranking of `ragheat explain` in PromQL, read off the scraped histograms): all zero while the P99 has not "
+                    "dashboards/why.py, the ranking of `ragheat explain` in PromQL, read off the scraped histograms, so empty with $source at native): all zero while the P99 has not "
                     "grown beyond noise. The latency page names the top one (annotation `cause`). For the whole "
                     "evidence (the stages before and now, the slowest traces, what the kernel probes saw) run "
                     f"`ragheat explain --prometheus URL --job JOB --window {names.window}`."))
