@@ -11,7 +11,7 @@ from __future__ import annotations
 from dashboards import contract
 from dashboards.slo import (BURN_ALERTS, QUANTILE_WINDOW_S, SLI_WINDOWS_S, SLO_PERIOD_S, SLOS, Profile,
                             native_stage_over_slo_expr, sli_error_record, stage_over_slo_record,
-                            stage_quantile_record)
+                            stage_quantile_record, why_names)
 from dashboards.spec import (JOB, NATIVE, ON_JOB, RATE_INTERVAL, SCRAPED, SOURCE_CHOICE, Board, Panel, Query,
                              Variable, gated)
 from rag.slo import SLO_SECONDS
@@ -228,6 +228,19 @@ def slo_board(profile: Profile) -> Board:
                   unit="short", thresholds=tuple(sorted({a.factor for a in BURN_ALERTS})), width=8,
                   description="1 = spending the budget exactly over the period; the lines are the alert factors."),
         ]
+    names = why_names(profile)
+    panels.append(Panel(
+        f"Why: causes of a slower tail ({names.window} against the {names.baseline} before)", "bargauge",
+        # The rules read the scraped histograms alone; a job with answers always has every cause. Sorted last:
+        # the gate's `and` keeps no order.
+        (Query(f"sort_desc({gated(f'{names.score}{{{ON_JOB}}}', SCRAPED)})", f"{job} {{{{cause}}}}",
+               (contract.REQUEST_DURATION, contract.STAGE_DURATION), SCRAPED),),
+        unit="ms", width=24,
+        description="Milliseconds of stage P99 growth charged to each cause, largest first (recording rules of "
+                    "dashboards/why.py, the ranking of `ragheat explain` in PromQL, read off the scraped histograms, so empty with $source at native): all zero while the P99 has not "
+                    "grown beyond noise. The latency page names the top one (annotation `cause`). For the whole "
+                    "evidence (the stages before and now, the slowest traces, what the kernel probes saw) run "
+                    f"`ragheat explain --prometheus URL --job JOB --window {names.window}`."))
     return Board("ragheat-slo", "SLO", f"Latency and availability objectives, budgets and burn rates ({profile.name} windows).",
                  tuple(panels), (_job_variable(contract.count(contract.REQUEST_DURATION)), SOURCE_CHOICE))
 

@@ -26,14 +26,32 @@ class PromTarget(g.Target):
         return {**super().to_json_data(), "exemplar": self.exemplar}
 
 
+@attr.s
+class RankedBars(g.Panel):
+    """A bar gauge of each series' latest value, in the order the query returns them (Grafana >= 8 options: no
+    maximum, so the longest bar is the largest value)."""
+
+    unit = attr.ib(default="none")
+
+    def to_json_data(self):
+        return self.panel_json({
+            "type": "bargauge",
+            "options": {"displayMode": "basic", "orientation": "horizontal", "showUnfilled": True,
+                        "reduceOptions": {"calcs": ["lastNotNull"], "values": False}},
+            "fieldConfig": {"defaults": {"unit": self.unit, "min": 0}, "overrides": []},
+        })
+
+
 def _targets(panel: Panel) -> list[PromTarget]:
     # Classic buckets need format "heatmap" (one series per le, de-accumulated by Grafana); a native histogram
     # result is drawn by the heatmap panel from its own buckets, as a plain time series query returns it.
     def fmt(query) -> str:
         return "heatmap" if panel.kind == "heatmap" and query.histograms != NATIVE else "time_series"
 
+    # A ranking is of the latest values: an instant query keeps the order sort_desc gives it.
     return [PromTarget(expr=q.expr, legendFormat=q.legend, refId=chr(ord("A") + i), format=fmt(q),
-                       exemplar=panel.exemplars, datasource=DATASOURCE, intervalFactor=1)
+                       exemplar=panel.exemplars, datasource=DATASOURCE, intervalFactor=1,
+                       instant=panel.kind == "bargauge")
             for i, q in enumerate(panel.queries)]
 
 
@@ -55,6 +73,8 @@ def _panel(panel: Panel, grid: g.GridPos) -> g.Panel:
                    "legend": {"show": True}}
         return g.Heatmap(dataFormat="tsbuckets", yBucketBound="upper", hideZeroBuckets=True, options=options,
                          yAxis=g.YAxis(format=panel.unit, logBase=2 if panel.log_y else 1), **common)
+    if panel.kind == "bargauge":
+        return RankedBars(unit=panel.unit, thresholds=_threshold_steps(panel.thresholds), **common)
     if panel.kind == "stat":
         return g.Stat(format=panel.unit, reduceCalc="lastNotNull", graphMode="none",
                       thresholds=_threshold_steps(panel.thresholds), **common)

@@ -22,10 +22,12 @@ class Targets:
     ticket_webhook: str = "http://alert-receiver:9095/ticket"
     prometheus_user: str = "ragheat"  # stack.webauth.USER; presented only with a password file
     prometheus_password_file: str = ""  # as Grafana reads it; empty = Prometheus asks for no password
+    alertmanager_templates: str = "/etc/alertmanager"  # the rendered alertmanager/ folder, as Alertmanager sees it
 
 
 RULES_FILE = Path("prometheus") / "ragheat-rules.yml"
 ALERTMANAGER_FILE = Path("alertmanager") / "alertmanager.yml"
+NOTIFICATION_FILE = Path("alertmanager") / slo.NOTIFICATION_TEMPLATE
 DASHBOARDS_DIR = Path("grafana") / "dashboards"
 DATASOURCES_FILE = Path("grafana") / "provisioning" / "datasources" / "ragheat.yml"
 PROVIDER_FILE = Path("grafana") / "provisioning" / "dashboards" / "ragheat.yml"
@@ -42,8 +44,10 @@ def rendered_files(profile: slo.Profile, targets: Targets = Targets()) -> dict[P
                                                                targets.prometheus_password_file), header)
     files[PROVIDER_FILE] = yamlout.dump(grafana.dashboard_provider(targets.dashboards_path), header)
     files[RULES_FILE] = yamlout.dump(slo.prometheus_rules(profile), header)
-    files[ALERTMANAGER_FILE] = yamlout.dump(slo.alertmanager_config(targets.page_webhook, targets.ticket_webhook),
-                                            header)
+    files[ALERTMANAGER_FILE] = yamlout.dump(slo.alertmanager_config(targets.page_webhook, targets.ticket_webhook,
+                                                                    targets.alertmanager_templates), header)
+    files[NOTIFICATION_FILE] = "".join(f"{{{{/* {line} */}}}}\n" for line in header.splitlines()) \
+        + slo.notification_template()
     return files
 
 

@@ -27,6 +27,10 @@ alert's short window when it fires:
   says so.
 - availability: the stage in which the most requests per second failed; "none" when no pipeline stage failed.
 
+The latency alerts also name **the cause** of the slower tail (annotations ``cause`` and ``cause_evidence``): the top
+of ``dashboards.why``'s recorded ranking over the last 5 minutes against the hour before, as ``ragheat explain``
+ranks it.
+
 Every rule keeps the scrape job (``job``, :data:`KEPT`): several services scraped by one Prometheus each get their own
 SLI, stage series and alerts, and the stage an alert names is looked up in its own job's series.
 
@@ -40,7 +44,7 @@ from dataclasses import dataclass
 
 from prometheus_client.utils import floatToGoString
 
-from dashboards import contract
+from dashboards import contract, why
 from dashboards.spec import JOB
 from rag.slo import SLO_SECONDS
 
@@ -160,6 +164,11 @@ AVAILABILITY = Slo("availability", "Availability", 0.999, "a request answered wi
 SLOS = (LATENCY, AVAILABILITY)
 
 
+def why_names(profile: Profile) -> why.Names:
+    """The names of the causes' records (``dashboards.why``) in ``profile``'s windows."""
+    return why.Names(profile.window(why.WINDOW_S), profile.window(why.BASELINE_S))
+
+
 def sli_error_record(window: str) -> str:
     """Name of the recording rule holding an SLO's bad-event ratio over ``window`` (label ``slo``)."""
     return f"slo:sli_error:ratio_rate{window}"
@@ -240,6 +249,10 @@ def alert_rule(slo: Slo, alert: BurnAlert, profile: Profile) -> dict:
             f'and\n{sli_error_record(short)}{{slo="{slo.name}"}} > {threshold}')
     stage = stage_template(slo, profile, alert.short_s)
     evidence = stage_evidence_template(slo, profile, alert.short_s)
+    # Only a slower tail has a cause to rank (dashboards.why); a 5xx names its failing stage alone.
+    names = why_names(profile)
+    cause = ({"cause": why.cause_template(names), "cause_evidence": why.cause_evidence_template(names)}
+             if slo is LATENCY else {})
     return {
         "alert": alert_name(slo),
         "expr": expr,
@@ -252,12 +265,14 @@ def alert_rule(slo: Slo, alert: BurnAlert, profile: Profile) -> dict:
                            f"At this rate the whole budget is gone in {_duration(SLO_PERIOD_S / alert.factor)}.",
             "stage": stage,
             "stage_evidence": evidence,
+            **cause,
         },
     }
 
 
 def prometheus_rules(profile: Profile) -> dict:
-    """The rule file: per-stage quantiles, SLI error ratios per window, burn-rate alerts."""
+    """The rule file: per-stage quantiles, SLI error ratios per window, the causes of a slower tail, burn-rate
+    alerts (each group reads only records of the groups above it)."""
     bucket = contract.bucket(contract.STAGE_DURATION)
     quantiles = [{"record": stage_quantile_record(q, profile),
                   "expr": f"histogram_quantile({q:g}, sum by ({KEPT}, le, stage) (rate({bucket}[{profile.window(QUANTILE_WINDOW_S)}])))"}
@@ -274,17 +289,41 @@ def prometheus_rules(profile: Profile) -> dict:
     return {"groups": [
         {"name": "ragheat-stage-quantiles", "rules": quantiles},
         {"name": "ragheat-slo-error-ratios", "rules": ratios},
+        why.recording_rules(why_names(profile)),
         {"name": "ragheat-slo-burn-alerts", "rules": alerts},
     ]}
 
 
-def alertmanager_config(page_url: str, ticket_url: str) -> dict:
+NOTIFICATION_TEMPLATE = "ragheat.tmpl"
+"""Alertmanager's notification templates, written beside its config."""
+
+
+def notification_template() -> str:
+    """``ragheat.title`` and ``ragheat.text`` for a receiver that writes messages (chat, e-mail): the cause first,
+    then the stage, the summary and where to read the whole explanation. Webhook receivers (the stack's) get the same
+    annotations as JSON."""
+    return """{{ define "ragheat.title" }}[{{ .Status | toUpper }}] {{ .CommonLabels.alertname }} {{ .CommonLabels.job }}
+{{- with .CommonAnnotations.cause }}: cause {{ . }}{{ end }}{{ end }}
+
+{{ define "ragheat.text" }}{{ range .Alerts }}
+{{- with .Annotations.cause }}cause: {{ . }}{{ end }}{{ with .Annotations.cause_evidence }}: {{ . }}{{ end }}
+stage: {{ .Annotations.stage }}: {{ .Annotations.stage_evidence }}
+{{ .Annotations.summary }}
+{{ .Annotations.description }}
+{{ if .Annotations.cause }}the whole evidence: ragheat explain --prometheus URL --job {{ .Labels.job }} --window 5m
+{{ end }}{{ end }}{{ end }}
+"""
+
+
+def alertmanager_config(page_url: str, ticket_url: str, templates_dir: str = "/etc/alertmanager") -> dict:
     """Pages and tickets go to their own receivers, one notification per job and SLO; a page silences the ticket of
-    the same job and SLO."""
+    the same job and SLO. ``templates_dir``: where Alertmanager finds NOTIFICATION_TEMPLATE (an absolute path, as
+    the stack checks)."""
     def receiver(name: str, url: str) -> dict:
         return {"name": name, "webhook_configs": [{"url": url, "send_resolved": True}]}
 
     return {
+        "templates": [f"{templates_dir.rstrip('/')}/{NOTIFICATION_TEMPLATE}"],
         "route": {
             "receiver": "ticket", "group_by": ["alertname", KEPT, "slo"],
             "group_wait": "30s", "group_interval": "5m", "repeat_interval": "12h",

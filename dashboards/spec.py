@@ -71,7 +71,7 @@ class Panel:
     """One panel: title, kind, queries and display options."""
 
     title: str
-    kind: Literal["heatmap", "timeseries", "stat"]
+    kind: Literal["heatmap", "timeseries", "stat", "bargauge"]
     queries: tuple[Query, ...]
     unit: str = "s"
     description: str = ""

@@ -17,9 +17,9 @@ MAX_BODY_BYTES = 1 << 20
 KEEP = 200
 
 
-KEPT_ANNOTATIONS = ("stage", "stage_evidence", "summary")
-"""Annotations worth a log line: which pipeline stage is to blame and why, and the one-line summary (not the
-description's prose)."""
+KEPT_ANNOTATIONS = ("cause", "cause_evidence", "stage", "stage_evidence", "summary")
+"""Annotations worth a log line: the cause of a slower tail and its evidence, which pipeline stage is to blame and
+why, and the one-line summary (not the description's prose)."""
 
 
 def summarize(route: str, payload: dict) -> dict:

@@ -56,6 +56,9 @@ def render(
                                                "(a path as Grafana sees it; `ragheat stack web-auth` writes it)"),
     prometheus_user: str = typer.Option("ragheat", "--prometheus-user",
                                         help="the user it presents with --prometheus-password-file"),
+    alertmanager_templates: str = typer.Option("/etc/alertmanager", "--alertmanager-templates",
+                                               help="the rendered alertmanager/ folder as Alertmanager sees it "
+                                                    "(absolute: where it finds the notification template)"),
 ) -> None:
     """Write Grafana dashboards (JSON, sorted keys) and provisioning, Prometheus rules and Alertmanager config."""
     from dashboards.render import Targets, write
@@ -63,7 +66,7 @@ def render(
     if out_dir.exists() and not out_dir.is_dir():
         _fail(f"{out_dir} exists and is not a folder")
     targets = Targets(prometheus_url, traces_url, dashboards_path, page_webhook, ticket_webhook, prometheus_user,
-                      prometheus_password_file)
+                      prometheus_password_file, alertmanager_templates)
     written = write(out_dir, _profile(profile), targets)
     for path in written:
         out.print(f"wrote {path}")

@@ -20,7 +20,7 @@ from dashboards.verify import selected
 from telemetry.metrics import EXPECTED_METRICS, PrometheusMetrics
 
 DASHBOARDS = Path(__file__).resolve().parents[2] / "dashboards"
-METRIC_TOKEN = re.compile(r"(?<![\w:])((?:ragheat_|vllm:|stage:|slo:)[\w:]+)")
+METRIC_TOKEN = re.compile(r"(?<![\w:])((?:ragheat_|ragheat:|vllm:|stage:|slo:)[\w:]+)")
 SUFFIXES = ("", "_bucket", "_count", "_sum")
 
 
@@ -215,13 +215,17 @@ def test_latency_panels_read_either_source(slug):
     sourced = 0
     for panel in board.panels:
         kinds = [q.histograms for q in panel.queries]
-        if any(set(q.sources) & histogram_families for q in panel.queries):
+        # The causes' ranking is recorded from the scraped buckets alone: it runs whatever the choice.
+        ranked = all(q.expr.startswith(f"sort_desc({slo.why_names(slo.PRODUCTION).score}")
+                     for q in panel.queries)
+        if any(set(q.sources) & histogram_families for q in panel.queries) and not ranked:
             assert kinds.count(SCRAPED) == kinds.count(NATIVE) > 0, (panel.title, kinds)
             sourced += 1
         for q in panel.queries:
             names = set(METRIC_TOKEN.findall(q.expr))
             if q.histograms == SCRAPED:  # classic buckets, or a recording rule over them
-                assert q.expr.endswith("and on() (vector($source) == 0)")
+                gate = "and on() (vector($source) == 0)"
+                assert q.expr.endswith(gate) or ranked and q.expr.endswith(gate + ")"), q.expr
                 assert all(n.endswith("_bucket") or ":" in n for n in names), names
             elif q.histograms == NATIVE:  # the native series themselves, never a bucket series
                 assert q.expr.endswith("and on() (vector($source) == 1)")
@@ -336,14 +340,17 @@ def test_rules_keep_the_job_in_every_aggregation():
         for rule in group["rules"]:
             expr = rule["expr"]
             assert "sum(" not in expr and "vector(0)" not in expr, expr
-            groupings = re.findall(r"sum by \(([^)]*)\)", expr)
+            groupings = re.findall(r"\b(?:sum|max|quantile) by \(([^)]*)\)", expr)
             if "record" in rule:
-                assert groupings and all("job" in g.split(", ") for g in groupings), expr
+                # A record with no aggregation of its own reads only records that keep the job.
+                assert groupings or set(re.findall(r"[\w:]+(?=[{\[ ]|$)", expr)) & {
+                    r["record"] for r in group["rules"] if "record" in r}, expr
+                assert all("job" in g.split(", ") for g in groupings), expr
                 if rule["record"].startswith("stage:"):
                     assert all("stage" in g.split(", ") for g in groupings), expr
             for text in rule.get("annotations", {}).values():
-                for query in re.findall(r"range query \(printf \"([^\"]*)\" \$labels\.job\)", text):
-                    assert "{job=%q}" in query, query
+                for query in re.findall(r"range query \(printf \"([^\"]*)\" \$labels\.job[^)]*\)", text):
+                    assert "{job=%q" in query, query
                     annotation_queries += 1
                 assert "range query \"" not in text, text  # no query that ignores the alert's job
     assert annotation_queries >= len(slo.SLOS) * len(slo.BURN_ALERTS) * 2
@@ -358,7 +365,15 @@ def test_recording_rule_names_do_not_change():
     stage = "stage:ragheat_stage_duration_seconds:"
     assert records == {*(stage + n for n in ("p50_rate5m", "p95_rate5m", "p99_rate5m", "p99_rate30m", "p99_rate6h",
                                              "over_slo_rate5m", "over_slo_rate30m", "over_slo_rate6h")),
-                       *(f"slo:sli_error:ratio_rate{w}" for w in ("5m", "30m", "1h", "6h", "3d", "30d"))}
+                       *(f"slo:sli_error:ratio_rate{w}" for w in ("5m", "30m", "1h", "6h", "3d", "30d")),
+                       "ragheat:why_cause:score5m", "ragheat:why_charge_ms:5m",
+                       *(f"ragheat:why_{n}:{w}" for n in ("answered_per_s", "p99_ms", "stage_p99_ms", "process_cores",
+                                                          "others_cores", "stalled_share", "offered_per_s")
+                         for w in ("5m", "baseline1h")),
+                       *(f"ragheat:why_{n}:5m" for n in (
+                           "p97_ms", "host_cores", "stage_growth_ms", "stage_ratio", "ordinary_ratio_median",
+                           "stage_alone_ms", "stage_shared_ms", "load_cores", "cores_beyond", "cores_beyond_total",
+                           "p99_growth_ms", "slower"))}
 
 
 def test_a_job_is_matched_literally():
@@ -372,3 +387,18 @@ def test_expand_gates_by_source():
     expr = 'sum(rate(x{stage=~"$stage"}[$__rate_interval])) and on() (vector($source) == 1)'
     assert expand(expr, "5s") == 'sum(rate(x{stage=~".*"}[5s])) and on() (vector(0) == 1)'  # default: scraped
     assert expand(expr, "5s", {SOURCE: "1"}).endswith("(vector(1) == 1)")
+
+
+def test_the_causes_rules_weigh_as_explain_does():
+    """dashboards.why writes explain.causes's thresholds and dependencies again (dashboards cannot import explain):
+    they must be the same numbers, and its causes names of explain's kinds."""
+    from typing import get_args
+
+    from dashboards import why
+    from explain import causes, signals
+
+    for name in ("NOISE_MS", "NOISE_SHARE", "CORE_NOISE", "PRESSURE_NOISE", "TAIL_SHARE", "STANDS_OUT", "LOAD_GROWTH"):
+        assert getattr(why, name) == getattr(causes, name), name
+    assert why.QUANTILE == signals.QUANTILE
+    assert why.DEPENDENCY == causes.DEPENDENCY
+    assert set(why.CAUSES) <= set(get_args(causes.Kind)) and len(set(why.CAUSES)) == len(why.CAUSES)
