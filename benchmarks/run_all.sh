@@ -40,6 +40,7 @@ EXAMPLES_ARGS=(--rates 10,15,20,25,30,40,50 --duration 5 --warmup 1.5 --rounds 2
 REPLICAS_ARGS=(--rates 50,100,150,200,250,300 --duration 5 --warmup 2 --rounds 3)  # 5 configurations, 3 sweeps
 ANN_ARGS=()
 PROBES_ARGS=(--rounds 12 --round-s 4)
+EXPLAIN_ARGS=(--runs 3)  # every fault but memory (bench_explain.py's OPT_IN), 30-s windows, 5-s scrapes
 FUSION_ARGS=()
 GRAPH_ARGS=(--rounds 3 --http-queries 200)
 RERANK_LATENCY_ARGS=(--queries 200 --rounds 3 --http-queries 200)
@@ -69,6 +70,7 @@ if [ "${SMOKE:-0}" = 1 ]; then
   REPLICAS_ARGS=(--rates 5,10 --duration 1 --warmup 0.5)
   ANN_ARGS=(--no-wiki --threads 1,2 --seconds 0.1)
   PROBES_ARGS=(--rounds 2 --round-s 1 --syscall-calls 100000 --round-trips 20000 --syscall-runs 2)
+  EXPLAIN_ARGS=(--runs 1 --faults none,cpu_hog --window-s 10 --scrape-s 1 --fault-s 10 --pictures '')
   FUSION_ARGS=(--k 1,5,60 --bm25-weight 1.0,1.2)
   # the graph step measures the SciFact subset unless HOTPOT names a small multi-hop folder
   if [ "$HOTPOT" = datasets/hotpotqa-dev ]; then HOTPOT=$BEIR HOTPOT_SPLIT=$SPLIT; fi
@@ -106,8 +108,13 @@ step_telemetry() { "$PY" benchmarks/bench_telemetry.py --beir "$BEIR" --index "$
 step_telemetry-recording() { "$PY" benchmarks/bench_telemetry.py --beir "$BEIR" --index "$INDEX" --recording-only \
                                --json "$RESULTS/telemetry-recording.json"; }
 step_observe() { "$PY" benchmarks/bench_observe.py --beir "$BEIR" "${OBSERVE_ARGS[@]}" --json "$RESULTS/observe.json"; }
-step_explain() { "$PY" benchmarks/bench_explain.py --index "$INDEX" --queries "$BEIR/queries.jsonl" \
-                   --json "$RESULTS/explain.json"; }  # starts the service, its Prometheus and the faults itself
+step_explain() {  # the multi-hop set, whose queries reach the graph store; starts the service, its Prometheus,
+  # the model server and the faults itself
+  local index=$INDEX_ROOT/$(basename "$HOTPOT")
+  "$RH" ingest "$HOTPOT" --index "$index"  # with the graph (the default); a no-op when up to date
+  "$PY" benchmarks/bench_explain.py --index "$index" --queries "$HOTPOT/queries.jsonl" "${EXPLAIN_ARGS[@]}" \
+    --json "$RESULTS/explain.json"
+}
 step_loadgen() { "$PY" benchmarks/bench_loadgen.py "${LOADGEN_ARGS[@]}" --json "$RESULTS/loadgen.json"; }
 step_knee() {
   local port log pid

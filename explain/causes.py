@@ -11,7 +11,7 @@ each stage's growth is charged to what the evidence says slowed it:
   then the stage is the one that source hurt most.
 - Stages that slowed together share a machine-wide cause, split by how many CPU cores each source took beyond the
   baseline: the rest of the host (a **neighbour**; on a host already busy, whose busy time cannot grow, the extra
-  time its tasks waited for a CPU), the service's own process at the same load (**work no request
+  time its tasks waited for a CPU; while memory stalls grow, the kernel's CPU spent reclaiming it counts as memory), the service's own process at the same load (**work no request
   explains**: a spinning thread, a lock or GIL holder), the extra load itself, and stall time on memory or I/O
   (the kernel's pressure stall information, counted in cores lost).
 
@@ -231,6 +231,14 @@ def _machine_weights(now: Side, before: Side) -> dict[str, float]:
     """Cores each machine-wide source took beyond the baseline (zero where it did not move beyond noise)."""
     weights = {}
     others = now.others_cores - before.others_cores
+    cores = now.host_cores if math.isfinite(now.host_cores) else 1.0
+    stalled = {r: now.pressure.get(r, 0.0) - before.pressure.get(r, 0.0) for r in ("memory", "io")}
+    reclaim = 0.0
+    if stalled["memory"] >= PRESSURE_NOISE and others > 0:
+        # Reclaiming memory is kernel CPU outside the service (kswapd): a symptom of the memory pressure, not a
+        # neighbour's work.
+        reclaim = min(others, max(0.0, _or_zero(now.host_system_cores - before.host_system_cores)))
+        others -= reclaim
     weights["cpu_neighbour"] = others if others >= CORE_NOISE else 0.0
     per_request = _share(before.process_cores, before.answered_per_s)
     load_cores = per_request * max(0.0, now.answered_per_s - before.answered_per_s)
@@ -238,16 +246,19 @@ def _machine_weights(now: Side, before: Side) -> dict[str, float]:
     weights["overload"] = max(load_cores, CORE_NOISE) if more_load else 0.0
     own = (now.process_cores - before.process_cores) - load_cores
     weights["cpu_in_process"] = own if own >= CORE_NOISE else 0.0
-    cores = now.host_cores if math.isfinite(now.host_cores) else 1.0
     waiting = now.pressure.get("cpu", 0.0) - before.pressure.get("cpu", 0.0)
     if not weights["cpu_neighbour"] and not more_load and not own >= CORE_NOISE and waiting >= PRESSURE_NOISE:
         # A host already busy cannot get busier, but its tasks wait longer for a CPU: at the same load and with
         # the service burning no more, the extra wait is someone else's.
         weights["cpu_neighbour"] = cores * waiting
     for resource in ("memory", "io"):
-        stalled = now.pressure.get(resource, 0.0) - before.pressure.get(resource, 0.0)
-        weights[resource] = cores * stalled if stalled >= PRESSURE_NOISE else 0.0
+        weights[resource] = cores * stalled[resource] if stalled[resource] >= PRESSURE_NOISE else 0.0
+    weights["memory"] += reclaim
     return {k: (0.0 if math.isnan(v) else v) for k, v in weights.items()}
+
+
+def _or_zero(value: float) -> float:
+    return 0.0 if math.isnan(value) else value
 
 
 def _machine_cause(key: str, now: Side, before: Side, overload_line: str,
@@ -272,8 +283,11 @@ def _machine_cause(key: str, now: Side, before: Side, overload_line: str,
             f"CPU per answered request {per_before:.1f} -> {per_now:.1f} ms"]
     stalled = (before.pressure.get(key, 0.0), now.pressure.get(key, 0.0))
     name = "memory (reclaim, page faults: a cold page cache)" if key == "memory" else "I/O (the disk)"
-    return key, f"tasks of the host stalled on {name} {stalled[1]:.0%} of the time, against {stalled[0]:.0%}", [
-        f"{key} pressure (some) {stalled[0]:.1%} -> {stalled[1]:.1%}"]
+    lines = [f"{key} pressure (some) {stalled[0]:.1%} -> {stalled[1]:.1%}"]
+    if key == "memory" and math.isfinite(now.host_system_cores):
+        lines.append(f"the host's kernel CPU (reclaim among it) {before.host_system_cores:.2f} -> "
+                     f"{now.host_system_cores:.2f} cores")
+    return key, f"tasks of the host stalled on {name} {stalled[1]:.0%} of the time, against {stalled[0]:.0%}", lines
 
 
 def _kernel_growth(evidence: Evidence, stage: str) -> list[tuple[float, str]]:

@@ -58,6 +58,8 @@ class Side:
     skipped_per_s: dict[str, float] = field(default_factory=dict)
     process_cores: float = math.nan
     host_busy_cores: float = math.nan
+    host_system_cores: float = math.nan
+    """The host's CPU in the kernel (``system``): where reclaiming memory shows."""
     host_cores: float = math.nan
     pressure: dict[str, float] = field(default_factory=dict)  # resource -> share of time some task stalled
     kernel_ms_per_request: dict[tuple[str, str], float] = field(default_factory=dict)  # (stage, what) -> ms
@@ -130,6 +132,8 @@ class Reader:
         side.process_cores = self.scalar(f'sum(rate({HOST_METRICS["process_cpu"]}{every}{r}))')
         host = HOST_METRICS["host_cpu"]
         side.host_busy_cores = self.scalar(f"max(sum by (instance) (rate({host}{busy}{r})))")
+        system = _selector(self.job, 'mode="system"')
+        side.host_system_cores = self.scalar(f"max(sum by (instance) (rate({host}{system}{r})))")
         side.host_cores = self.scalar(f"max(sum by (instance) (rate({host}{every}{r})))")
         side.pressure = self.by("resource", f'max by (resource) (rate({HOST_METRICS["pressure"]}{some}{r}))')
         kernel = {"runqueue": (KERNEL_METRICS["runqueue"], "sum by (stage)"),

@@ -1,8 +1,8 @@
 """Constant load and the faults injected under it, for the drills that check what ``ragheat explain`` says: an
 open-loop sender whose rate can change while it runs (overload is the same sender, faster), processes spinning on
 the host's cores (a neighbour taking the CPU), a dependency paused and resumed (a graph store or model server that
-stalls or stops), a thread spinning inside the service (work no request explains), a memory limit squeezing the
-service (its file pages reclaimed and faulted back) and a neighbour writing to the disk."""
+stalls or stops), a thread spinning inside the service (work no request explains), a neighbour taking the host's
+memory (the page cache reclaimed and faulted back) and a neighbour writing to the disk."""
 
 from __future__ import annotations
 
@@ -175,60 +175,64 @@ class InProcessSpinner:
         self.trigger.unlink(missing_ok=True)
 
 
-class MemoryCgroup:
-    """A memory cgroup (v1 or v2) beside the caller's, for a process whose memory a drill squeezes.
+_MEMORY_HOG = """import signal, sys, time
+leave, chunk = int(sys.argv[1]) << 20, 64 << 20
+with open("/proc/self/oom_score_adj", "w") as f:
+    f.write("1000")  # if the kernel must kill, it kills this
+signal.signal(signal.SIGUSR1, lambda *_: globals().update(leave=int(sys.argv[2]) << 20))
+held, said = [], False
+def available():
+    with open("/proc/meminfo") as f:
+        return next(int(line.split()[1]) << 10 for line in f if line.startswith("MemAvailable:"))
+while True:
+    free = available()
+    if free > leave + chunk:
+        block = bytearray(chunk)
+        block[::4096] = b"\\1" * (chunk // 4096)  # touch every page: calloc's zero pages take no memory
+        held.append(block)
+    elif free < leave // 2 and held:
+        held.pop()
+    else:
+        if not said:
+            print(len(held) * chunk >> 20, flush=True)  # holding (once): how many MiB
+            said = True
+        time.sleep(0.2)
+"""
 
-    ``with group.holding_new_children():`` puts the caller in it while it starts the process, so the process and
-    everything it loads are charged to the group (moving a running process would leave its pages charged where
-    they are); ``with group.limited(keep):`` caps the group at what it uses less the share of its page cache
-    ``keep`` does not leave, so the kernel reclaims its file pages (code, mapped index files) and it faults them
-    back in: memory pressure, as a container's too tight limit makes."""
 
-    def __init__(self, name: str = "ragheat-drill") -> None:
-        if os.geteuid() != 0:
-            raise PermissionError("MemoryCgroup: squeezing a process's memory needs root (cgroup files)")
-        own = {line.split(":", 2)[1]: line.split(":", 2)[2].strip()
-               for line in Path("/proc/self/cgroup").read_text().splitlines()}
-        v1 = Path("/sys/fs/cgroup/memory")
-        if "memory" in own and v1.is_dir():
-            self.v2, self.parent = False, v1 / own["memory"].lstrip("/")
-        elif "" in own and (Path("/sys/fs/cgroup") / "cgroup.controllers").exists():
-            self.v2, self.parent = True, Path("/sys/fs/cgroup") / own[""].lstrip("/")
-        else:
-            raise RuntimeError("MemoryCgroup: no memory cgroup controller (v1 or v2) is mounted")
-        self.path = self.parent / name
-        self.path.mkdir(exist_ok=True)
+class MemoryHog:
+    """A process beside the service that takes the host's memory: ``prepare()`` takes all that is free but
+    ``headroom_mib`` more than ``leave_mib`` (quick, and costly in CPU: do it before the baseline), then
+    ``with hog:`` takes the rest down to ``leave_mib`` and holds it, so the kernel reclaims the page cache every
+    process runs from (the service's code, libraries, mapped files) and they fault it back in: memory pressure, as
+    a leaking or greedy neighbour makes. It gives memory back when less than half of what it leaves is left, and
+    asks the kernel to kill it first."""
 
-    @contextlib.contextmanager
-    def holding_new_children(self):
-        (self.path / "cgroup.procs").write_text(str(os.getpid()))
-        try:
-            yield self
-        finally:
-            (self.parent / "cgroup.procs").write_text(str(os.getpid()))
+    def __init__(self, leave_mib: int = 384, headroom_mib: int = 2048) -> None:
+        self.leave_mib, self.headroom_mib = leave_mib, headroom_mib
+        self._child: subprocess.Popen | None = None
 
-    def _stat(self) -> dict[str, int]:
-        rows = (line.split() for line in (self.path / "memory.stat").read_text().splitlines())
-        return {key: int(value) for key, value in rows}
+    def prepare(self) -> int:
+        """Start the process and return once it holds what it takes first (MiB)."""
+        self._child = subprocess.Popen([sys.executable, "-c", _MEMORY_HOG, str(self.leave_mib + self.headroom_mib),
+                                        str(self.leave_mib)], stdout=subprocess.PIPE, text=True)
+        line = self._child.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the memory hog exited with code {self._child.wait()} while taking memory")
+        return int(line)
 
-    def _limit_file(self) -> Path:
-        return self.path / ("memory.high" if self.v2 else "memory.limit_in_bytes")
+    def __enter__(self) -> "MemoryHog":
+        if self._child is None:
+            self.prepare()
+        self._child.send_signal(signal.SIGUSR1)
+        return self
 
-    @contextlib.contextmanager
-    def limited(self, keep: float):
-        cache = self._stat()["file" if self.v2 else "cache"]
-        usage = int((self.path / ("memory.current" if self.v2 else "memory.usage_in_bytes")).read_text())
-        limit = usage - int((1 - keep) * cache)  # usage counts kernel memory too: take the cache's share off it
-        self._limit_file().write_text(str(limit))
-        try:
-            yield limit
-        finally:
-            self._limit_file().write_text("max" if self.v2 else "-1")
-
-    def remove(self) -> None:
-        """Once its processes are gone."""
-        with contextlib.suppress(OSError):
-            self.path.rmdir()
+    def __exit__(self, *exc) -> None:
+        if self._child is not None:
+            self._child.kill()
+            self._child.wait()
+            self._child.stdout.close()
+            self._child = None
 
 
 _WRITER = """import os, sys

@@ -61,6 +61,18 @@ def test_a_neighbour_on_a_host_already_busy_shows_as_waiting_for_a_cpu():
     assert top(result) == "cpu_neighbour", result.headline
 
 
+def test_reclaiming_memory_is_kernel_cpu_outside_the_service_and_counts_as_memory_not_a_neighbour():
+    before = quiet(host_system_cores=0.05)
+    now = slower(4.0, host_busy_cores=1.15, host_system_cores=0.6,
+                 pressure={"cpu": 0.08, "memory": 0.07, "io": 0.01})
+    result = explain(evidence(now, before))
+    assert top(result) == "memory", result.headline
+    assert any("kernel CPU" in line for line in result.causes[0].evidence)
+    # The same busy CPU in user space, with no memory stalls, is a neighbour.
+    user = slower(4.0, host_busy_cores=1.15, host_system_cores=0.05)
+    assert top(explain(evidence(user, before))) == "cpu_neighbour"
+
+
 def test_the_service_burning_cpu_at_the_same_load():
     result = explain(evidence(slower(2.0, process_cores=1.3, host_busy_cores=1.5)))
     assert top(result) == "cpu_in_process", result.headline

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from loadgen.cpu import cpu_seconds
-from loadgen.faults import DiskWriter, InProcessSpinner, MemoryCgroup, Paused, descendants_named
+from loadgen.faults import DiskWriter, InProcessSpinner, MemoryHog, Paused, descendants_named
 
 
 def _state(pid: int) -> str:
@@ -96,23 +96,35 @@ def test_the_disk_writer_writes_and_cleans_up(tmp_path):
     assert not writer.file.exists()
 
 
-@pytest.mark.root
-def test_a_memory_cgroup_holds_new_children_and_caps_them_at_their_anonymous_memory_plus_a_share(tmp_path):
-    group = MemoryCgroup(name=f"ragheat-test-{os.getpid()}")
+def _available_mib() -> int:
+    with open("/proc/meminfo") as f:
+        return next(int(line.split()[1]) >> 10 for line in f if line.startswith("MemAvailable:"))
+
+
+def _rss_mib(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return next(int(line.split()[1]) >> 10 for line in status.splitlines() if line.startswith("VmRSS:"))
+
+
+def test_the_memory_hog_takes_what_is_free_but_its_headroom_then_the_rest_and_holds_it():
+    # A small bite of this machine, to see the mechanism: 128 MiB first, 128 more once on.
+    hog = MemoryHog(leave_mib=_available_mib() - 256, headroom_mib=128)
+    with hog:
+        pid = hog._child.pid
+        deadline, rss = time.monotonic() + 20, 0
+        while time.monotonic() < deadline and rss < 192:
+            rss = _rss_mib(pid)
+            time.sleep(0.1)
+        assert rss >= 192, rss  # pages touched, not merely reserved
+        assert Path(f"/proc/{pid}/oom_score_adj").read_text().strip() == "1000"
+    assert hog._child is None
+
+
+def test_a_prepared_memory_hog_holds_its_first_bite_until_it_is_turned_on():
+    hog = MemoryHog(leave_mib=_available_mib() - 256, headroom_mib=128)
+    held = hog.prepare()
     try:
-        with group.holding_new_children():
-            child = subprocess.Popen([sys.executable, "-c", "import time; b = bytearray(64 << 20); time.sleep(30)"])
-        try:
-            assert str(group.path.name) in Path(f"/proc/{child.pid}/cgroup").read_text()
-            assert group.path.name not in Path("/proc/self/cgroup").read_text()  # the caller left it again
-            time.sleep(1.0)
-            limit_file = group._limit_file()
-            with group.limited(keep=0.5) as limit:
-                assert 64 << 20 <= int(limit_file.read_text()) <= limit  # the kernel rounds to pages
-            assert limit_file.read_text().strip() in {"max", str(2**63 - 4096)}  # no limit again
-        finally:
-            child.kill()
-            child.wait()
+        assert 64 <= held <= 192 and 64 <= _rss_mib(hog._child.pid) <= 256
     finally:
-        group.remove()
-    assert not group.path.exists()
+        with hog:
+            pass
