@@ -125,9 +125,12 @@ def explained(api: PrometheusApi, window_s: int, at: float, printed: bool = Fals
     return result
 
 
-def picture(api: PrometheusApi, path: Path, start: float, end: float) -> str:
-    """The latency board's heatmaps over ``start``..``end`` (what an engineer paged would open), as a PNG."""
-    result = snapshot(api, (latency_board(PRODUCTION),), path.parent, (end - start) / 60, "5s", step_s=1.0, end=end)
+def picture(api: PrometheusApi, path: Path, start: float, end: float, scrape_s: float) -> str:
+    """The latency board's heatmaps over ``start``..``end`` (what an engineer paged would open), as a PNG; its rates
+    over three scrapes (a rate needs two samples)."""
+    rate_window = f"{max(3, round(3 * scrape_s))}s"
+    result = snapshot(api, (latency_board(PRODUCTION),), path.parent, (end - start) / 60, rate_window,
+                      step_s=scrape_s, end=end)
     if not result.written:
         return ""
     result.written[0].replace(path)
@@ -178,7 +181,10 @@ def drill(fault: str, setup: Setup, load: OpenLoop, api: PrometheusApi, args, pi
     wait_until(time.time() + (args.window_s if pictures is not None else SETTLE_S))
     if pictures is not None:
         row["printed"] = final.pop("printed")
-        row["picture"] = picture(api, pictures / f"{fault}.png", start - args.window_s, ended + args.window_s)
+        row["picture"] = picture(api, pictures / f"{fault}.png", start - args.window_s, ended + args.window_s,
+                                 args.scrape_s)
+        if not row["picture"]:
+            print(f"no picture of {fault}: the latency board's heatmaps had no data", file=sys.stderr)
     return row
 
 

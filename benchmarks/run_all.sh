@@ -40,7 +40,8 @@ EXAMPLES_ARGS=(--rates 10,15,20,25,30,40,50 --duration 5 --warmup 1.5 --rounds 2
 REPLICAS_ARGS=(--rates 50,100,150,200,250,300 --duration 5 --warmup 2 --rounds 3)  # 5 configurations, 3 sweeps
 ANN_ARGS=()
 PROBES_ARGS=(--rounds 12 --round-s 4)
-EXPLAIN_ARGS=(--runs 3)  # every fault but memory (bench_explain.py's OPT_IN), 30-s windows, 5-s scrapes
+EXPLAIN_ARGS=(--runs 3 --pictures '')  # every fault but memory (bench_explain.py's OPT_IN), 30-s windows, 5-s scrapes
+EXPLAIN_EXAMPLE_ARGS=(--runs 1 --faults gil_hog)  # its picture goes to docs/images/explain/
 FUSION_ARGS=()
 GRAPH_ARGS=(--rounds 3 --http-queries 200)
 RERANK_LATENCY_ARGS=(--queries 200 --rounds 3 --http-queries 200)
@@ -71,6 +72,7 @@ if [ "${SMOKE:-0}" = 1 ]; then
   ANN_ARGS=(--no-wiki --threads 1,2 --seconds 0.1)
   PROBES_ARGS=(--rounds 2 --round-s 1 --syscall-calls 100000 --round-trips 20000 --syscall-runs 2)
   EXPLAIN_ARGS=(--runs 1 --faults none,cpu_hog --window-s 10 --scrape-s 1 --fault-s 10 --pictures '')
+  EXPLAIN_EXAMPLE_ARGS=(--runs 1 --faults cpu_hog --window-s 10 --scrape-s 1 --fault-s 10 --pictures "$LOGS/pictures")
   FUSION_ARGS=(--k 1,5,60 --bm25-weight 1.0,1.2)
   # the graph step measures the SciFact subset unless HOTPOT names a small multi-hop folder
   if [ "$HOTPOT" = datasets/hotpotqa-dev ]; then HOTPOT=$BEIR HOTPOT_SPLIT=$SPLIT; fi
@@ -114,6 +116,12 @@ step_explain() {  # the multi-hop set, whose queries reach the graph store; star
   "$RH" ingest "$HOTPOT" --index "$index"  # with the graph (the default); a no-op when up to date
   "$PY" benchmarks/bench_explain.py --index "$index" --queries "$HOTPOT/queries.jsonl" "${EXPLAIN_ARGS[@]}" \
     --json "$RESULTS/explain.json"
+}
+step_explain-example() {  # one fault's drill as an engineer paged would see it: the board's picture, the explanation
+  local index=$INDEX_ROOT/$(basename "$HOTPOT")
+  "$RH" ingest "$HOTPOT" --index "$index"
+  "$PY" benchmarks/bench_explain.py --index "$index" --queries "$HOTPOT/queries.jsonl" "${EXPLAIN_EXAMPLE_ARGS[@]}" \
+    --json "$RESULTS/explain-example.json"
 }
 step_loadgen() { "$PY" benchmarks/bench_loadgen.py "${LOADGEN_ARGS[@]}" --json "$RESULTS/loadgen.json"; }
 step_knee() {
@@ -221,7 +229,7 @@ step_render() {
     "$PY" benchmarks/render_docs.py --results "$RESULTS" --out "$RESULTS/benchmarks.md"; fi
 }
 
-ALL=(ingest eval eval-fp32 fusion query telemetry telemetry-recording observe loadgen knee examples explain ann probes
+ALL=(ingest eval eval-fp32 fusion query telemetry telemetry-recording observe loadgen knee examples explain explain-example ann probes
      tune-vllm tune-vllm-real boards-llm embedding graph vllm-ttft rerank rerank-latency cache capacity batching replicas answers hyde judge render)
 if [ "${1:-}" = --list ]; then printf '%s\n' "${ALL[@]}"; exit 0; fi
 steps=("$@")

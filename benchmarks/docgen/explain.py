@@ -19,6 +19,10 @@ WHAT = {"none": "nothing injected", "cpu_hog": "a process spinning on every core
         "llm_stopped": "the model server stopped"}
 
 
+def _lines(text: str) -> str:
+    return "\n".join(line.rstrip() for line in text.rstrip().splitlines())
+
+
 def _answers(rows: list[dict]) -> str:
     """What the explanations said at the end of the window, most frequent first."""
     said = Counter((r["causes"][0] if r["causes"] else "nothing is wrong") if r["verdict"] != "no_data" else "no data"
@@ -53,3 +57,25 @@ def matrix(d: dict[str, dict]) -> str:
         text.append("The runs it got wrong, and what it said:\n\n" + "\n".join(
             f"- `{r['fault']}` (run {r['run'] + 1}): {r['headline']}" for r in wrong))
     return "\n\n".join(text)
+
+
+def _every(d: dict[str, dict]) -> str:
+    return str(d["explain-example"]["params"]["every_s"])
+
+
+def example(d: dict[str, dict]) -> str:
+    """One fault's first run as an engineer paged would see it: the latency board, then ``ragheat explain``."""
+    rows = [r for r in d["explain-example"]["rows"] if r.get("printed")]
+    parts = []
+    for r in rows:
+        parts.append(f"`{r['fault']}`: {WHAT.get(r['fault'], r['fault'])}. The latency board's heatmaps over the "
+                     "drill (the quiet baseline, the fault, the recovery), drawn from the same Prometheus by "
+                     "`dashboards/snapshot.py`:")
+        if r.get("picture"):
+            parts.append(f"![the latency board over the {r['fault']} drill]({r['picture'].removeprefix('docs/')})")
+        took = (f"its top cause was right {opt(r['seconds_to_correct'], 0)} s after the fault began"
+                if r["seconds_to_correct"] is not None else "its top cause was never right")
+        parts.append(f"Over the fault's window the end-to-end P99 went from {opt(r['baseline_p99_ms'], 1)} ms to "
+                     f"{opt(r['p99_ms'], 1)} ms; with `explain` run every {_every(d)} s, {took}.")
+        parts.append(f"What `ragheat explain` printed at the end of the fault:\n\n```text\n{_lines(r['printed'])}\n```")
+    return "\n\n".join(parts)

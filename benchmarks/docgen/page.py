@@ -86,6 +86,7 @@ PAGE: list[str | Section] = [
     Section("replicas", "### Replicas behind nginx", ("replicas",), capacity.replicas),
     "## Explaining a slow P99 (`ragheat explain`)",
     Section("explain", "### The fault matrix", ("explain",), explain.matrix),
+    Section("explain-example", "### A real fault, explained", ("explain-example",), explain.example),
     "## ANN indexes (`ragheat ann-bench`)",
     Section("ann", "", ("ann",), capacity.ann),
     "## eBPF probe overhead",
