@@ -12,6 +12,10 @@ The service retrieves with dense, BM25 and the graph (its embedded store), witho
 - ``gil_hog``: a thread spinning in Python inside the service (loaded through ``sitecustomize``: the service's own
   code knows nothing of it) -> ``cpu_in_process``.
 - ``graph_slow``: the graph store's process stopped for part of every second (SIGSTOP/SIGCONT) -> ``graph_store``.
+- ``cold_cache``: the service's memory cgroup (it starts in one, its index files evicted from the page cache
+  first, so the pages it maps are charged to it) capped below what it uses: the kernel reclaims the reranker's
+  token vectors it maps and it reads them back from the disk, a too tight container limit -> ``memory`` (or ``io``,
+  the re-reads). Needs root.
 - ``memory``: a neighbour holding all the host's free memory but a few GiB since before the baseline, then taking
   the rest but a few hundred MiB: the page cache the service runs from (its code, its libraries) is reclaimed and
   faulted back -> ``memory``.
@@ -55,17 +59,17 @@ from dashboards.snapshot import snapshot  # noqa: E402
 from explain.causes import explain  # noqa: E402
 from explain.report import as_json, render  # noqa: E402
 from explain.signals import Span, gather  # noqa: E402
-from loadgen.faults import (CpuHog, DiskWriter, InProcessSpinner, MemoryHog, OpenLoop, Paused,  # noqa: E402
-                            descendants_named, wait_until)
+from loadgen.faults import (CpuHog, DiskWriter, InProcessSpinner, MemoryCgroup, MemoryHog, OpenLoop,  # noqa: E402
+                            Paused, descendants_named, evict_page_cache, wait_until)
 from loadgen.resultsfile import BenchmarkRun  # noqa: E402
 from rag.childproc import free_port  # noqa: E402
 from stack.prometheus import LocalPrometheus  # noqa: E402
 from stack.servers import ServeProcess  # noqa: E402
 
 EXPECTED = {"none": None, "cpu_hog": "cpu_neighbour", "overload": "overload", "gil_hog": "cpu_in_process",
-            "graph_slow": "graph_store", "memory": "memory", "disk_writes": None,
+            "graph_slow": "graph_store", "cold_cache": "memory", "memory": "memory", "disk_writes": None,
             "none_llm": None, "llm_slow": "language_model", "llm_stopped": "language_model"}
-ALSO_CORRECT = {"disk_writes": {"io"}}
+ALSO_CORRECT = {"disk_writes": {"io"}, "cold_cache": {"io"}}
 """Causes that are right too when the service did slow (the disk is then the honest answer)."""
 LLM_FAULTS = ("none_llm", "llm_slow", "llm_stopped")
 OPT_IN = ("memory",)
@@ -94,6 +98,8 @@ def injected(fault: str, setup: "Setup", load: OpenLoop, args):
             stack.enter_context(Paused(stores, stopped_s=args.pause_s, period_s=1.0))
         elif fault == "memory":
             stack.enter_context(setup.memory_hog)
+        elif fault == "cold_cache":
+            stack.enter_context(setup.cgroup.limited(args.cache_keep))
         elif fault == "disk_writes":
             stack.enter_context(DiskWriter(setup.scratch))
         elif fault == "llm_slow":
@@ -111,6 +117,7 @@ class Setup:
         self.service: ServeProcess | None = None
         self.spinner: InProcessSpinner | None = None
         self.memory_hog: MemoryHog | None = None
+        self.cgroup: MemoryCgroup | None = None
         self.model_pid: int | None = None
 
 
@@ -212,7 +219,12 @@ def run_matrix(faults: list[str], setup: Setup, env: dict[str, str], qps: float,
     """Every run of ``faults`` against one service."""
     rows = []
     with contextlib.ExitStack() as stack:
-        setup.service = stack.enter_context(ServeProcess(args.index, env=env))
+        if setup.cgroup is not None:  # the service maps index files nobody holds, in the cgroup cold_cache squeezes
+            evict_page_cache((Path(args.index) / "current").resolve())
+            with setup.cgroup.holding_new_children():
+                setup.service = stack.enter_context(ServeProcess(args.index, env=env))
+        else:
+            setup.service = stack.enter_context(ServeProcess(args.index, env=env))
         extra = {"vllm": model_target} if model_target else None
         prometheus = stack.enter_context(LocalPrometheus(setup.service.url.removeprefix("http://"),
                                                          scrape_interval_s=args.scrape_s, extra_targets=extra))
@@ -272,13 +284,16 @@ def main() -> None:
     parser.add_argument("--llm-pause-s", type=float, default=0.6,
                         help="llm_slow: seconds of every second the model server is stopped (a CPU-served model "
                              "is slow already: a short pause hides in its own spread)")
+    parser.add_argument("--cache-keep", type=float, default=0.1,
+                        help="cold_cache: share of the service's page cache its cgroup's limit leaves room for")
     parser.add_argument("--memory-leave-mib", type=int, default=384,
                         help="memory: MiB of the host's available memory the neighbour leaves")
     parser.add_argument("--retrievers", default="dense,bm25,graph",
                         help="the service's retrievers (graph_slow needs the graph, and the index to have one)")
     parser.add_argument("--llm-qps", type=float, default=2.0, help="the load while a language model answers")
     parser.add_argument("--llm-max-tokens", type=int, default=16, help="tokens in a written answer (noise)")
-    parser.add_argument("--pictures", type=lambda v: Path(v) if v else None, default=REPO / "docs" / "images" / "explain",
+    parser.add_argument("--pictures", type=lambda v: Path(v) if v else None,
+                        default=REPO / "docs" / "images" / "explain",
                         help="the latency board's heatmaps around each fault's first run go here ('' for none)")
     parser.add_argument("--json", type=Path, help="results file (default benchmarks/results/explain.json)")
     args = parser.parse_args()
@@ -287,6 +302,8 @@ def main() -> None:
     unknown = sorted(set(faults) - set(EXPECTED))
     if unknown:
         parser.error(f"--faults: unknown {', '.join(unknown)} (known: {', '.join(EXPECTED)})")
+    if "cold_cache" in faults and os.geteuid() != 0:
+        parser.error("--faults cold_cache limits the service's memory cgroup: run as root, or leave it out")
     if "graph_slow" in faults and "graph" not in args.retrievers.split(","):
         parser.error("--faults graph_slow slows the graph store: --retrievers must include graph")
     retrieval = [f for f in faults if f not in LLM_FAULTS]
@@ -299,8 +316,13 @@ def main() -> None:
         if retrieval:
             if "gil_hog" in retrieval:
                 setup.spinner = InProcessSpinner(setup.scratch / "spinner")
-            rows += run_matrix(retrieval, setup, setup.spinner.env(env) if setup.spinner else env, args.quiet_qps,
-                               args)
+            setup.cgroup = MemoryCgroup() if "cold_cache" in retrieval else None
+            try:
+                rows += run_matrix(retrieval, setup, setup.spinner.env(env) if setup.spinner else env,
+                                   args.quiet_qps, args)
+            finally:
+                if setup.cgroup is not None:
+                    setup.cgroup.remove()
         if model:
             rows += with_model(model, setup, env, args)
     summary = summarise(rows)

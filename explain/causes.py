@@ -11,9 +11,10 @@ each stage's growth is charged to what the evidence says slowed it:
   then the stage is the one that source hurt most.
 - Stages that slowed together share a machine-wide cause, split by how many CPU cores each source took beyond the
   baseline: the rest of the host (a **neighbour**; on a host already busy, whose busy time cannot grow, the extra
-  time its tasks waited for a CPU; while memory stalls grow, the kernel's CPU spent reclaiming it counts as memory), the service's own process at the same load (**work no request
-  explains**: a spinning thread, a lock or GIL holder), the extra load itself, and stall time on memory or I/O
-  (the kernel's pressure stall information, counted in cores lost).
+  time its tasks waited for a CPU; while memory stalls grow, the kernel's CPU spent reclaiming it counts as
+  memory), the service's own process at the same load (**work no request explains**: a spinning thread, a lock or
+  GIL holder), the extra load itself, and stall time on memory or I/O (the kernel's pressure stall information,
+  counted in cores lost).
 
 Nothing is wrong when the P99 did not grow beyond ``NOISE_MS`` and ``NOISE_SHARE`` of the baseline (or grew with
 fewer than ``TAIL_SHARE`` of the window's requests slower than the baseline's P99: an outlier), nothing more was

@@ -132,8 +132,8 @@ class Paused:
         self._signal(signal.SIGCONT)
 
 
-_SPINNER = '''"""Loaded at start-up through PYTHONPATH by the explain drills: a thread that spins in Python while the file
-named by {variable} exists (a busy thread inside the service, holding the GIL the requests need)."""
+_SPINNER = '''"""Loaded at start-up through PYTHONPATH by the explain drills: a thread that spins in Python while
+the file named by {variable} exists (a busy thread inside the service, holding the GIL the requests need)."""
 import os, threading, time
 
 def _spin(trigger):
@@ -233,6 +233,76 @@ class MemoryHog:
             self._child.wait()
             self._child.stdout.close()
             self._child = None
+
+
+class MemoryCgroup:
+    """A memory cgroup (v1 or v2) beside the caller's, for a process whose memory a drill squeezes.
+
+    ``with group.holding_new_children():`` puts the caller in it while it starts the process, so the process and
+    everything it loads are charged to the group (moving a running process would leave its pages charged where
+    they are); ``with group.limited(keep):`` caps the group at what it uses less the share of its page cache
+    ``keep`` does not leave, so the kernel reclaims its file pages (the index files it maps) and it faults them
+    back in from the disk: memory pressure on a cold page cache, as a container's too tight limit makes. Only
+    pages the group brought in are its own: evict a file's cached pages first (``evict_page_cache``)."""
+
+    def __init__(self, name: str = "ragheat-drill") -> None:
+        if os.geteuid() != 0:
+            raise PermissionError("MemoryCgroup: squeezing a process's memory needs root (cgroup files)")
+        own = {line.split(":", 2)[1]: line.split(":", 2)[2].strip()
+               for line in Path("/proc/self/cgroup").read_text().splitlines()}
+        v1 = Path("/sys/fs/cgroup/memory")
+        if "memory" in own and v1.is_dir():
+            self.v2, self.parent = False, v1 / own["memory"].lstrip("/")
+        elif "" in own and (Path("/sys/fs/cgroup") / "cgroup.controllers").exists():
+            self.v2, self.parent = True, Path("/sys/fs/cgroup") / own[""].lstrip("/")
+        else:
+            raise RuntimeError("MemoryCgroup: no memory cgroup controller (v1 or v2) is mounted")
+        self.path = self.parent / name
+        self.path.mkdir(exist_ok=True)
+
+    @contextlib.contextmanager
+    def holding_new_children(self):
+        (self.path / "cgroup.procs").write_text(str(os.getpid()))
+        try:
+            yield self
+        finally:
+            (self.parent / "cgroup.procs").write_text(str(os.getpid()))
+
+    def _stat(self) -> dict[str, int]:
+        rows = (line.split() for line in (self.path / "memory.stat").read_text().splitlines())
+        return {key: int(value) for key, value in rows}
+
+    def _limit_file(self) -> Path:
+        return self.path / ("memory.high" if self.v2 else "memory.limit_in_bytes")
+
+    @contextlib.contextmanager
+    def limited(self, keep: float):
+        cache = self._stat()["file" if self.v2 else "cache"]
+        usage = int((self.path / ("memory.current" if self.v2 else "memory.usage_in_bytes")).read_text())
+        limit = usage - int((1 - keep) * cache)  # usage counts kernel memory too: take the cache's share off it
+        self._limit_file().write_text(str(limit))
+        try:
+            yield limit
+        finally:
+            self._limit_file().write_text("max" if self.v2 else "-1")
+
+    def remove(self) -> None:
+        """Once its processes are gone."""
+        with contextlib.suppress(OSError):
+            self.path.rmdir()
+
+
+def evict_page_cache(folder: Path) -> int:
+    """Drop the page cache of every file under ``folder`` that no process maps (``POSIX_FADV_DONTNEED``), so the
+    next process to read them brings them in (and is charged for them); returns the files' bytes."""
+    total = 0
+    for path in Path(folder).rglob("*"):
+        if path.is_file():
+            with open(path, "rb") as file:
+                os.fsync(file.fileno())  # dirty pages are not dropped: written back first
+                os.posix_fadvise(file.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+            total += path.stat().st_size
+    return total
 
 
 _WRITER = """import os, sys
