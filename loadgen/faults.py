@@ -7,6 +7,7 @@ memory (the page cache reclaimed and faulted back) and a neighbour writing to th
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import signal
@@ -280,7 +281,14 @@ class MemoryCgroup:
         cache = self._stat()["file" if self.v2 else "cache"]
         usage = int((self.path / ("memory.current" if self.v2 else "memory.usage_in_bytes")).read_text())
         limit = usage - int((1 - keep) * cache)  # usage counts kernel memory too: take the cache's share off it
-        self._limit_file().write_text(str(limit))
+        while True:
+            try:
+                self._limit_file().write_text(str(limit))
+                break
+            except OSError as exc:  # EBUSY: the kernel could not reclaim down to it (pages in use): a little more
+                if exc.errno != errno.EBUSY or limit >= usage:
+                    raise
+                limit += max(cache // 10, 1 << 20)
         try:
             yield limit
         finally:

@@ -127,7 +127,7 @@ def test_a_prepared_memory_hog_holds_its_first_bite_before_it_is_turned_on():
     hog = MemoryHog(leave_mib=_available_mib() - 256, headroom_mib=128)
     held = hog.prepare()
     try:
-        assert 64 <= held <= 192 and _rss_mib(hog._child.pid) >= held
+        assert held >= 64 and _rss_mib(hog._child.pid) >= held
     finally:
         with hog:
             pass
@@ -155,7 +155,7 @@ def test_a_memory_cgroup_is_charged_for_the_files_its_process_reads_once_evicted
             assert group._stat()["file" if group.v2 else "cache"] >= 31 << 20  # the file's pages are the group's
             with group.limited(keep=0.25) as limit:
                 assert int(group._limit_file().read_text()) <= limit
-                assert group._stat()["file" if group.v2 else "cache"] <= 16 << 20  # reclaimed to fit the limit
+                assert group._stat()["file" if group.v2 else "cache"] <= 28 << 20  # reclaimed to fit the limit
             assert group._limit_file().read_text().strip() in {"max", str(2**63 - 4096)}  # no limit again
         finally:
             child.kill()

@@ -56,8 +56,11 @@ def index(subset_index, tmp_path) -> Path:
 
 
 def test_hits_misses_counters_gauges_stream_and_a_new_generation(settings, index, tmp_path, embedder):
+    # A deadline a loaded machine cannot exhaust: an answer degraded by a skipped stage is (rightly) not stored, and
+    # this test is about what is.
     s = with_sections(settings, cache={"enabled": True}, graph={"enabled": False},
-                      server={"reload_poll_s": 0, "api_keys": [KEYS["admin"]]}, telemetry={"otlp": "off"})
+                      server={"reload_poll_s": 0, "api_keys": [KEYS["admin"]]}, telemetry={"otlp": "off"},
+                      admission={"deadline_ms": 10_000})
     with serve_live(s, RagPipeline(s, index)) as live, \
             httpx.Client(base_url=live.url, timeout=60, headers=ADMIN) as client:
         before = Scrape(client)
