@@ -150,7 +150,7 @@ def judged(fault: str, result: dict) -> tuple[bool, bool]:
     right = ({expected} if expected else set()) | ALSO_CORRECT.get(fault, set())
     kinds = [c["kind"] for c in result["causes"]]
     quiet_and_ok = expected is None and result["verdict"] == "ok"
-    return (quiet_and_ok or kinds[:1] and kinds[0] in right), (quiet_and_ok or any(k in right for k in kinds[:2]))
+    return (quiet_and_ok or bool(kinds) and kinds[0] in right), (quiet_and_ok or any(k in right for k in kinds[:2]))
 
 
 def drill(fault: str, setup: Setup, load: OpenLoop, api: PrometheusApi, args, pictures: Path | None = None) -> dict:
@@ -181,8 +181,8 @@ def drill(fault: str, setup: Setup, load: OpenLoop, api: PrometheusApi, args, pi
     expected = EXPECTED[fault]
     row = {"fault": fault, "expected": expected, "verdict": final["verdict"],
            "causes": [c["kind"] for c in final["causes"]], "headline": final["headline"],
-           "p99_ms": final["p99_ms"], "baseline_p99_ms": final["baseline_p99_ms"], "top1": bool(top1),
-           "top2": bool(top2), "false_alarm": expected is None and not top1,
+           "p99_ms": final["p99_ms"], "baseline_p99_ms": final["baseline_p99_ms"], "top1": top1,
+           "top2": top2, "false_alarm": expected is None and not top1,
            "seconds_to_correct": first_correct, "tries": tries, "explanation": final}
     # The next fault's baseline (the window before it starts) is this one's recovery; a picture shows it too.
     wait_until(time.time() + (args.window_s if pictures is not None else SETTLE_S))
