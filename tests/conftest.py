@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import ast
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -185,150 +183,14 @@ def subset_index(scifact_subset, settings, embedder, tmp_path_factory) -> Path:
     return index
 
 
-@dataclass
-class FullIndex:
-    path: Path
-    manifest: dict
-    cpu_s: float  # user + system CPU seconds of the process that built it, during the ingest (every thread)
-    settings: RagheatSettings  # what it was built with, and is served with
-
-
-def measured_settings(settings: RagheatSettings) -> RagheatSettings:
-    """The quality tests' ingest: what they measure (chunks, embeddings, FAISS, BM25) and nothing else: no token
-    vectors for the reranker, no knowledge graph (their retrievers are dense, bm25 and hybrid, unreranked)."""
-    return settings.model_copy(update={
-        "rerank": settings.rerank.model_copy(update={"enabled": False, "store_tokens": False}),
-        "graph": settings.graph.model_copy(update={"enabled": False})})
-
-
-def _imported_files(module: str) -> list[Path]:
-    """The files of the repo's ``module`` and of every module of its package that it imports, at any depth and from
-    any scope (a function's own imports included), read from the syntax trees: the code an ingest can run."""
-    top = module.split(".")[0]
-    seen: set[Path] = set()
-    todo = [module]
-    while todo:
-        name = todo.pop()
-        base = REPO.joinpath(*name.split("."))
-        path = next((p for p in (base.with_suffix(".py"), base / "__init__.py") if p.is_file()), None)
-        if path is None or path in seen:
-            continue
-        seen.add(path)
-        parts = name.split(".")
-        todo += [".".join(parts[:i]) for i in range(1, len(parts))]  # the packages' __init__ run first
-        package = parts if path.name == "__init__.py" else parts[:-1]
-        for node in ast.walk(ast.parse(path.read_bytes())):
-            if isinstance(node, ast.Import):
-                todo += [alias.name for alias in node.names if alias.name.split(".")[0] == top]
-            elif isinstance(node, ast.ImportFrom):
-                origin = package[:len(package) - node.level + 1] if node.level else []
-                source = ".".join(origin + ([node.module] if node.module else []))
-                if source.split(".")[0] == top:
-                    todo += [source, *(f"{source}.{alias.name}" for alias in node.names)]  # a name may be a module
-    return sorted(seen)
-
-
-def _code_key() -> str:
-    """What an index built by this checkout depends on beyond the ingest's own fingerprint: the code the ingest
-    imports (its syntax trees without docstrings: a comment or a docstring changes nothing built; a module the
-    ingest never imports, such as the query path's, changes nothing either) and every installed package with its
-    version (onnxruntime, faiss, tokenizers, ...)."""
-    import hashlib
-    from importlib.metadata import distributions
-
-    digest = hashlib.sha256()
-    for path in _imported_files("rag.ingest.pipeline"):
-        tree = ast.parse(path.read_bytes())
-        for node in ast.walk(tree):
-            body = getattr(node, "body", None)
-            if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
-                    and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
-                    and isinstance(body[0].value.value, str)):
-                node.body = body[1:] or [ast.Pass()]
-        digest.update(f"{path.relative_to(REPO)}\0{ast.dump(tree)}\0".encode())
-    packages = sorted(f"{d.metadata['Name']}=={d.version}" for d in distributions())
-    digest.update("\n".join(packages).encode())
-    return digest.hexdigest()[:16]
-
-
-def _index_cache(settings: RagheatSettings) -> Path | None:
-    """Where the whole-SciFact index is kept between runs: beside the ONNX conversions in the user's cache folder
-    (which outlives a fresh clone on the same machine, as CI's is), or RAGHEAT_TEST_INDEX_CACHE; ``off`` builds
-    it in every run."""
-    chosen = os.environ.get("RAGHEAT_TEST_INDEX_CACHE", "")
-    if chosen == "off":
-        return None
-    return Path(chosen) if chosen else settings.embedding.cache_dir / "test-indexes"
-
-
-def _measured_ingest(source: Path, index: Path, settings: RagheatSettings, embedder, force: bool = False):
-    """Ingest and its CPU seconds (user + system, every thread of this process)."""
-    import resource
-
-    from rag.ingest.pipeline import ingest
-
-    before = resource.getrusage(resource.RUSAGE_SELF)
-    report = ingest(str(source), index, settings, embedder=embedder, force=force)
-    after = resource.getrusage(resource.RUSAGE_SELF)
-    return report, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-
-
 @pytest.fixture(scope="session")
 def scifact_index(scifact_dir, settings, embedder, tmp_path_factory):
-    """The whole SciFact corpus (5,183 abstracts) ingested with ``measured_settings``, shared by the slow tests that
-    need it (embedding it takes minutes on two cores: a test that asks for it first needs a @pytest.mark.timeout
-    above the default 900 s). Also the ingest's CPU seconds, which a CPU hog beside the suite barely moves, unlike
-    its wall time.
+    """The whole SciFact corpus (5,183 abstracts) ingested with ``measured_settings`` by this checkout's ingest,
+    from passage vectors kept between runs (tests/scifact_full.py): embedding it anew takes minutes on two cores
+    (a test that asks for it first needs a @pytest.mark.timeout above the default 900 s)."""
+    from scifact_full import build
 
-    Kept between runs (``_index_cache``) in a folder named by ``_code_key``: with the same code and packages, and
-    the ingest itself finding the index up to date by its own fingerprint (corpus, model, chunking, BM25 and FAISS
-    parameters), a run reuses exactly what it would build, with the CPU seconds measured when that was built.
-    Anything else changed, and it is built (and measured) again."""
-    import fcntl
-
-    built_with = measured_settings(settings)
-    cache = _index_cache(settings)
-    if cache is None:
-        index = tmp_path_factory.mktemp("scifact-full") / "index"
-        report, cpu_s = _measured_ingest(scifact_dir, index, built_with, embedder)
-        yield FullIndex(index, report.manifest, cpu_s, built_with)
-        return
-
-    folder = cache / f"scifact-{_code_key()}"
-    cache.mkdir(parents=True, exist_ok=True)
-    with open(cache / "build.lock", "w") as build:
-        fcntl.flock(build, fcntl.LOCK_EX)  # one run at a time from here: one that waited finds the index up to date
-        folder.mkdir(exist_ok=True)
-        in_use = open(folder / "in-use.lock", "w")
-        fcntl.flock(in_use, fcntl.LOCK_SH)  # until the session ends: no other run removes the folder meanwhile
-        _remove_unused(cache, keep=folder)
-        measured = folder / "ingest-cpu.json"
-        report, cpu_s = _measured_ingest(scifact_dir, folder / "index", built_with, embedder)
-        kept = json.loads(measured.read_text()) if measured.is_file() else {}
-        if report.skipped and kept.get("fingerprint") == report.manifest["fingerprint"]:
-            cpu_s = kept["cpu_s"]
-        elif report.skipped or "reused" in report.manifest["timings_s"]:  # not the cost of a whole ingest
-            report, cpu_s = _measured_ingest(scifact_dir, folder / "index", built_with, embedder, force=True)
-        if not report.skipped:
-            measured.write_text(json.dumps({"fingerprint": report.manifest["fingerprint"], "cpu_s": cpu_s}))
-    with in_use:
-        yield FullIndex(folder / "index", report.manifest, cpu_s, built_with)
-
-
-def _remove_unused(cache: Path, keep: Path) -> None:
-    """Remove the indexes other code built, unless a run is using one now."""
-    import fcntl
-    import shutil
-
-    for stale in cache.glob("scifact-*"):
-        if stale == keep or not stale.is_dir():
-            continue
-        with open(stale / "in-use.lock", "w") as lock:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                continue
-            shutil.rmtree(stale, ignore_errors=True)
+    return build(scifact_dir, tmp_path_factory.mktemp("scifact-full") / "index", settings, embedder)
 
 
 @pytest.fixture(scope="session")
