@@ -19,42 +19,23 @@ import time
 from pathlib import Path
 from typing import Iterable
 
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def _stat_fields(pid: int) -> list[str] | None:
-    """The fields of /proc/PID/stat after the command name (which may hold spaces and parentheses); None if gone."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    return text[text.rindex(")") + 2:].split()
-
+from telemetry.host import descendants, read_process, read_processes
 
 def process_tree(roots: Iterable[int]) -> set[int]:
     """``roots`` and every live descendant of theirs."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and (fields := _stat_fields(int(entry.name))) is not None:
-            children.setdefault(int(fields[1]), []).append(int(entry.name))  # fields[1]: the parent's pid
-    tree, todo = set(), [pid for pid in roots if Path(f"/proc/{pid}").exists()]
-    while todo:
-        pid = todo.pop()
-        if pid not in tree:
-            tree.add(pid)
-            todo.extend(children.get(pid, ()))
-    return tree
+    return descendants(read_processes() or {}, roots)
 
 
 def cpu_seconds(pid: int) -> float | None:
     """User + system CPU seconds of one process (all its threads); None once it is gone."""
-    fields = _stat_fields(pid)
-    return None if fields is None else (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # stat fields 14, 15
+    process = read_process(pid)
+    return None if process is None else process.own_s
 
 
 def cpu_seconds_by_process(roots: Iterable[int]) -> dict[int, float]:
-    """``cpu_seconds`` of each process in the tree under ``roots``."""
-    return {pid: seconds for pid in process_tree(roots) if (seconds := cpu_seconds(pid)) is not None}
+    """User + system CPU seconds of each process (all its threads) in the tree under ``roots``."""
+    processes = read_processes() or {}
+    return {pid: processes[pid].own_s for pid in descendants(processes, roots)}
 
 
 class CpuWindow:

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import os
 import threading
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
@@ -58,41 +59,66 @@ def process_cpu_seconds() -> float:
     return times.user + times.system + times.children_user + times.children_system
 
 
-def tree_cpu_seconds(root: int, proc: Path = PROC, left_out: frozenset[str] = LEFT_OUT) -> float | None:
-    """User plus system CPU time of process ``root`` and of every process under it, every thread, plus what each of
-    them reaped from its children; the subtrees of ``left_out`` executables skipped. None when ``root`` is not in
-    ``proc`` (no /proc, or the process is gone)."""
-    children: dict[int, list[int]] = {}
-    seconds: dict[int, tuple[str, float]] = {}
+@dataclass(frozen=True)
+class ProcessTimes:
+    """One process as ``/proc/PID/stat`` shows it: its parent, its executable's name, the CPU seconds of all its
+    threads (user plus system) and those of the children it has reaped."""
+
+    ppid: int
+    comm: str
+    own_s: float
+    reaped_s: float
+
+
+def read_process(pid: int, proc: Path = PROC) -> ProcessTimes | None:
+    """Process ``pid`` from ``proc``; None once it is gone (or was never there)."""
+    try:
+        with open(f"{proc}/{pid}/stat", "rb") as file:
+            text = file.read().decode(errors="replace")
+    except OSError:
+        return None
+    # "pid (comm) state ppid ...": comm may hold spaces or parentheses, so it ends at the last ")".
+    comm, fields = text[text.find("(") + 1:text.rfind(")")], text[text.rfind(")") + 2:].split()
+    utime, stime, cutime, cstime = (int(f) for f in fields[11:15])
+    return ProcessTimes(int(fields[1]), comm, (utime + stime) / CLOCK_TICKS, (cutime + cstime) / CLOCK_TICKS)
+
+
+def read_processes(proc: Path = PROC) -> dict[int, ProcessTimes] | None:
+    """Every process in ``proc`` by pid; None without a readable ``proc``."""
     try:
         entries = os.listdir(proc)
     except OSError:
         return None
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"{proc}/{entry}/stat", "rb") as file:
-                text = file.read().decode(errors="replace")
-        except OSError:  # gone since the listing
-            continue
-        # "pid (comm) state ppid ...": comm may hold spaces or parentheses, so it ends at the last ")".
-        comm, fields = text[text.find("(") + 1:text.rfind(")")], text[text.rfind(")") + 2:].split()
-        pid, ppid = int(entry), int(fields[1])
-        utime, stime, cutime, cstime = (int(f) for f in fields[11:15])
-        seconds[pid] = comm, (utime + stime + cutime + cstime) / CLOCK_TICKS
-        children.setdefault(ppid, []).append(pid)
-    if root not in seconds:
-        return None
-    total, todo = 0.0, [root]
+    processes = {int(entry): process for entry in entries
+                 if entry.isdigit() and (process := read_process(int(entry), proc)) is not None}  # or gone since
+    return processes
+
+
+def descendants(processes: dict[int, ProcessTimes], roots: Iterable[int],
+                left_out: frozenset[str] = frozenset()) -> set[int]:
+    """``roots`` that are in ``processes`` and every process under them; the subtrees of ``left_out`` executables
+    below a root skipped."""
+    children: dict[int, list[int]] = {}
+    for pid, process in processes.items():
+        children.setdefault(process.ppid, []).append(pid)
+    tree, todo = set(), [(pid, True) for pid in roots if pid in processes]
     while todo:
-        pid = todo.pop()
-        comm, spent = seconds[pid]
-        if pid != root and comm in left_out:
+        pid, is_root = todo.pop()
+        if pid in tree or (not is_root and processes[pid].comm in left_out):
             continue
-        total += spent
-        todo += children.get(pid, ())
-    return total
+        tree.add(pid)
+        todo += [(child, False) for child in children.get(pid, ())]
+    return tree
+
+
+def tree_cpu_seconds(root: int, proc: Path = PROC, left_out: frozenset[str] = LEFT_OUT) -> float | None:
+    """User plus system CPU time of process ``root`` and of every process under it, every thread, plus what each of
+    them reaped from its children; the subtrees of ``left_out`` executables skipped. None when ``root`` is not in
+    ``proc`` (no /proc, or the process is gone)."""
+    processes = read_processes(proc)
+    if processes is None or root not in processes:
+        return None
+    return sum(processes[pid].own_s + processes[pid].reaped_s for pid in descendants(processes, [root], left_out))
 
 
 class HighWater:
