@@ -234,6 +234,9 @@ def run_matrix(faults: list[str], setup: Setup, env: dict[str, str], qps: float,
         for i in range(args.runs):
             for fault in faults:
                 row = drill(fault, setup, load, api, args, args.pictures if i == 0 and args.pictures else None)
+                if not setup.service.child.alive():  # a drill explains a slow service, not a dead one
+                    raise SystemExit(f"the service died during run {i + 1} of {fault} (an out-of-memory kill by a "
+                                     f"memory limit shows in dmesg); its log ends:\n{setup.service.child.log_tail()}")
                 row["run"] = i
                 rows.append(row)
                 took = f", correct after {row['seconds_to_correct']} s" if row["seconds_to_correct"] else ""

@@ -260,6 +260,7 @@ class MemoryCgroup:
             raise RuntimeError("MemoryCgroup: no memory cgroup controller (v1 or v2) is mounted")
         self.path = self.parent / name
         self.path.mkdir(exist_ok=True)
+        self._limit_file().write_text(self.no_limit)  # a group a killed drill left keeps its limit otherwise
 
     @contextlib.contextmanager
     def holding_new_children(self):
@@ -273,6 +274,10 @@ class MemoryCgroup:
         rows = (line.split() for line in (self.path / "memory.stat").read_text().splitlines())
         return {key: int(value) for key, value in rows}
 
+    @property
+    def no_limit(self) -> str:
+        return "max" if self.v2 else "-1"
+
     def _limit_file(self) -> Path:
         return self.path / ("memory.high" if self.v2 else "memory.limit_in_bytes")
 
@@ -281,6 +286,7 @@ class MemoryCgroup:
         cache = self._stat()["file" if self.v2 else "cache"]
         usage = int((self.path / ("memory.current" if self.v2 else "memory.usage_in_bytes")).read_text())
         limit = usage - int((1 - keep) * cache)  # usage counts kernel memory too: take the cache's share off it
+        step = max(cache // 10, 1 << 20)
         while True:
             try:
                 self._limit_file().write_text(str(limit))
@@ -288,11 +294,32 @@ class MemoryCgroup:
             except OSError as exc:  # EBUSY: the kernel could not reclaim down to it (pages in use): a little more
                 if exc.errno != errno.EBUSY or limit >= usage:
                     raise
-                limit += max(cache // 10, 1 << 20)
+                limit += step
+        # v1's limit is hard: a process whose anonymous memory grows past it is killed; v2's memory.high throttles
+        # it instead. On v1 the group's tasks wait at the limit (its OOM killer off) and a watcher raises the limit a
+        # step each time they do: the squeeze stays on the page cache, and the service lives.
+        control, done = self.path / "memory.oom_control", threading.Event()
+
+        def watch() -> None:
+            nonlocal limit
+            while not done.wait(0.02):
+                if "under_oom 1" in control.read_text():
+                    limit += step
+                    self._limit_file().write_text(str(limit))
+
+        watcher = None if self.v2 else threading.Thread(target=watch, name="rh:cgroup-watch", daemon=True)
+        if watcher is not None:
+            control.write_text("1")
+            watcher.start()
         try:
             yield limit
         finally:
-            self._limit_file().write_text("max" if self.v2 else "-1")
+            if watcher is not None:
+                done.set()
+                watcher.join()
+            self._limit_file().write_text(self.no_limit)
+            if watcher is not None:
+                control.write_text("0")
 
     def remove(self) -> None:
         """Once its processes are gone."""

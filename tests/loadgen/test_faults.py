@@ -163,3 +163,41 @@ def test_a_memory_cgroup_is_charged_for_the_files_its_process_reads_once_evicted
     finally:
         group.remove()
     assert not group.path.exists()
+
+
+@pytest.mark.root
+def test_a_process_whose_memory_grows_past_the_cap_waits_and_lives_while_its_page_cache_stays_squeezed(tmp_path):
+    """A service's anonymous memory grows under load (a queue, its buffers): the drill squeezes its page cache, it
+    does not kill it. The child reads a file, then on a line from the test takes 64 MiB more than the cap left."""
+    data = tmp_path / "tokens.bin"
+    data.write_bytes(os.urandom(32 << 20))
+    evict_page_cache(tmp_path)
+    grow = ("import sys, time\n"
+            f"open({str(data)!r}, 'rb').read()\n"
+            "print('read', flush=True)\n"
+            "sys.stdin.readline()\n"
+            "held = bytearray(64 << 20)\n"
+            "for i in range(0, len(held), 4096): held[i] = 1\n"
+            "print('grew', flush=True)\n"
+            "time.sleep(30)\n")
+    group = MemoryCgroup(name=f"ragheat-test-{os.getpid()}")
+    try:
+        with group.holding_new_children():
+            child = subprocess.Popen([sys.executable, "-c", grow], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True)
+        try:
+            assert child.stdout.readline().strip() == "read"
+            with group.limited(keep=0.25) as first_limit:
+                child.stdin.write("go\n")
+                child.stdin.flush()
+                assert child.stdout.readline().strip() == "grew"
+                assert child.poll() is None  # alive
+                if group.v2:  # memory.high throttles, the kernel lets the group past it
+                    assert int((group.path / "memory.current").read_text()) > first_limit
+                else:  # the watcher raised the hard limit while the child waited at it
+                    assert int(group._limit_file().read_text()) > first_limit + (32 << 20)
+        finally:
+            child.kill()
+            child.wait()
+    finally:
+        group.remove()
