@@ -40,7 +40,8 @@ EXAMPLES_ARGS=(--rates 10,15,20,25,30,40,50 --duration 5 --warmup 1.5 --rounds 2
 REPLICAS_ARGS=(--rates 50,100,150,200,250,300 --duration 5 --warmup 2 --rounds 3)  # 5 configurations, 3 sweeps
 ANN_ARGS=()
 PROBES_ARGS=(--rounds 12 --round-s 4)
-EXPLAIN_ARGS=(--runs 3 --pictures '')  # every fault but memory (bench_explain.py's OPT_IN), 30-s windows, 5-s scrapes
+EXPLAIN_ARGS=(--runs 3 --pictures '' --faults none,cpu_hog,overload,gil_hog,graph_slow,disk_writes,none_llm,llm_slow,llm_stopped)  # 30-s windows, 5-s scrapes
+EXPLAIN_COLD_CACHE_ARGS=(--runs 3 --pictures '' --faults cold_cache)  # the service in a memory cgroup of its own (root)
 EXPLAIN_EXAMPLE_ARGS=(--runs 1 --faults gil_hog)  # its picture goes to docs/images/explain/
 FUSION_ARGS=()
 GRAPH_ARGS=(--rounds 3 --http-queries 200)
@@ -116,6 +117,12 @@ step_explain() {  # the multi-hop set, whose queries reach the graph store; star
   "$RH" ingest "$HOTPOT" --index "$index"  # with the graph (the default); a no-op when up to date
   "$PY" benchmarks/bench_explain.py --index "$index" --queries "$HOTPOT/queries.jsonl" "${EXPLAIN_ARGS[@]}" \
     --json "$RESULTS/explain.json"
+}
+step_explain-cold-cache() {  # a cold page cache under a tight memory limit
+  local index=$INDEX_ROOT/$(basename "$HOTPOT")
+  "$RH" ingest "$HOTPOT" --index "$index"
+  "$PY" benchmarks/bench_explain.py --index "$index" --queries "$HOTPOT/queries.jsonl" "${EXPLAIN_COLD_CACHE_ARGS[@]}" \
+    --json "$RESULTS/explain-cold-cache.json"
 }
 step_explain-example() {  # one fault's drill as an engineer paged would see it: the board's picture, the explanation
   local index=$INDEX_ROOT/$(basename "$HOTPOT")
@@ -229,7 +236,7 @@ step_render() {
     "$PY" benchmarks/render_docs.py --results "$RESULTS" --out "$RESULTS/benchmarks.md"; fi
 }
 
-ALL=(ingest eval eval-fp32 fusion query telemetry telemetry-recording observe loadgen knee examples explain explain-example ann probes
+ALL=(ingest eval eval-fp32 fusion query telemetry telemetry-recording observe loadgen knee examples explain explain-cold-cache explain-example ann probes
      tune-vllm tune-vllm-real boards-llm embedding graph vllm-ttft rerank rerank-latency cache capacity batching replicas answers hyde judge render)
 if [ "${1:-}" = --list ]; then printf '%s\n' "${ALL[@]}"; exit 0; fi
 steps=("$@")

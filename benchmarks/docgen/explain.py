@@ -12,7 +12,9 @@ WHAT = {"none": "nothing injected", "cpu_hog": "a process spinning on every core
         "overload": "the offered load multiplied past the knee",
         "gil_hog": "a thread spinning in Python inside the service",
         "graph_slow": "the graph store stopped part of every second",
-        "memory": "the service's memory cgroup squeezed (its page cache reclaimed)",
+        "cold_cache": "the service's memory cgroup squeezed below its use, its index files evicted from the page "
+                      "cache",
+        "memory": "a neighbour taking the host's free memory",
         "disk_writes": "a neighbour writing to the disk, syncing every megabyte",
         "none_llm": "nothing injected, a language model answering",
         "llm_slow": "the model server stopped part of every second",
@@ -30,22 +32,33 @@ def _answers(rows: list[dict]) -> str:
     return ", ".join(f"{what} ×{n}" for what, n in said.most_common())
 
 
+MATRIX_FILES = ("explain", "explain-cold-cache")
+"""The matrix's results: the faults run together, then the memory cgroup's (its own run: it needs root)."""
+
+
+def _top(rows: list[dict], key: str) -> float:
+    return sum(bool(r[key]) for r in rows) / len(rows) if rows else 0.0
+
+
 def matrix(d: dict[str, dict]) -> str:
-    data = d["explain"]
-    params, summary, rows = data["params"], data["summary"], data["rows"]
+    params = d["explain"]["params"]
+    faults = {f: s for name in MATRIX_FILES for f, s in d[name]["summary"]["faults"].items()}
+    rows = [r for name in MATRIX_FILES for r in d[name]["rows"]]
     lines = []
-    for fault, s in summary["faults"].items():
+    for fault, s in faults.items():
         mine = [r for r in rows if r["fault"] == fault]
         expected = s["expected"] or "nothing is wrong"
         lines.append([f"`{fault}`", WHAT.get(fault, ""), expected, str(s["runs"]), pct(100 * s["top1"], 0),
                       pct(100 * s["top2"], 0), str(s["false_alarms"]) if s["expected"] is None else "–",
                       opt(s["median_seconds_to_correct"], 0), opt(s["max_seconds_to_correct"], 0), _answers(mine)])
     faulty = [r for r in rows if r["expected"] is not None]
+    quiet = [r for r in rows if r["expected"] is None]
+    false_alarms = sum(bool(r["false_alarm"]) for r in rows)
     text = [table(["fault", "injected", "expected top cause", "runs", "top-1", "top-2", "false alarms",
                    "seconds to correct (median)", "(max)", "top cause said"], lines),
-            f"Over the {len(faulty)} runs with a fault: top-1 **{pct(100 * summary['top1'], 0)}**, top-2 "
-            f"{pct(100 * summary['top2'], 0)}; **{summary['false_alarms']} false alarm"
-            f"{'s' if summary['false_alarms'] != 1 else ''}** in {summary['quiet_runs']} runs where the service "
+            f"Over the {len(faulty)} runs with a fault: top-1 **{pct(100 * _top(faulty, 'top1'), 0)}**, top-2 "
+            f"{pct(100 * _top(faulty, 'top2'), 0)}; **{false_alarms} false alarm"
+            f"{'s' if false_alarms != 1 else ''}** in {len(quiet)} runs where the service "
             f"had nothing to blame. Each fault's window is {params['window_s']} s against the {params['window_s']} "
             f"quiet seconds before it, Prometheus scraping every {num(params['scrape_s'], 1)} s, `explain` run every "
             f"{params['every_s']} s from the fault's start; the load is {num(params['quiet_qps'], 0)} req/s "

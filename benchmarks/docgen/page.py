@@ -85,7 +85,7 @@ PAGE: list[str | Section] = [
     Section("batching", "### Micro-batched query embedding", ("batching",), capacity.batching),
     Section("replicas", "### Replicas behind nginx", ("replicas",), capacity.replicas),
     "## Explaining a slow P99 (`ragheat explain`)",
-    Section("explain", "### The fault matrix", ("explain",), explain.matrix),
+    Section("explain", "### The fault matrix", explain.MATRIX_FILES, explain.matrix),
     Section("explain-example", "### A real fault, explained", ("explain-example",), explain.example),
     "## ANN indexes (`ragheat ann-bench`)",
     Section("ann", "", ("ann",), capacity.ann),
