@@ -21,6 +21,7 @@ from typing import Iterable
 
 from telemetry.host import descendants, read_process, read_processes
 
+
 def process_tree(roots: Iterable[int]) -> set[int]:
     """``roots`` and every live descendant of theirs."""
     return descendants(read_processes() or {}, roots)
