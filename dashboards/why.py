@@ -9,8 +9,9 @@ does:
 - a stage whose P99 ratio is ``STANDS_OUT`` times the median of the ordinary stages' has a cause of its own: the
   language model or the graph store for the stages that wait on them, else the stage itself;
 - the other stages' growth is split among the machine-wide sources by the CPU cores each took beyond the baseline
-  (a neighbour, the service's own process at the same load, the extra load, stall time on memory or I/O); with
-  none, each of those stages is its own cause too.
+  (a neighbour, the service's own process at the same load, the extra load, stall time on memory or I/O); on a
+  host already busy a neighbour is its tasks' extra wait for a CPU, and while memory stalls grow the host's extra
+  kernel CPU (reclaim) is memory's; with none, each of those stages is its own cause too.
 
 Where PromQL cannot follow ``ragheat explain`` the rules approximate it (the docs list each approximation):
 
@@ -99,8 +100,12 @@ SIGNALS = {
     "others_cores": (f"max by ({KEPT}) (sum by ({KEPT}, instance) "
                      f'(rate({contract.HOST["host_cpu"]}{{mode!~"idle|iowait|steal"}}[{{w}}])))\n'
                      f"- sum by ({KEPT}) (rate({contract.HOST['process_cpu']}[{{w}}]))"),
+    # The kernel's CPU time on the host: while memory stalls grow, the part of it outside the service is reclaim.
+    "host_system_cores": (f"max by ({KEPT}) (sum by ({KEPT}, instance) "
+                          f'(rate({contract.HOST["host_cpu"]}{{mode="system"}}[{{w}}])))'),
+    # CPU too: on a host already busy a neighbour shows as its tasks waiting longer for a CPU.
     "stalled_share": (f"max by ({KEPT}, resource) (rate({contract.HOST['pressure']}"
-                      f'{{scope="some", resource=~"{_alternation(STALLS)}"}}[{{w}}]))'),
+                      f'{{scope="some", resource=~"{_alternation((*STALLS, "cpu"))}"}}[{{w}}]))'),
 }
 """Each signal over the window, per job (``{w}``: the window); the baseline is the median of these records over the
 hour before."""
@@ -148,24 +153,45 @@ def _stage_rules(names: Names) -> list[dict]:
     ]
 
 
+def _stalled_more(names: Names, resource: str) -> str:
+    """How much more of the time the host's tasks stalled on ``resource`` than in the baseline, per job."""
+    return (f'max by ({KEPT}) ({names.now("stalled_share")}{{resource="{resource}"}}\n'
+            f'  - {names.before("stalled_share")}{{resource="{resource}"}})')
+
+
 def _core_rules(names: Names) -> list[dict]:
     """Cores each machine-wide source took beyond the baseline, where it moved beyond noise (``cause`` label)."""
     now, before = names.now, names.before
-    load = now("load_cores")
+    load, reclaim = now("load_cores"), now("reclaim_cores")
     cores = now("cores_beyond")
+    others = f"({now('others_cores')} - {before('others_cores')})"
+    more_load = f"({now('offered_per_s')} / {before('offered_per_s')} >= {LOAD_GROWTH:g})"
+    own = f"({now('process_cores')} - {before('process_cores')} - {load} >= {CORE_NOISE:g})"
+    neighbour = f"{others} - ({reclaim} or on ({KEPT}) 0 * {others}) >= {CORE_NOISE:g}"
     by_cause = {
-        "overload": f"clamp_min({load}, {CORE_NOISE:g})\n"
-                    f"and on ({KEPT}) ({now('offered_per_s')} / {before('offered_per_s')} >= {LOAD_GROWTH:g})",
-        "cpu_neighbour": f"{now('others_cores')} - {before('others_cores')} >= {CORE_NOISE:g}",
-        "cpu_in_process": f"{now('process_cores')} - {before('process_cores')} - {load} >= {CORE_NOISE:g}",
-        **{resource: f'max by ({KEPT}) ({now("stalled_share")}{{resource="{resource}"}}\n'
-                     f'  - {before("stalled_share")}{{resource="{resource}"}} >= {PRESSURE_NOISE:g})\n'
-                     f"* on ({KEPT}) {now('host_cores')}"
+        "overload": f"clamp_min({load}, {CORE_NOISE:g})\nand on ({KEPT}) {more_load}",
+        # A host already busy cannot get busier, but its tasks wait longer for a CPU: at the same load and with the
+        # service burning no more, the extra wait is someone else's.
+        "cpu_neighbour": f"{neighbour}\nor on ({KEPT}) ({_stalled_more(names, 'cpu')} >= {PRESSURE_NOISE:g})\n"
+                         f"* on ({KEPT}) {now('host_cores')}\n"
+                         f"unless on ({KEPT}) {more_load} unless on ({KEPT}) {own}",
+        "cpu_in_process": own.strip("()"),
+        **{resource: f"({_stalled_more(names, resource)} >= {PRESSURE_NOISE:g})\n* on ({KEPT}) {now('host_cores')}"
            for resource in STALLS},
     }
-    # The cores the extra load itself costs, at the baseline's CPU per answered request.
-    rules = [{"record": load, "expr": f"{before('process_cores')} / {before('answered_per_s')}\n"
-                                      f"* clamp_min({now('answered_per_s')} - {before('answered_per_s')}, 0)"}]
+    # The reclaim is the memory's: stall time on memory plus the kernel CPU reclaiming it.
+    by_cause["memory"] = f"{by_cause['memory']}\n+ on ({KEPT}) ({reclaim} or on ({KEPT}) 0 * {now('host_cores')})"
+    rules = [
+        # The cores the extra load itself costs, at the baseline's CPU per answered request.
+        {"record": load, "expr": f"{before('process_cores')} / {before('answered_per_s')}\n"
+                                 f"* clamp_min({now('answered_per_s')} - {before('answered_per_s')}, 0)"},
+        # While memory stalls grow, the host's extra kernel CPU outside the service is reclaim (kswapd), not a
+        # neighbour's work: at most what the rest of the host took beyond the baseline.
+        {"record": reclaim,
+         "expr": f"((clamp_min({now('host_system_cores')} - {before('host_system_cores')}, 0) <= on ({KEPT}) "
+                 f"clamp_min({others}, 0))\n or on ({KEPT}) clamp_min({others}, 0))\n"
+                 f"and on ({KEPT}) ({_stalled_more(names, 'memory')} >= {PRESSURE_NOISE:g})"},
+    ]
     rules += [{"record": cores, "expr": by_cause[cause], "labels": {"cause": cause}} for cause in MACHINE_CAUSES]
     rules.append({"record": now("cores_beyond_total"), "expr": f"sum by ({KEPT}) ({cores})"})
     return rules

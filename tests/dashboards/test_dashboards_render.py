@@ -368,11 +368,13 @@ def test_recording_rule_names_do_not_change():
                        *(f"slo:sli_error:ratio_rate{w}" for w in ("5m", "30m", "1h", "6h", "3d", "30d")),
                        "ragheat:why_cause:score5m", "ragheat:why_charge_ms:5m",
                        *(f"ragheat:why_{n}:{w}" for n in ("answered_per_s", "p99_ms", "stage_p99_ms", "process_cores",
-                                                          "others_cores", "stalled_share", "offered_per_s")
+                                                          "others_cores", "host_system_cores", "stalled_share",
+                                                          "offered_per_s")
                          for w in ("5m", "baseline1h")),
                        *(f"ragheat:why_{n}:5m" for n in (
                            "p97_ms", "host_cores", "stage_growth_ms", "stage_ratio", "ordinary_ratio_median",
-                           "stage_alone_ms", "stage_shared_ms", "load_cores", "cores_beyond", "cores_beyond_total",
+                           "stage_alone_ms", "stage_shared_ms", "load_cores", "reclaim_cores", "cores_beyond",
+                           "cores_beyond_total",
                            "p99_growth_ms", "slower"))}
 
 

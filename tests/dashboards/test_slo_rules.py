@@ -126,6 +126,7 @@ class Phase:
     load: float = 1.0  # requests per minute, as a multiple of PER_MINUTE
     process_cores: float = 1.0  # the host's CPU and stalls, written out by traffic(host=True) only
     others_cores: float = 0.5
+    system_cores: float = 0.0  # of the others' cores, those the kernel spent (reclaim among them)
     stalled: tuple[tuple[str, float], ...] = ()  # (resource, share of time some task stalled)
 
 
@@ -183,7 +184,9 @@ def traffic(*phases: Phase, job: str = JOB, stages: tuple[str, ...] = STAGES,
                 add(f'{contract.STAGE_ERRORS}{{stage="{stage}"}}', failed if stage == phase.failing else 0)
             if host:
                 busy = phase.process_cores + phase.others_cores
-                add(f'{contract.HOST["host_cpu"]}{{instance="{HOST}", mode="user"}}', round(60 * busy))
+                add(f'{contract.HOST["host_cpu"]}{{instance="{HOST}", mode="user"}}',
+                    round(60 * (busy - phase.system_cores)))
+                add(f'{contract.HOST["host_cpu"]}{{instance="{HOST}", mode="system"}}', round(60 * phase.system_cores))
                 add(f'{contract.HOST["host_cpu"]}{{instance="{HOST}", mode="idle"}}', round(60 * (HOST_CORES - busy)))
                 add(f'{contract.HOST["process_cpu"]}{{instance="{HOST}"}}', round(60 * phase.process_cores))
                 stalled = dict(phase.stalled)
@@ -393,6 +396,24 @@ CAUSE_SCENARIOS = {
          fires("latency", H + 10, "embed", cause=("io", MOST_IN_EMBED.format(ms=706)
                                                   + "; tasks stalled on I/O 30% against 0% of the time"), **SPREAD_PAGE)],
         [scores(H - 1), scores(H + 10, io=706, cpu_neighbour=588)]),
+    # Memory stalls 20 % of the time (1.6 of the 8 cores) while the rest of the host burns 2 more cores, all of them
+    # the kernel's (reclaim): memory's, not a neighbour's, so memory takes the whole 1294 ms.
+    "memory stalls and the kernel reclaiming: memory, not a neighbour": (
+        traffic(Phase(H), Phase(12, slow=1.0, stages=TOGETHER, others_cores=2.5, system_cores=2.0,
+                                stalled=(("memory", 0.2),)), host=True),
+        [fires("latency", H + 10, "embed", cause=("memory", MOST_IN_EMBED.format(ms=1294)
+                                                  + "; tasks stalled on memory 20% against 0% of the time"),
+               **SPREAD_PAGE)],
+        [scores(H + 10, memory=1294)]),
+    # A host already busy (the service 1 core, the rest 7 of 8) cannot get busier: the neighbour shows as the host's
+    # tasks waiting for a CPU 30 % more of the time, at the same load and the service's same CPU.
+    "a neighbour on a host already busy: tasks wait longer for a CPU": (
+        traffic(Phase(H, others_cores=7.0), Phase(12, slow=1.0, stages=TOGETHER, others_cores=7.0,
+                                                  stalled=(("cpu", 0.3),)), host=True),
+        [fires("latency", H + 10, "embed", cause=("cpu_neighbour", MOST_IN_EMBED.format(ms=1294)
+                                                  + "; other processes on the host busy 7.00 against 7.00 cores"),
+               **SPREAD_PAGE)],
+        [scores(H + 10, cpu_neighbour=1294)]),
     # The service's process burns 2 more cores at the same load: all of it is work no request explains.
     "the service's own CPU at the same load": (
         traffic(Phase(H), Phase(12, slow=1.0, stages=TOGETHER, process_cores=3.0), host=True),
