@@ -1,7 +1,7 @@
 """The whole SciFact corpus as the quality tests index it, and its passage vectors kept between runs.
 
-Embedding SciFact's ~10k chunks is nearly all of its ingest (minutes of both cores); chunking, BM25 and FAISS take
-seconds. So the vectors are kept between runs, each under its text, in a folder named by what they depend on: the
+Embedding SciFact's chunks is nearly all of its ingest's time; chunking, BM25 and FAISS are a small part. So the
+vectors are kept between runs, each under its text, in a folder named by what they depend on: the
 embedding code (``rag/embedding``), the model (its identity: weights' hash, precision, sequence length), the
 embedding settings and every installed package with its version. The index itself is built in every run from those
 vectors with this checkout's ingest code, so a change to the ingest, the chunker or the indexes is always what the
