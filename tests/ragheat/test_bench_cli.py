@@ -34,6 +34,7 @@ def served_requests(url: str) -> float:
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # Little's law holds for a client that gets a CPU when its answer arrives: alone, not beside others
 def test_bench_closed_loop_command(settings, pipeline, tmp_path):
     out = tmp_path / "bench"
     env = {**os.environ, "COLUMNS": "400", "NO_COLOR": "1", "TERM": "dumb"}
