@@ -89,9 +89,9 @@ def read_processes(proc: Path = PROC) -> dict[int, ProcessTimes] | None:
         entries = os.listdir(proc)
     except OSError:
         return None
-    processes = {int(entry): process for entry in entries
-                 if entry.isdigit() and (process := read_process(int(entry), proc)) is not None}  # or gone since
-    return processes
+    # A process gone since the listing is left out.
+    return {int(entry): process for entry in entries
+            if entry.isdigit() and (process := read_process(int(entry), proc)) is not None}
 
 
 def descendants(processes: dict[int, ProcessTimes], roots: Iterable[int],
