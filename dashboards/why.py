@@ -166,7 +166,7 @@ def _core_rules(names: Names) -> list[dict]:
     cores = now("cores_beyond")
     others = f"({now('others_cores')} - {before('others_cores')})"
     more_load = f"({now('offered_per_s')} / {before('offered_per_s')} >= {LOAD_GROWTH:g})"
-    own = f"({now('process_cores')} - {before('process_cores')} - {load} >= {CORE_NOISE:g})"
+    own = f"{now('process_cores')} - {before('process_cores')} - {load} >= {CORE_NOISE:g}"
     neighbour = f"{others} - ({reclaim} or on ({KEPT}) 0 * {others}) >= {CORE_NOISE:g}"
     by_cause = {
         "overload": f"clamp_min({load}, {CORE_NOISE:g})\nand on ({KEPT}) {more_load}",
@@ -174,8 +174,8 @@ def _core_rules(names: Names) -> list[dict]:
         # service burning no more, the extra wait is someone else's.
         "cpu_neighbour": f"{neighbour}\nor on ({KEPT}) ({_stalled_more(names, 'cpu')} >= {PRESSURE_NOISE:g})\n"
                          f"* on ({KEPT}) {now('host_cores')}\n"
-                         f"unless on ({KEPT}) {more_load} unless on ({KEPT}) {own}",
-        "cpu_in_process": own.strip("()"),
+                         f"unless on ({KEPT}) {more_load} unless on ({KEPT}) ({own})",
+        "cpu_in_process": own,
         **{resource: f"({_stalled_more(names, resource)} >= {PRESSURE_NOISE:g})\n* on ({KEPT}) {now('host_cores')}"
            for resource in STALLS},
     }
