@@ -30,6 +30,9 @@ from rag.types import (CacheKey, CacheStats, Chunk, EmbeddingResult, FusionResul
 class Embedder(Protocol):
     """Turns a query into the vector the dense index was built with (and texts into many, at ingest)."""
 
+    @property
+    def query_precision(self) -> str: ...  # what queries are embedded at (the passages' may differ)
+
     def warm_up(self) -> None: ...
 
     def embed_query(self, text: str) -> EmbeddingResult: ...

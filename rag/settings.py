@@ -40,7 +40,15 @@ class EmbeddingSettings(_Section):
     cache_dir: Path = Field(default_factory=_default_cache_dir, description="where ONNX conversions are cached")
     precision: Literal["fp32", "int8"] = Field("int8", description="int8 = 8-bit weights, activations quantised per row: batch-independent (rag/embedding/quantize.py; docs/benchmarks.md)")
     max_seq_length: int = Field(256, ge=8, le=512, description="word pieces per text; longer texts are truncated")
-    query_threads: int = Field(1, ge=1, le=64, description="ONNX Runtime threads for one query")
+    query_threads: int = Field(1, ge=1, le=64, description="ONNX Runtime threads for one query while other queries "
+                                                           "run too")
+    query_precision: Literal["same", "fastest", "fp32", "int8"] = Field(
+        "fastest", description="the query encoder's precision: same = the passages' (precision); fastest = whichever of "
+        "fp32 and int8 runs a query faster on this CPU, timed at start-up (int8's integer kernels need VNNI to beat "
+        "fp32); the other precision's query vectors agree with the passages' to within int8's error (docs/benchmarks.md)")
+    quiet_query_threads: int = Field(0, ge=0, le=64, description="ONNX Runtime threads for a query that finds no other "
+                                     "query in the model: idle cores shorten the quiet case's embedding; 0 = the cores "
+                                     "this process may use, 1 = never more than query_threads")
     bulk_threads: int = Field(0, ge=0, le=256, description="threads for ingestion; 0 = all cores")
     batch_tokens: int = Field(8192, ge=256, description="padded tokens per ingestion batch")
     query_batch_max: int = Field(1, ge=1, le=256, description="queries of concurrent requests that share one model "

@@ -77,6 +77,10 @@ class MicroBatchEmbedder:
         return self.inner.files
 
     @property
+    def query_precision(self) -> str:
+        return self.inner.query_precision
+
+    @property
     def dimension(self) -> int:
         return self.inner.dimension
 

@@ -1,16 +1,27 @@
 """Sentence embeddings with ONNX Runtime: the request path's ``Embedder``.
 
-Nothing here imports torch. Two sessions share one graph: a single-thread session for queries
-(one short query gains nothing from a second thread and would fight the other requests for the
-core) and a session with all cores for bulk ingestion. The graph also returns every token's last hidden state
+Nothing here imports torch. Three sessions serve the model: a single-thread session for queries while
+other queries run (a second thread would fight them for the core), a session with the idle cores for a query that
+finds the model to itself (the quiet case: a short query's run splits across cores), and a session with all cores for
+bulk ingestion. The quiet session's threads do not spin between runs, so an idle one takes no core from the
+request's other stages, and they are born named ``rh:embed``, so the probes charge their time to the stage.
+
+The query sessions may run the model at another precision than the passages' (``embedding.query_precision``):
+which of fp32 and int8 is faster depends on the CPU (the int8 scheme's integer kernels beat fp32 only with VNNI),
+while either's query vectors match the passages' to within int8's error, so ``fastest`` times both at start-up
+and keeps the faster. Bulk ingestion always runs at the passages' precision, which the index records. The graph also returns every token's last hidden state
 (``TOKEN_OUTPUT``): ``embed_query_tokens`` and ``embed_many(on_tokens=...)`` hand them to the late-interaction
 reranker (``rag.rerank``) from the same run, so reranking never reads a text twice.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import threading
 import time
-from typing import Callable, Iterable, Sequence
+from contextlib import contextmanager
+from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import onnxruntime as ort
@@ -20,11 +31,16 @@ from rag.devicetime import DeviceTimer
 from rag.embedding.model_store import EncoderFiles, ensure_encoder
 from rag.embedding.onnx_builder import SENTENCE_OUTPUT, TOKEN_OUTPUT
 from rag.settings import EmbeddingSettings
+from rag.threadnames import get_name, set_name, stage_comm
 from rag.types import EmbeddingResult
 
+log = logging.getLogger(__name__)
 
-def _session(path, threads: int) -> ort.InferenceSession:
+
+def _session(path, threads: int, spinning: bool = True) -> ort.InferenceSession:
     options = ort.SessionOptions()
+    if not spinning:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
@@ -35,6 +51,31 @@ def _session(path, threads: int) -> ort.InferenceSession:
 def _providers() -> list[str]:
     available = ort.get_available_providers()
     return [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]
+
+
+# Queries of typical lengths (a few to ~40 word pieces) that time the two query encoders against each other.
+TIMING_QUERIES = ("what causes tides?",
+                  "Vitamin D deficiency raises the risk of multiple sclerosis.",
+                  "Which enzyme links the citric acid cycle to the electron transport chain in mitochondria of "
+                  "mammalian liver cells under fasting conditions?",
+                  "Were the director of the 1994 film and the author of its source novel born in the same country?")
+# The other precision serves queries only when it takes at most this share of the passages' precision's time: a
+# narrower win is within the timing's noise and not worth mixing precisions for.
+OTHER_PRECISION_GAIN = 0.85
+
+
+def time_query_runs(sessions: dict[str, ort.InferenceSession], feeds: list[dict], rounds: int = 7) -> dict[str, float]:
+    """Each session's fastest round over ``feeds`` (seconds), the rounds interleaved so that a burst of noise hits
+    every session alike; after one untimed round each (first runs allocate)."""
+    best = dict.fromkeys(sessions, float("inf"))
+    for round_ in range(rounds + 1):
+        for name, session in sessions.items():
+            start = time.perf_counter()
+            for feed in feeds:
+                session.run([SENTENCE_OUTPUT], feed)
+            if round_:
+                best[name] = min(best[name], time.perf_counter() - start)
+    return best
 
 
 class OnnxEmbedder:
@@ -49,7 +90,12 @@ class OnnxEmbedder:
         self.settings = settings
         self.files: EncoderFiles | None = None
         self._query_session: ort.InferenceSession | None = None
+        self.query_files: EncoderFiles | None = None  # the query side's encoder (files: the passages')
+        self._quiet_session: ort.InferenceSession | None = None  # None: every query on _query_session
         self._bulk_session: ort.InferenceSession | None = None
+        self._runs_lock = threading.Lock()
+        self._runs = 0  # query runs in flight
+        self.quiet_runs = 0  # query runs that had the model, and the idle cores, to themselves
         self._tokenizer: Tokenizer | None = None
         self.device_timer: DeviceTimer | None = None
 
@@ -64,10 +110,43 @@ class OnnxEmbedder:
         tokenizer.enable_truncation(max_length=s.max_seq_length)
         tokenizer.no_padding()
         self._tokenizer = tokenizer
-        self._query_session = _session(self.files.onnx_path, s.query_threads)
+        self.query_files, self._query_session = self._query_encoder()
+        quiet_threads = s.quiet_query_threads or len(os.sched_getaffinity(0))
+        if quiet_threads > s.query_threads:
+            # A thread inherits its creator's kernel name: the session's pool threads are rh:embed for good.
+            creator = get_name()
+            set_name(stage_comm("embed"))
+            try:
+                self._quiet_session = _session(self.query_files.onnx_path, quiet_threads, spinning=False)
+            finally:
+                set_name(creator)
         # CUDA events only when the session really runs on the GPU; otherwise two perf_counter calls.
         self.device_timer = DeviceTimer.for_device("CUDAExecutionProvider" in self._query_session.get_providers())
-        self._query_session.run([SENTENCE_OUTPUT], self._feed([tokenizer.encode("warm up")]))
+        for session in filter(None, (self._query_session, self._quiet_session)):
+            session.run([SENTENCE_OUTPUT], self._feed([tokenizer.encode("warm up")]))
+
+    def _query_encoder(self) -> tuple[EncoderFiles, ort.InferenceSession]:
+        """The query side's encoder (``embedding.query_precision``) and its single-thread session."""
+        s = self.settings
+        wanted = s.precision if s.query_precision == "same" else s.query_precision
+        if wanted != "fastest":
+            files = self.files if wanted == s.precision else ensure_encoder(s.model_dir, s.cache_dir, wanted)
+            return files, _session(files.onnx_path, s.query_threads)
+        other = "fp32" if s.precision == "int8" else "int8"
+        candidates = {s.precision: self.files, other: ensure_encoder(s.model_dir, s.cache_dir, other)}
+        sessions = {p: _session(f.onnx_path, s.query_threads) for p, f in candidates.items()}
+        seconds = time_query_runs(sessions, [self._feed([self._tokenizer.encode(t)]) for t in TIMING_QUERIES])
+        chosen = other if seconds[other] <= OTHER_PRECISION_GAIN * seconds[s.precision] else s.precision
+        log.info("query encoder: %s (%.1f ms a query on this CPU; %s %.1f ms)", chosen,
+                 1e3 * seconds[chosen] / len(TIMING_QUERIES), other if chosen == s.precision else s.precision,
+                 1e3 * seconds[other if chosen == s.precision else s.precision] / len(TIMING_QUERIES))
+        return candidates[chosen], sessions[chosen]
+
+    @property
+    def query_precision(self) -> str:
+        """The precision queries are embedded at (the passages' unless ``embedding.query_precision`` says otherwise)."""
+        self.warm_up()
+        return self.query_files.precision
 
     @property
     def dimension(self) -> int:
@@ -102,7 +181,8 @@ class OnnxEmbedder:
         self.warm_up()
         start = time.perf_counter()
         encoding = self._tokenizer.encode(text)
-        outputs, device = self.device_timer.call(self._query_session.run, [SENTENCE_OUTPUT], self._feed([encoding]))
+        with self._query_run() as session:
+            outputs, device = self.device_timer.call(session.run, [SENTENCE_OUTPUT], self._feed([encoding]))
         return EmbeddingResult(vector=outputs[0][0], tokens=len(encoding.ids), seconds=time.perf_counter() - start,
                                device=device)
 
@@ -112,8 +192,9 @@ class OnnxEmbedder:
         self.warm_up()
         start = time.perf_counter()
         encoding = self._tokenizer.encode(text)
-        outputs, device = self.device_timer.call(self._query_session.run, [SENTENCE_OUTPUT, TOKEN_OUTPUT],
-                                                 self._feed([encoding]))
+        with self._query_run() as session:
+            outputs, device = self.device_timer.call(session.run, [SENTENCE_OUTPUT, TOKEN_OUTPUT],
+                                                     self._feed([encoding]))
         result = EmbeddingResult(vector=outputs[0][0], tokens=len(encoding.ids),
                                  seconds=time.perf_counter() - start, device=device)
         return result, outputs[1][0]
@@ -124,8 +205,22 @@ class OnnxEmbedder:
         requests' queries with one such run; a row's values do not depend on its neighbours (int8: quantize.py)."""
         self.warm_up()
         names = [SENTENCE_OUTPUT, TOKEN_OUTPUT] if tokens else [SENTENCE_OUTPUT]
-        outputs, device = self.device_timer.call(self._query_session.run, names, self._feed(encodings))
+        with self._query_run() as session:
+            outputs, device = self.device_timer.call(session.run, names, self._feed(encodings))
         return outputs[0], (outputs[1] if tokens else None), device
+
+    @contextmanager
+    def _query_run(self) -> Iterator[ort.InferenceSession]:
+        """The session for one query run: the quiet one when no other query run is in flight."""
+        with self._runs_lock:
+            self._runs += 1
+            quiet = self._runs == 1 and self._quiet_session is not None
+            self.quiet_runs += quiet
+        try:
+            yield self._quiet_session if quiet else self._query_session
+        finally:
+            with self._runs_lock:
+                self._runs -= 1
 
     def embed_many(self, texts: Sequence[str], progress=None,
                    on_tokens: Callable[[int, np.ndarray], None] | None = None) -> np.ndarray:

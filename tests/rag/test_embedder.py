@@ -191,3 +191,103 @@ def test_request_path_does_not_import_torch(subset_index):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def _thread_names() -> list[str]:
+    import os
+
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            names.append(open(f"/proc/self/task/{task}/comm").read().strip())
+        except FileNotFoundError:  # a thread that ended meanwhile
+            pass
+    return names
+
+
+@pytest.mark.parametrize("precision", ["int8", "fp32"])
+def test_a_lone_query_runs_on_the_idle_cores_and_gets_the_same_vector(settings, precision):
+    import os
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.fail("this test needs two cores (the quiet session takes the idle ones)")
+    before = _thread_names().count("rh:embed")
+    quiet = OnnxEmbedder(settings.embedding.model_copy(update={"precision": precision}))
+    quiet.warm_up()
+    # its pool threads are born with the stage's name, so the probes charge their CPU to embed
+    assert _thread_names().count("rh:embed") > before
+    single = OnnxEmbedder(settings.embedding.model_copy(update={"precision": precision, "quiet_query_threads": 1}))
+    single.warm_up()
+    texts = ["what causes tides?", "Vitamin D deficiency raises the risk of multiple sclerosis in adults."]
+    for text in texts:
+        a, states_a = quiet.embed_query_tokens(text)
+        b, states_b = single.embed_query_tokens(text)
+        assert float(a.vector @ b.vector) > 0.99999
+        np.testing.assert_allclose(states_a, states_b, atol=1e-4)
+    assert quiet.quiet_runs == len(texts) and single.quiet_runs == 0
+
+
+def test_concurrent_queries_share_the_cores(settings):
+    """While another query is in the model, a query runs on its single-thread session."""
+    import threading
+
+    embedder = OnnxEmbedder(settings.embedding)
+    embedder.warm_up()
+    entered, release = threading.Event(), threading.Event()
+    inner_run = embedder._quiet_session.run
+
+    def held_run(*args, **kwargs):  # the first (quiet) run holds the model until the second query has run
+        entered.set()
+        release.wait(10)
+        return inner_run(*args, **kwargs)
+
+    embedder._quiet_session.run = held_run
+    first = threading.Thread(target=embedder.embed_query, args=("first query",))
+    first.start()
+    assert entered.wait(10)
+    embedder.embed_query("second query, while the first holds the model")
+    assert embedder.quiet_runs == 1  # the first only
+    release.set()
+    first.join(10)
+    embedder.embed_query("third query, alone again")
+    assert embedder.quiet_runs == 2
+
+
+def test_queries_may_run_at_the_other_precision_against_the_same_passages(settings):
+    int8 = OnnxEmbedder(settings.embedding.model_copy(update={"precision": "int8", "query_precision": "same"}))
+    mixed = OnnxEmbedder(settings.embedding.model_copy(update={"precision": "int8", "query_precision": "fp32"}))
+    for embedder in (int8, mixed):
+        embedder.warm_up()
+    # the passages' side (what the index records and ingest runs) is int8 in both
+    assert mixed.files.precision == "int8" and mixed.identity() == int8.identity()
+    assert (int8.query_precision, mixed.query_precision) == ("int8", "fp32")
+    text = "Vitamin D deficiency raises the risk of multiple sclerosis in adults."
+    a, b = int8.embed_query(text).vector, mixed.embed_query(text).vector
+    assert float(a @ b) > 0.999 and not np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("other_share,chosen", [(0.6, "fp32"), (0.95, "int8")])
+def test_fastest_keeps_the_other_precision_only_for_a_clear_win(settings, monkeypatch, other_share, chosen):
+    from rag.embedding import embedder as module
+
+    timed = {}
+
+    def fake_timing(sessions, feeds, rounds=7):
+        timed.update(sessions)
+        return {"int8": 1.0, "fp32": other_share}
+
+    monkeypatch.setattr(module, "time_query_runs", fake_timing)
+    embedder = OnnxEmbedder(settings.embedding.model_copy(update={"precision": "int8", "query_precision": "fastest"}))
+    embedder.warm_up()
+    assert set(timed) == {"int8", "fp32"} and embedder.query_precision == chosen
+
+
+def test_fastest_times_real_runs(settings):
+    from rag.embedding.embedder import TIMING_QUERIES, _session, time_query_runs
+
+    embedder = OnnxEmbedder(settings.embedding)
+    embedder.warm_up()
+    session = _session(embedder.files.onnx_path, 1)
+    feeds = [embedder._feed([embedder.tokenizer.encode(t)]) for t in TIMING_QUERIES]
+    seconds = time_query_runs({"a": session, "b": session}, feeds, rounds=2)
+    assert set(seconds) == {"a", "b"} and all(0 < s < 5 for s in seconds.values())

@@ -164,6 +164,9 @@ def test_health_ready_and_openapi(client, subset_index):
     assert ready.json()["status"] == "ready"
     assert ready.json()["generation"] == manifest["generation"]
     assert ready.json()["chunks"] == manifest["counts"]["chunks"] > 0
+    # which precision embeds the queries (chosen for this CPU) beside the one the index's chunks were embedded at
+    embedding = ready.json()["embedding"]
+    assert embedding["passages"] == manifest["model"]["precision"] and embedding["queries"] in ("fp32", "int8")
     spec = client.get("/openapi.json")
     assert spec.status_code == 200
     paths = spec.json()["paths"]
