@@ -185,6 +185,16 @@ def subset_index(scifact_subset, settings, embedder, tmp_path_factory) -> Path:
     return index
 
 
+@pytest.fixture
+def kept_ingest_outputs(monkeypatch, settings):
+    """The embedder that ``ingest`` builds for itself (a command's, run in this process) keeps the encoder's outputs
+    between runs (tests/kept_vectors.py): for a test of a command around the ingest, not of the encoder."""
+    from kept_vectors import kept_by_ingest
+
+    with kept_by_ingest(monkeypatch, settings):
+        yield
+
+
 @pytest.fixture(scope="session")
 def scifact_index(scifact_dir, settings, embedder, tmp_path_factory):
     """The whole SciFact corpus (5,183 abstracts) ingested with ``measured_settings`` by this checkout's ingest,

@@ -25,7 +25,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from rag.settings import RagheatSettings
+from rag.settings import EmbeddingSettings, RagheatSettings
 
 REPO = Path(__file__).resolve().parents[1]
 KEYS, VECTORS, TOKENS = "keys.json", "vectors.npy", "tokens.json"
@@ -62,11 +62,12 @@ def code_digest(files: Sequence[Path]) -> str:
     return digest.hexdigest()
 
 
-def vectors_key(settings: RagheatSettings, embedder) -> str:
+def kept_folder(root: Path, embedding: EmbeddingSettings, embedder) -> Path:
+    """The folder of ``embedder``'s outputs under ``root``: named by the embedding code, the model and settings."""
     digest = hashlib.sha256(code_digest(list((REPO / "rag" / "embedding").glob("*.py"))).encode())
     digest.update(json.dumps(embedder.identity(), sort_keys=True).encode())
-    digest.update(settings.embedding.model_dump_json().encode())
-    return digest.hexdigest()[:16]
+    digest.update(embedding.model_dump_json().encode())
+    return root / f"vectors-{digest.hexdigest()[:16]}"
 
 
 @contextlib.contextmanager
@@ -91,9 +92,17 @@ class KeptVectors:
         self.embedder, self.folder = embedder, folder
         self.rows, self.vectors = self._read_vectors()
         self.token_rows = self._read_tokens()
+        # Mapped now: a run of another checkout (other embedding code) removes this folder as stale, and an open
+        # mapping outlives that.
+        self.shards: dict[str, np.ndarray] = {}
+        for shard in sorted({where[0] for where in self.token_rows.values()}):
+            try:
+                self.shards[shard] = np.load(self.folder / shard, mmap_mode="r")
+            except (OSError, ValueError):
+                pass
+        self.token_rows = {k: v for k, v in self.token_rows.items() if v[0] in self.shards}
         self.new_vectors: dict[str, np.ndarray] = {}
         self.new_states: dict[str, np.ndarray] = {}
-        self.shards: dict[str, np.ndarray] = {}
 
     def _read_vectors(self) -> tuple[dict[str, int], np.ndarray]:
         empty = np.zeros((0, self.embedder.dimension), dtype=np.float32)
@@ -112,7 +121,7 @@ class KeptVectors:
             rows = json.loads((self.folder / TOKENS).read_text())
         except (OSError, ValueError):
             return {}
-        return {k: v for k, v in rows.items() if (self.folder / v[0]).is_file()}
+        return rows
 
     def __getattr__(self, name: str):
         return getattr(self.embedder, name)
@@ -130,8 +139,6 @@ class KeptVectors:
         if where is None:
             return None
         shard, first, rows = where
-        if shard not in self.shards:
-            self.shards[shard] = np.load(self.folder / shard, mmap_mode="r")
         return np.asarray(self.shards[shard][first:first + rows])
 
     def embed_many(self, texts: Sequence[str], progress: Callable[[int], None] | None = None,
@@ -196,7 +203,7 @@ def kept_ingest(name: str, source: Path, index: Path, settings: RagheatSettings,
     root = cache_root(settings)
     if root is None:
         return ingest(str(source), index, settings, embedder=embedder)
-    folder = root / f"vectors-{vectors_key(settings, embedder)}"
+    folder = kept_folder(root, settings.embedding, embedder)
     with locked(root / f"{name}.lock"):
         with locked(root / "build.lock"):
             for stale in root.iterdir():  # outputs of another model or code, and indexes kept by earlier versions
@@ -206,3 +213,31 @@ def kept_ingest(name: str, source: Path, index: Path, settings: RagheatSettings,
         report = ingest(str(source), index, settings, embedder=kept)
         kept.save()
     return report
+
+
+@contextlib.contextmanager
+def kept_by_ingest(monkeypatch, settings: RagheatSettings) -> Iterator[None]:
+    """For the block, the embedder that ``ingest`` builds when it is given none (a command's, run in this process)
+    keeps the encoder's outputs between runs: for a test whose subject is a command around the ingest, not the
+    encoder."""
+    import rag.ingest.pipeline as pipeline
+
+    root = cache_root(settings)
+    if root is None:
+        yield
+        return
+    real = pipeline.OnnxEmbedder
+    made: list[KeptVectors] = []
+
+    def kept(embedding: EmbeddingSettings) -> KeptVectors:
+        embedder = real(embedding)
+        made.append(KeptVectors(embedder, kept_folder(root, embedding, embedder)))
+        return made[-1]
+
+    monkeypatch.setattr(pipeline, "OnnxEmbedder", kept)
+    try:
+        yield
+    finally:
+        monkeypatch.setattr(pipeline, "OnnxEmbedder", real)
+        for embedder in made:
+            embedder.save()
