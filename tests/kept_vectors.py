@@ -149,11 +149,11 @@ class KeptVectors:
         if missing:
             order = list(missing)
             states: dict[str, np.ndarray] = {}
-            capture = None
-            if on_tokens is not None:
-                def capture(i: int, s: np.ndarray) -> None:
-                    states[order[i]] = np.array(s, dtype=np.float32)  # a copy: the run's output is one batch array
-            fresh = self.embedder.embed_many(list(missing.values()), progress=progress, on_tokens=capture)
+
+            def capture(i: int, s: np.ndarray) -> None:
+                states[order[i]] = np.array(s, dtype=np.float32)  # a copy: the run's output is one batch array
+            fresh = self.embedder.embed_many(list(missing.values()), progress=progress,
+                                             on_tokens=None if on_tokens is None else capture)
             self.new_vectors.update((k, v) for k, v in zip(order, fresh) if self._vector(k) is None)
             self.new_states.update(states)
         if progress is not None:

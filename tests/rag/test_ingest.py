@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from index_copy import copy_index
 from kept_vectors import kept_ingest
 from rag.errors import IndexLoadError, IngestError
 from rag.index import dense, sparse
@@ -44,11 +45,6 @@ def write_folder(folder: Path, docs: dict[str, str]) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
     return folder
-
-
-def copy_index(src: Path, dst: Path) -> Path:
-    shutil.copytree(src, dst, symlinks=True)
-    return dst
 
 
 def generations(index_dir: Path) -> set[str]:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import resource
-import shutil
 import signal
 import socket
 import subprocess
@@ -31,6 +30,7 @@ import httpx
 import pytest
 
 from api_testkit import metric_values, serve_live, with_sections
+from index_copy import copy_index
 from rag.index.store import CURRENT, GENERATIONS, load_index, read_manifest
 from rag.ingest.pipeline import ingest
 from rag.pipeline import RagPipeline
@@ -137,7 +137,7 @@ def kill_at(point: str, source: Path, index: Path, log: Path) -> None:
 @pytest.mark.timeout(1800)
 def test_kill_9_at_every_ingest_step_keeps_the_service_serving(settings, subset_index, scifact_subset, tiny, tmp_path,
                                                                embedder):
-    index = Path(shutil.copytree(subset_index, tmp_path / "index", symlinks=True))
+    index = copy_index(subset_index, tmp_path / "index")
     before = current_generation(index)
     s = with_sections(settings, server={"reload_poll_s": 0.2}, telemetry={"otlp": "off"})
     sources = {"tiny": tiny, "subset": scifact_subset}
@@ -191,7 +191,7 @@ def _file_size_limit(limit: int):
 
 def test_disk_full_simulated_by_a_file_size_limit_keeps_the_previous_generation(subset_index, tiny, tmp_path,
                                                                                 settings):
-    index = Path(shutil.copytree(subset_index, tmp_path / "index", symlinks=True))
+    index = copy_index(subset_index, tmp_path / "index")
     before = current_generation(index)
     done = run_ingest_cli(tiny, index, "--force", preexec=_file_size_limit(4096))  # dense.faiss is larger
     assert_failed_cleanly(done, index, before, settings)
@@ -255,7 +255,7 @@ def test_disk_full_on_a_small_tmpfs_keeps_the_previous_generation(subset_index, 
         pytest.fail(f"mounting a tmpfs needs root (CAP_SYS_ADMIN): {mounted.stderr.strip()}; deselect with "
                     f"-m 'not root'", pytrace=False)
     try:
-        index = Path(shutil.copytree(subset_index, mount / "index", symlinks=True))
+        index = copy_index(subset_index, mount / "index")
         before = current_generation(index)
         done = ingest_command(scifact_subset, index, "--window", "128")
         assert_failed_cleanly(done, index, before, settings)
