@@ -175,18 +175,30 @@ def embedder(settings):
 
 @pytest.fixture(scope="session")
 def subset_index(scifact_subset, settings, embedder, tmp_path_factory) -> Path:
-    """A real HNSW + BM25 index of the SciFact subset (read-only: tests that modify copy it)."""
-    from rag.ingest.pipeline import ingest
+    """A real HNSW + BM25 index of the SciFact subset, with the reranker's token vectors and the knowledge graph
+    (read-only: tests that modify copy it), built by this checkout's ingest from the encoder's outputs kept between
+    runs (tests/kept_vectors.py)."""
+    from kept_vectors import kept_ingest
 
     index = tmp_path_factory.mktemp("index") / "scifact-subset"
-    ingest(str(scifact_subset), index, settings, embedder=embedder)
+    kept_ingest("scifact-subset", scifact_subset, index, settings, embedder)
     return index
+
+
+@pytest.fixture
+def kept_ingest_outputs(monkeypatch, settings):
+    """The embedder that ``ingest`` builds for itself (a command's, run in this process) keeps the encoder's outputs
+    between runs (tests/kept_vectors.py): for a test of a command around the ingest, not of the encoder."""
+    from kept_vectors import kept_by_ingest
+
+    with kept_by_ingest(monkeypatch, settings):
+        yield
 
 
 @pytest.fixture(scope="session")
 def scifact_index(scifact_dir, settings, embedder, tmp_path_factory):
     """The whole SciFact corpus (5,183 abstracts) ingested with ``measured_settings`` by this checkout's ingest,
-    from passage vectors kept between runs (tests/scifact_full.py): embedding it anew takes minutes on two cores
+    from passage vectors kept between runs (tests/kept_vectors.py): embedding it anew takes minutes on two cores
     (a test that asks for it first needs a @pytest.mark.timeout above the default 900 s)."""
     from scifact_full import build
 

@@ -32,7 +32,7 @@ def judged_queries(beir: Path, split: str = "train") -> int:
 
 
 @pytest.mark.slow
-def test_eval_ingests_a_fresh_index_and_reports_every_retriever(scifact_subset, tmp_path):
+def test_eval_ingests_a_fresh_index_and_reports_every_retriever(scifact_subset, tmp_path, kept_ingest_outputs):
     index, report_path = tmp_path / "fresh-index", tmp_path / "out" / "report.json"
     result = run_cli("eval", "--beir", str(scifact_subset), "--index", str(index), "--split", "train",
                      "--retrievers", "dense,bm25,hybrid", "--json", str(report_path), cwd=tmp_path)

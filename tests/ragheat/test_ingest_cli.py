@@ -1,5 +1,7 @@
 """``ragheat ingest`` as a command (the one the entry point runs, in this process): each ``--index-kind`` with its
-build flags, and ``--chunker semantic``, each recorded in the manifest exactly as given and searchable."""
+build flags, and ``--chunker semantic``, each recorded in the manifest exactly as given and searchable. The command's
+encoder outputs are kept between runs (``kept_ingest_outputs``): its flags and what the ingest builds from them are
+what is tested here."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from rag.ingest.sources import load_source
 from rag.settings import IndexSettings
 from ragheat.cli import app
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("kept_ingest_outputs")]
 
 
 def ingest_cli(source: Path, index: Path, *flags: str) -> dict:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
+from index_copy import copy_index
 from rag.api.app import create_app
 from rag.childproc import ChildProcess, free_port
 from stack.servers import BackgroundServer
@@ -80,7 +80,7 @@ DAMAGES = ["manifest_garbled", "manifest_missing", "chunks_truncated", "chunks_g
 @pytest.fixture
 def index_copy(subset_index, tmp_path) -> Path:
     copy = tmp_path / "index-copy"
-    shutil.copytree(subset_index, copy, symlinks=True)
+    copy_index(subset_index, copy)
     assert (copy / "current").is_symlink() and resolve_generation(copy).is_relative_to(copy.resolve())
     return copy
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import pytest
 import uvicorn
 from prometheus_client import CollectorRegistry
 
+from index_copy import copy_index
 from rag.api.app import create_app
 from rag.errors import IndexLoadError
 from rag.index.store import MANIFEST, resolve_generation
@@ -85,7 +85,7 @@ def test_queries_get_503_until_the_index_is_loaded(no_graph_settings, subset_ind
 def other_weights_index(subset_index, tmp_path) -> Path:
     """A copy of the subset index whose manifest says it was embedded by other weights."""
     index = tmp_path / "index"
-    shutil.copytree(subset_index, index, symlinks=True)
+    copy_index(subset_index, index)
     path = resolve_generation(index) / MANIFEST
     manifest = json.loads(path.read_text())
     assert manifest["model"]["weights_sha256"] == REAL_WEIGHTS

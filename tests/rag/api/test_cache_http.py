@@ -5,13 +5,13 @@ the size gauges, and a hot-swapped generation that starts with an empty cache.""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import httpx
 import pytest
 
 from api_testkit import KEYS, metric_values, serve_live, with_sections
+from index_copy import copy_index
 from rag.ingest.pipeline import ingest
 from rag.pipeline import RagPipeline
 
@@ -52,7 +52,7 @@ class Scrape:
 
 @pytest.fixture
 def index(subset_index, tmp_path) -> Path:
-    return Path(shutil.copytree(subset_index, tmp_path / "index", symlinks=True))
+    return copy_index(subset_index, tmp_path / "index")
 
 
 def test_hits_misses_counters_gauges_stream_and_a_new_generation(settings, index, tmp_path, embedder):

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import resource
-import shutil
 import signal
 import socket
 import subprocess
@@ -31,6 +30,7 @@ import httpx
 import pytest
 
 from api_testkit import metric_values, serve_live, with_sections
+from index_copy import copy_index
 from rag.index.store import CURRENT, GENERATIONS, load_index, read_manifest
 from rag.ingest.pipeline import ingest
 from rag.pipeline import RagPipeline
@@ -137,7 +137,7 @@ def kill_at(point: str, source: Path, index: Path, log: Path) -> None:
 @pytest.mark.timeout(1800)
 def test_kill_9_at_every_ingest_step_keeps_the_service_serving(settings, subset_index, scifact_subset, tiny, tmp_path,
                                                                embedder):
-    index = Path(shutil.copytree(subset_index, tmp_path / "index", symlinks=True))
+    index = copy_index(subset_index, tmp_path / "index")
     before = current_generation(index)
     s = with_sections(settings, server={"reload_poll_s": 0.2}, telemetry={"otlp": "off"})
     sources = {"tiny": tiny, "subset": scifact_subset}
@@ -191,7 +191,7 @@ def _file_size_limit(limit: int):
 
 def test_disk_full_simulated_by_a_file_size_limit_keeps_the_previous_generation(subset_index, tiny, tmp_path,
                                                                                 settings):
-    index = Path(shutil.copytree(subset_index, tmp_path / "index", symlinks=True))
+    index = copy_index(subset_index, tmp_path / "index")
     before = current_generation(index)
     done = run_ingest_cli(tiny, index, "--force", preexec=_file_size_limit(4096))  # dense.faiss is larger
     assert_failed_cleanly(done, index, before, settings)
@@ -226,10 +226,25 @@ def test_a_dense_index_write_that_fails_at_close_is_an_error(tmp_path):
     assert "File too large" in done.stderr or "Errno 27" in done.stderr, done.stderr[-2000:]
 
 
+def ingest_command(source: Path, index: Path, *extra: str) -> subprocess.CompletedProcess:
+    """``ragheat ingest`` as the entry point runs it, in this process; an exception the command did not turn into an
+    exit (a traceback, from the entry point) fails here."""
+    from typer.testing import CliRunner
+
+    from ragheat.cli import app
+
+    args = ["ingest", str(source), "--index", str(index), *extra]
+    done = CliRunner(env={"COLUMNS": "400", "NO_COLOR": "1"}).invoke(app, args)
+    assert done.exception is None or isinstance(done.exception, SystemExit), done.exception
+    return subprocess.CompletedProcess(args, done.exit_code, done.stdout, done.stderr)
+
+
 @pytest.mark.root
-def test_disk_full_on_a_small_tmpfs_keeps_the_previous_generation(subset_index, scifact_subset, tmp_path, settings):
+def test_disk_full_on_a_small_tmpfs_keeps_the_previous_generation(subset_index, scifact_subset, tmp_path, settings,
+                                                                  kept_ingest_outputs):
     """A real ENOSPC: the index on a tmpfs with room for the served generation and little more (mounting needs
-    root: CAP_SYS_ADMIN)."""
+    root: CAP_SYS_ADMIN). The command runs in this process, with the encoder's outputs kept between runs: what is
+    tested is what it writes, and what it says when the disk is full."""
     mount = tmp_path / "small-disk"
     mount.mkdir()
     used = sum(p.stat().st_size for p in subset_index.rglob("*") if p.is_file() and not p.is_symlink())
@@ -240,9 +255,9 @@ def test_disk_full_on_a_small_tmpfs_keeps_the_previous_generation(subset_index, 
         pytest.fail(f"mounting a tmpfs needs root (CAP_SYS_ADMIN): {mounted.stderr.strip()}; deselect with "
                     f"-m 'not root'", pytrace=False)
     try:
-        index = Path(shutil.copytree(subset_index, mount / "index", symlinks=True))
+        index = copy_index(subset_index, mount / "index")
         before = current_generation(index)
-        done = run_ingest_cli(scifact_subset, index, "--window", "128")
+        done = ingest_command(scifact_subset, index, "--window", "128")
         assert_failed_cleanly(done, index, before, settings)
         pipeline = RagPipeline(settings, index)
         pipeline.warm_up()

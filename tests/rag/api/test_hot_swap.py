@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from api_testkit import KEYS, metric_values, serve_live, with_sections
+from index_copy import copy_index
 from rag.index.store import CURRENT, GENERATIONS, MANIFEST, read_manifest
 from rag.ingest.pipeline import ingest
 from rag.pipeline import RagPipeline
@@ -35,7 +36,7 @@ RELOADS = "ragheat_index_reloads_total"
 
 @pytest.fixture
 def index(subset_index, tmp_path) -> Path:
-    return Path(shutil.copytree(subset_index, tmp_path / "index", symlinks=True))
+    return copy_index(subset_index, tmp_path / "index")
 
 
 @pytest.fixture

@@ -59,11 +59,12 @@ def hotpot_subset(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def graph_index(hotpot_subset, settings, embedder, tmp_path_factory):
-    """A real index of the hotpotqa subset with its knowledge graph (read-only: tests that modify copy it)."""
-    from rag.ingest.pipeline import ingest
+    """A real index of the hotpotqa subset with its knowledge graph (read-only: tests that modify copy it), built by
+    this checkout's ingest from the encoder's outputs kept between runs (tests/kept_vectors.py)."""
+    from kept_vectors import kept_ingest
 
     index = tmp_path_factory.mktemp("graph-index") / "hotpot"
-    ingest(str(hotpot_subset), index, settings, embedder=embedder)
+    kept_ingest("hotpot-subset", hotpot_subset, index, settings, embedder)
     return index
 
 

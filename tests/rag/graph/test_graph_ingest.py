@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 
 import pytest
 from pydantic import SecretStr
 
+from index_copy import copy_index
 from rag.errors import IndexLoadError
 from rag.graph.cypher import stored_generations
 from rag.graph.falkordb import FalkorDBStore, free_bolt_port
@@ -43,7 +43,7 @@ def test_the_manifest_describes_the_graph_built_with_the_indexes(graph_index):
 
 def test_a_graph_only_change_reuses_chunks_and_embeddings(settings, embedder, graph_index, hotpot_subset, tmp_path):
     index = tmp_path / "index"
-    shutil.copytree(graph_index, index, symlinks=True)
+    copy_index(graph_index, index)
     before, old = read_manifest(index), resolve_generation(index)
     changed = with_graph(settings, max_alias_df=0.02)
     report = ingest(str(hotpot_subset), index, changed, embedder=embedder)
@@ -67,7 +67,7 @@ def test_a_graph_only_change_reuses_chunks_and_embeddings(settings, embedder, gr
 
 def test_with_the_graph_off_no_graph_is_built(settings, embedder, graph_index, hotpot_subset, tmp_path):
     index = tmp_path / "index"
-    shutil.copytree(graph_index, index, symlinks=True)
+    copy_index(graph_index, index)
     report = ingest(str(hotpot_subset), index, with_graph(settings, enabled=False), embedder=embedder)
     assert report.manifest["graph"] is None and "embed" not in report.manifest["timings_s"]
     assert not (report.generation / "graph.rdb").exists() and not (report.generation / "graph_aliases.json").exists()
