@@ -23,9 +23,6 @@ WRITE_PATH = "/api/v1/write"
 """VictoriaMetrics' Prometheus remote-write endpoint."""
 LOCAL = "local"
 """``StackOptions.remote_write`` for a VictoriaMetrics started by the stack; otherwise a receiver's URL."""
-QUEUE_CONFIG = {"batch_send_deadline": "5s", "max_backoff": "5s"}
-"""A batch waits at most one default scrape interval before it is sent, and a receiver that is down is retried at
-least every 5 s, so what the receiver holds trails Prometheus by about a scrape; the rest is Prometheus' defaults."""
 FLUSH_DEADLINE = "10s"
 """How long Prometheus keeps sending its queue once asked to stop: under ``stack down``'s 20 s before SIGKILL, so a
 receiver that is down cannot turn every stop into a kill."""
@@ -58,8 +55,9 @@ def check_url(url: str) -> str:
 
 def remote_write_section(url: str) -> dict:
     """One ``remote_write`` entry shipping every series to ``url``, with exemplars and native histograms (Prometheus
-    sends them to receivers that keep them; VictoriaMetrics drops them)."""
-    return {"url": url, "send_exemplars": True, "send_native_histograms": True, "queue_config": dict(QUEUE_CONFIG)}
+    sends them to receivers that keep them; VictoriaMetrics drops them). Its queue is Prometheus' default: a batch
+    waits at most 5 s, and a receiver that is down is retried at least every 5 s."""
+    return {"url": url, "send_exemplars": True, "send_native_histograms": True}
 
 
 def with_remote_write(config: dict, url: str) -> dict:
