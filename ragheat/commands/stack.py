@@ -88,6 +88,13 @@ def up(
     if remote_write and remote_write_url:
         _fail("--remote-write starts VictoriaMetrics here and --remote-write-url ships to a receiver elsewhere: give "
               "one of them")
+    from rag.errors import ConfigurationError
+    from stack.remote_write import LOCAL, check_url
+
+    try:  # here, before the URL and the sentinel for a receiver started here share one option
+        remote = check_url(remote_write_url) if remote_write_url is not None else LOCAL if remote_write else None
+    except ConfigurationError as exc:
+        _fail(str(exc))
     settings = load_settings(server={"index_dir": index})
     generation = settings.generation
     watch = WatchPlan(tuple(watch_url or ()), watch_job, tuple(watch_pid or ()))
@@ -114,7 +121,7 @@ def up(
                            vllm_python=generation.vllm_python, llm_url=llm_url, llm_model=llm_model or "",
                            rules_profile=rules_profile, time_divisor=PROFILES[rules_profile].divisor,
                            ready_timeout_s=ready_timeout, replicas=replicas, watch=watch,
-                           remote_write=remote_write_url or ("local" if remote_write else None))
+                           remote_write=remote)
     state = start(options, say=_say)
     targets = wait_for_scrapes(state.get("prometheus").url)
     _print_state(state, targets)
