@@ -20,8 +20,10 @@ apt_packages=(python3 python3-venv python3-dev build-essential)
 # --prometheus` uses Prometheus too. nginx balances `ragheat stack up --replicas N` (run unprivileged from a config
 # in the stack folder, never the package's own service: on a systemd host Debian also starts that one on port 80;
 # `systemctl disable --now nginx` if unwanted) and is tested with it; it sits with
-# Prometheus because `stack up` needs those already. eBPF probes need BCC (Debian's python3-bpfcc) and kernel headers.
-if [ "$with_test" -eq 1 ]; then apt_packages+=(prometheus prometheus-alertmanager nginx); fi
+# Prometheus because `stack up` needs those already. victoria-metrics is the long-term store `stack up --remote-write`
+# starts (unprivileged, on a free loopback port; on a systemd host Debian also starts its own service on 8428) and is
+# tested with. eBPF probes need BCC (Debian's python3-bpfcc) and kernel headers.
+if [ "$with_test" -eq 1 ]; then apt_packages+=(prometheus prometheus-alertmanager nginx victoria-metrics); fi
 apt_packages+=(bpfcc-tools python3-bpfcc libcap2-bin)
 # BCC compiles its programs against the running kernel's headers. Where the kernel ships none (a cloud or
 # microVM kernel), Debian's headers stand in; probes/ reads only tracepoint arguments, so they need not match.

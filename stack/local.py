@@ -4,7 +4,9 @@ Started here: the API (``ragheat serve``; with ``replicas`` > 1, that many ``rag
 their own behind Debian's nginx on the API port, each scraped by Prometheus: stack/nginx.py), the alert receiver,
 Alertmanager and Prometheus (Debian's binaries), the eBPF exporter when privileged, and vLLM on the CPU when a
 model is asked for (a model folder, or ``dummy``: random weights, said loudly). Without a model the API answers with
-the extractive generator, and says so. With a ``WatchPlan`` (``--watch-url``, ``--watch-pid``: stack/watch.py) no
+the extractive generator, and says so. With ``remote_write`` Prometheus also ships every series to a long-term store:
+VictoriaMetrics started here (its data in the stack folder) or a receiver's URL (stack/remote_write.py). With a
+``WatchPlan`` (``--watch-url``, ``--watch-pid``: stack/watch.py) no
 API, nginx or vLLM starts: Prometheus scrapes the watched service and the probes attach to its pid. Not started (no
 binaries on a machine without Docker): the OTel Collector, Tempo, Grafana and Neo4j; their scrape jobs are left out
 of the local Prometheus config and named in the state's notes.
@@ -35,10 +37,13 @@ from rag.childproc import free_port, wait_until_ok
 from rag.errors import ConfigurationError
 from stack import nginx, topology
 from stack.processes import Managed, StackState
+from stack.remote_write import FLUSH_DEADLINE, LOCAL, VictoriaMetrics, check_url, local_write_url, \
+    victoriametrics_binary, with_remote_write
 from stack.watch import WatchPlan, plan_problems, scrape_job, unreachable
 
 DEFAULT_PORTS = {"api": 8000, "prometheus": 9090, "alertmanager": 9093, "alert-receiver": 9095, "probes": 9465,
-                 "vllm": 8001}
+                 "vllm": 8001, "victoriametrics": 0}
+"""0 = a free port: Debian's victoria-metrics package runs its own service on 8428 on a systemd host."""
 SERVED_MODEL = "ragheat-llm"  # compose's default VLLM_SERVED_NAME
 ALERTMANAGER_BINARIES = ("prometheus-alertmanager", "alertmanager")  # Debian's name, upstream's name
 
@@ -65,6 +70,7 @@ class StackOptions:
     ready_timeout_s: float = 180.0
     replicas: int = 1  # API processes; > 1 puts nginx on the API port in front of them
     watch: WatchPlan = field(default_factory=WatchPlan)  # a service started elsewhere: no API or vLLM here
+    remote_write: str | None = None  # None: off; "local": a VictoriaMetrics started here; else a receiver's URL
 
 
 @dataclass
@@ -247,6 +253,7 @@ def up(options: StackOptions, say: Callable[[str], None] = print) -> StackState:
     if options.replicas < 1:
         raise StackError(f"--replicas must be 1 or more, not {options.replicas}")
     balancer = nginx.nginx_binary() if options.replicas > 1 else None  # named before anything starts
+    receiver = _remote_write_receiver(options, state)  # likewise: a bad URL or a missing binary stops nothing
     plan = AnswerPlan({}, watch.describe()) if watch else answer_plan(options, options.folder)
     say(plan.line)
     state.notes.append(plan.line)
@@ -261,7 +268,8 @@ def up(options: StackOptions, say: Callable[[str], None] = print) -> StackState:
         state.notes.append(f"rules profile {options.rules_profile}: SLO windows, scrape and evaluation intervals and "
                            f"Alertmanager's timers divided by {options.time_divisor} (a drill, not production)")
     components = ([] if watch else ["api"]) + ["prometheus", "alertmanager", "alert-receiver"] \
-        + (["probes"] if use_probes else []) + (["vllm"] if plan.vllm_python else [])
+        + (["probes"] if use_probes else []) + (["vllm"] if plan.vllm_python else []) \
+        + (["victoriametrics"] if receiver else [])
     ports = _resolve_ports(options.ports, components)
     # Replicas listen on free ports of their own; the stack's API port belongs to the balancer.
     replicas = tuple(f"127.0.0.1:{free_port()}" for _ in range(options.replicas)) if balancer else ()
@@ -275,7 +283,8 @@ def up(options: StackOptions, say: Callable[[str], None] = print) -> StackState:
         say(f"rendered dashboards, rules and routes into {configs.rendered}")
         if configs.dropped_jobs:
             state.notes.append(f"scrape jobs left out (component not running here): {', '.join(configs.dropped_jobs)}")
-        _start(state, options, compose, addresses, configs, prometheus, alertmanager, plan, say, balancer)
+        _start(state, options, compose, addresses, configs, prometheus, alertmanager, plan, say, balancer,
+               _victoriametrics(receiver, options.folder, addresses))
     except BaseException:
         state.stop_all()
         raise
@@ -305,6 +314,9 @@ def prepare_configs(options: StackOptions, compose: dict, addresses: topology.Lo
     config, dropped = topology.local_prometheus_config(addresses, rendered, time_divisor=options.time_divisor)
     if options.watch.urls:
         config["scrape_configs"].append(scrape_job(options.watch))
+    if options.remote_write:
+        config = with_remote_write(config, local_write_url(addresses.components["victoriametrics"])
+                                   if options.remote_write == LOCAL else options.remote_write)
     config_path = folder / "prometheus" / "prometheus.yml"
     config_path.parent.mkdir(parents=True, exist_ok=True)
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -316,9 +328,32 @@ def prepare_configs(options: StackOptions, compose: dict, addresses: topology.Lo
     return LocalConfigs(rendered, config_path, alertmanager_path, topology.rule_expectations(rule_files), dropped)
 
 
+def _remote_write_receiver(options: StackOptions, state: StackState) -> str | None:
+    """The VictoriaMetrics binary when the stack starts one (``remote_write`` is ``local``), else None; a receiver's
+    URL is checked and named in the state's notes. ``StackError`` for a bad URL or a missing binary."""
+    if options.remote_write is None:
+        return None
+    try:
+        if options.remote_write != LOCAL:
+            state.notes.append(f"remote write to {check_url(options.remote_write)} (a receiver not started here)")
+            return None
+        binary = victoriametrics_binary()
+    except ConfigurationError as exc:
+        raise StackError(str(exc)) from None
+    state.notes.append("remote write to VictoriaMetrics started here: it keeps every float series (classic histogram "
+                       "buckets included) and drops native histograms and exemplars")
+    return binary
+
+
+def _victoriametrics(binary: str | None, folder: Path, addresses: topology.LocalAddresses) -> VictoriaMetrics | None:
+    if binary is None or "victoriametrics" not in addresses.components:
+        return None
+    return VictoriaMetrics(binary, folder / "victoriametrics" / "data", addresses.components["victoriametrics"])
+
+
 def _start(state: StackState, options: StackOptions, compose: dict, addresses: topology.LocalAddresses,
            configs: LocalConfigs, prometheus: str, alertmanager: str, plan: AnswerPlan, say,
-           balancer: str | None = None) -> None:
+           balancer: str | None = None, long_term: VictoriaMetrics | None = None) -> None:
     folder, ragheat, timeout = options.folder, ragheat_executable(), options.ready_timeout_s
     port = {c: a.rsplit(":", 1)[1] for c, a in addresses.components.items()}
     started: list[tuple[Managed, str, float]] = []
@@ -358,15 +393,19 @@ def _start(state: StackState, options: StackOptions, compose: dict, addresses: t
         probes = state.spawn("probes", [ragheat, "probes", *pids, "--host", "127.0.0.1",
                                         "--port", port["probes"]], url=addresses.url("probes"))
         started.append((probes, probes.url + "/metrics", 120))
+    if long_term is not None:  # before Prometheus, so its first batches find the receiver answering
+        store = state.spawn("victoriametrics", long_term.argv(), url=long_term.url)
+        started.append((store, long_term.health_url, 60))
     for managed, url, limit in started:
         hint = "; start without it with --probes off" if managed.name == "probes" else ""
         _wait(managed, url, limit, hint)
         say(f"{managed.name} ready at {managed.url}")
+    remote = [f"--storage.remote.flush-deadline={FLUSH_DEADLINE}"] if options.remote_write else []
     # Last, so its first scrape finds every target already answering.
     prom = state.spawn("prometheus", [prometheus, f"--config.file={configs.prometheus}",
                                       f"--storage.tsdb.path={folder}/prometheus/data",
                                       f"--web.listen-address={addresses.components['prometheus']}",
-                                      *topology.prometheus_flags(compose)], url=addresses.url("prometheus"))
+                                      *topology.prometheus_flags(compose), *remote], url=addresses.url("prometheus"))
     _wait(prom, prom.url + "/-/ready", 60)
     state.save()
     say(f"prometheus ready at {prom.url}")

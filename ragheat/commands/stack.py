@@ -63,11 +63,20 @@ def up(
     watch_pid: Optional[list[int]] = typer.Option(None, "--watch-pid", metavar="PID",
                                                   help="run the eBPF probes on this process of the watched service "
                                                        "(repeatable; needs root, as `ragheat probes --pid`)"),
+    remote_write: bool = typer.Option(False, "--remote-write",
+                                      help="start VictoriaMetrics (Debian's victoria-metrics) on loopback, its data "
+                                           "in the stack folder, and have Prometheus remote-write every series to it"),
+    remote_write_url: Optional[str] = typer.Option(None, "--remote-write-url", metavar="URL",
+                                                   help="remote-write every series to this receiver instead "
+                                                        "(VictoriaMetrics, Mimir, Thanos Receive, Cortex, a "
+                                                        "Prometheus); nothing more is started"),
+    victoriametrics_port: int = _port_option("victoriametrics", 0),
 ) -> None:
     """Start the API (N replicas behind nginx with --replicas N), Prometheus (compose's config, targets on
     loopback), Alertmanager, the alert receiver, the eBPF probes when root and vLLM when a model is given, as
     background processes; `stack down` stops them. With --watch-url/--watch-pid, the same around a service
-    ragheat did not start."""
+    ragheat did not start. With --remote-write (or --remote-write-url URL), Prometheus also ships every series to a
+    long-term store."""
     from dashboards.slo import PROFILES
     from stack.local import StackOptions, up as start, wait_for_scrapes
     from stack.watch import WatchPlan
@@ -76,6 +85,16 @@ def up(
         _fail(f"--probes must be auto, on or off, not {probes!r}")
     if rules_profile not in PROFILES:
         _fail(f"--rules-profile must be one of {', '.join(PROFILES)}, not {rules_profile!r}")
+    if remote_write and remote_write_url:
+        _fail("--remote-write starts VictoriaMetrics here and --remote-write-url ships to a receiver elsewhere: give "
+              "one of them")
+    from rag.errors import ConfigurationError
+    from stack.remote_write import LOCAL, check_url
+
+    try:  # here, before the URL and the sentinel for a receiver started here share one option
+        remote = check_url(remote_write_url) if remote_write_url is not None else LOCAL if remote_write else None
+    except ConfigurationError as exc:
+        _fail(str(exc))
     settings = load_settings(server={"index_dir": index})
     generation = settings.generation
     watch = WatchPlan(tuple(watch_url or ()), watch_job, tuple(watch_pid or ()))
@@ -96,12 +115,13 @@ def up(
             _fail("generation.generator is vllm (the in-process engine), which `stack up` does not run: give "
                   "--vllm-model DIR to serve the model folder with vLLM's server instead")
     ports = {"api": api_port, "prometheus": prometheus_port, "alertmanager": alertmanager_port,
-             "alert-receiver": receiver_port, "vllm": vllm_port,
+             "alert-receiver": receiver_port, "vllm": vllm_port, "victoriametrics": victoriametrics_port,
              "probes": settings.probes.port if probes_port is None else probes_port}
     options = StackOptions(settings.server.index_dir, folder, ports, probes, vllm_model,
                            vllm_python=generation.vllm_python, llm_url=llm_url, llm_model=llm_model or "",
                            rules_profile=rules_profile, time_divisor=PROFILES[rules_profile].divisor,
-                           ready_timeout_s=ready_timeout, replicas=replicas, watch=watch)
+                           ready_timeout_s=ready_timeout, replicas=replicas, watch=watch,
+                           remote_write=remote)
     state = start(options, say=_say)
     targets = wait_for_scrapes(state.get("prometheus").url)
     _print_state(state, targets)
