@@ -32,6 +32,7 @@ HOTPOT_SPLIT=${HOTPOT_SPLIT:-dev}
 # Final parameters (the ones the doc's figures come from).
 INGEST_RUNS="$BEIR:int8,$BEIR:fp32,wiki:int8"
 QUERY_ARGS=(--queries 300 --rounds 3)
+QUIET_CASE_ARGS=(--rounds 3 --http-queries 300)  # encoders, quality on SciFact train + HotpotQA dev, http side by side
 TELEMETRY_ARGS=(--rounds 12 --round-s 5)
 OBSERVE_ARGS=(--rounds 10 --round-s 5)
 LOADGEN_ARGS=(--rates 500,1000,2000,2500,3000 --duration 5)
@@ -64,6 +65,7 @@ if [ "${SMOKE:-0}" = 1 ]; then
   export RAGHEAT_BENCH_SMOKE=1  # every results file says it holds smoke figures (loadgen/resultsfile.py)
   INGEST_RUNS="$BEIR:int8,$BEIR:fp32"
   QUERY_ARGS=(--queries 20 --rounds 2)
+  QUIET_CASE_ARGS=(--parts encoders,http --index "$INDEX")  # the quality part needs both sets' indexes
   TELEMETRY_ARGS=(--queries 20 --rounds 2 --round-s 1 --clients 2)
   OBSERVE_ARGS=(--queries 20 --rounds 2 --round-s 1 --clients 2)
   LOADGEN_ARGS=(--rates 100,200 --duration 1 --warmup 0.5)
@@ -106,6 +108,7 @@ step_fusion() { "$PY" benchmarks/tune_fusion.py --beir "$BEIR" --index "$INDEX" 
                   --json "$RESULTS/fusion.json"; }
 step_query() { "$PY" benchmarks/bench_query.py --beir "$BEIR" --index "$INDEX" "${QUERY_ARGS[@]}" \
                  --json "$RESULTS/query.json"; }
+step_quiet-case() { "$PY" benchmarks/bench_quiet_case.py "${QUIET_CASE_ARGS[@]}" --results-file "$RESULTS/quiet-case.json"; }
 step_telemetry() { "$PY" benchmarks/bench_telemetry.py --beir "$BEIR" --index "$INDEX" "${TELEMETRY_ARGS[@]}" \
                      --json "$RESULTS/telemetry.json"; }
 step_telemetry-recording() { "$PY" benchmarks/bench_telemetry.py --beir "$BEIR" --index "$INDEX" --recording-only \
@@ -236,7 +239,7 @@ step_render() {
     "$PY" benchmarks/render_docs.py --results "$RESULTS" --out "$RESULTS/benchmarks.md"; fi
 }
 
-ALL=(ingest eval eval-fp32 fusion query telemetry telemetry-recording observe loadgen knee examples explain explain-cold-cache explain-example ann probes
+ALL=(ingest eval eval-fp32 fusion query quiet-case telemetry telemetry-recording observe loadgen knee examples explain explain-cold-cache explain-example ann probes
      tune-vllm tune-vllm-real boards-llm embedding graph vllm-ttft rerank rerank-latency cache capacity batching replicas answers hyde judge render)
 if [ "${1:-}" = --list ]; then printf '%s\n' "${ALL[@]}"; exit 0; fi
 steps=("$@")

@@ -44,8 +44,8 @@ class EmbeddingSettings(_Section):
                                                            "run too")
     query_precision: Literal["same", "fastest", "fp32", "int8"] = Field(
         "fastest", description="the query encoder's precision: same = the passages' (precision); fastest = whichever of "
-        "fp32 and int8 runs a query faster on this CPU, timed at start-up (int8's integer kernels need VNNI to beat "
-        "fp32); the other precision's query vectors agree with the passages' to within int8's error (docs/benchmarks.md)")
+        "fp32 and int8 runs a query faster on this CPU, timed at the first start on it (int8's integer kernels need "
+        "VNNI to beat fp32); the other precision's query vectors agree with the passages' to within int8's error (docs/benchmarks.md)")
     quiet_query_threads: int = Field(0, ge=0, le=64, description="ONNX Runtime threads for a query that finds no other "
                                      "query in the model: idle cores shorten the quiet case's embedding; 0 = the cores "
                                      "this process may use, 1 = never more than query_threads")

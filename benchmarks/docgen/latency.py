@@ -244,3 +244,60 @@ def cache(d: dict) -> str:
                "BLAS matvec P90 us"], lookups, "rrrrrrrr",
               f"`SemanticCache` alone: one lookup (a matrix-vector product over every {c['lookup'][0]['dim']}-d entry) "
               f"and one store, in microseconds, {c['lookups']} calls per size"))
+
+
+QUIET_P50_MS, QUIET_P99_MS, QUIET_CPU_MS, QUIET_NDCG_LOSS = 9.0, 15.0, 9.0, 0.003
+
+
+def quiet_case(d: dict) -> str:
+    q = d["quiet-case"]
+    enc, http = q["encoders"], q["http"]
+    enc_rows = [[name, with_range(s["rounds"]["p50_ms"]), with_range(s["rounds"]["p99_ms"]),
+                 with_range(s["rounds"]["cpu_ms"])] for name, s in enc["sessions"].items()]
+    quality_rows, worst = [], 0.0
+    for name, s in q["quality"].items():
+        for combo, diff in s["ndcg_difference"].items():
+            worst = max(worst, -diff)
+            quality_rows.append([name, combo, num(s["metrics"][s["passages"]][combo]["ndcg@10"], 4),
+                                 num(s["metrics"][s["other"]][combo]["ndcg@10"], 4), signed(diff, 4)])
+    passages, other = next(iter(q["quality"].values()))["passages"], next(iter(q["quality"].values()))["other"]
+    c1, loaded = http["concurrency_1"], http["closed_loop"]["servers"]
+    http_rows = []
+    for name, config in http["configs"].items():
+        chosen = config["embedding"] or {}
+        http_rows.append([bold(name) if name == "defaults" else name, chosen.get("queries", "?"),
+                          "1" if config["env"].get("RAGHEAT_EMBEDDING__QUIET_QUERY_THREADS") == "1" else "idle cores",
+                          with_range(c1[name]["rounds"]["p50_ms"]), with_range(c1[name]["rounds"]["p99_ms"]),
+                          with_range([us / 1000 for us in loaded[name]["rounds_server_cpu_us_per_request"]]),
+                          with_range(loaded[name]["rounds_rps"], lambda v: num(v, 0))])
+    best = c1["defaults"]
+    cpu = loaded["defaults"]["server_cpu_us_per_request"] / 1000
+    return f"""\
+`{count(enc['queries'])}` SciFact claims (median {enc['median_tokens']:g} word pieces), {count(len(next(iter(
+        enc['sessions'].values()))['rounds']['p50_ms']))} rounds; every figure below is `median (lowest–highest round)`.
+
+**The query encoder alone**, one query per run with its token states, as the service runs it (the quiet session's
+threads do not spin between runs). Which precision is faster depends on the CPU: the int8 scheme's integer kernels
+need VNNI to beat fp32 (the machine's flags are in its line at the top of this page); `embedding.query_precision`
+`fastest` (the default) times both at start-up and keeps the faster.
+
+{table(["session", "P50 ms", "P99 ms", "CPU ms per query"], enc_rows, "lrrr")}
+
+**Quality at either query precision**, passages embedded at {passages} in both (nDCG@10, the same index):
+
+{table(["set", "retrievers", f"queries {passages}", f"queries {other}", "difference"], quality_rows, "llrrr")}
+
+The largest loss from embedding queries at the other precision: {num(worst, 4)} (target ≤ {QUIET_NDCG_LOSS:g}:
+{_met(worst <= QUIET_NDCG_LOSS)}).
+
+**Over HTTP**, one `ragheat serve` per configuration on `{q.get('index', 'data/index/scifact')}`, request by request in
+turn across them (concurrency 1, {count(best['n'])} requests each), then closed-loop rounds of
+{num(http['closed_loop']['round_s'], 0)} s with {count(http['closed_loop']['clients'])} clients for the server's CPU
+per answer:
+
+{table(["configuration", "queries at", "quiet-case threads", "c=1 P50 ms", "c=1 P99 ms",
+        f"CPU ms per answer ({count(http['closed_loop']['clients'])} clients)", "answers/s"], http_rows, "lllrrrr")}
+
+Targets (concurrency 1, the default pipeline): P50 ≤ {QUIET_P50_MS:g} ms — {_met(best['p50_ms'] <= QUIET_P50_MS)}
+({num(best['p50_ms'])}); P99 ≤ {QUIET_P99_MS:g} ms — {_met(best['p99_ms'] <= QUIET_P99_MS)} ({num(best['p99_ms'])});
+service CPU per answer ≤ {QUIET_CPU_MS:g} ms — {_met(cpu <= QUIET_CPU_MS)} ({num(cpu)})."""

@@ -68,6 +68,8 @@ PAGE: list[str | Section] = [
             quality.rerank_latency),
     "## Query latency (SciFact, the default pipeline, concurrency 1)",
     Section("query", "", ("query",), latency.query),
+    Section("quiet-case", "### The quiet case: the query encoder's precision and the idle cores", ("quiet-case",),
+            latency.quiet_case),
     "## Ingestion",
     Section("ingest", "", ("ingest",), latency.ingest),
     "## Telemetry overhead",

@@ -8,14 +8,16 @@ request's other stages, and they are born named ``rh:embed``, so the probes char
 
 The query sessions may run the model at another precision than the passages' (``embedding.query_precision``):
 which of fp32 and int8 is faster depends on the CPU (the int8 scheme's integer kernels beat fp32 only with VNNI),
-while either's query vectors match the passages' to within int8's error, so ``fastest`` times both at start-up
-and keeps the faster. Bulk ingestion always runs at the passages' precision, which the index records. The graph also returns every token's last hidden state
+while either's query vectors match the passages' to within int8's error, so ``fastest`` times both once per CPU and
+keeps the faster (the choice is kept beside the conversions, keyed by the CPU and ONNX Runtime's version). Bulk ingestion always runs at the passages' precision, which the index records. The graph also returns every token's last hidden state
 (``TOKEN_OUTPUT``): ``embed_query_tokens`` and ``embed_many(on_tokens=...)`` hand them to the late-interaction
 reranker (``rag.rerank``) from the same run, so reranking never reads a text twice.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import threading
@@ -60,8 +62,23 @@ TIMING_QUERIES = ("what causes tides?",
                   "mammalian liver cells under fasting conditions?",
                   "Were the director of the 1994 film and the author of its source novel born in the same country?")
 # The other precision serves queries only when it takes at most this share of the passages' precision's time: a
-# narrower win is within the timing's noise and not worth mixing precisions for.
-OTHER_PRECISION_GAIN = 0.85
+# narrower win is within the timing's noise.
+OTHER_PRECISION_GAIN = 0.9
+# What decides which precision runs faster: the CPU's model and the instruction sets ONNX Runtime's kernels pick.
+ISA_FLAGS = ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8", "amx_bf16", "neon",
+             "asimddp", "sve")
+
+
+def cpu_identity() -> dict:
+    """The CPU as the query encoder's choice depends on it (Linux's /proc/cpuinfo; empty elsewhere)."""
+    try:
+        text = open("/proc/cpuinfo", encoding="utf-8", errors="replace").read()
+    except OSError:
+        return {}
+    fields = dict(line.split(":", 1) for line in text.split("\n\n")[0].splitlines() if ":" in line)
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    flags = set((fields.get("flags") or fields.get("Features") or "").split())
+    return {"model": fields.get("model name") or fields.get("CPU part", ""), "isa": sorted(flags & set(ISA_FLAGS))}
 
 
 def time_query_runs(sessions: dict[str, ort.InferenceSession], feeds: list[dict], rounds: int = 7) -> dict[str, float]:
@@ -134,13 +151,36 @@ class OnnxEmbedder:
             return files, _session(files.onnx_path, s.query_threads)
         other = "fp32" if s.precision == "int8" else "int8"
         candidates = {s.precision: self.files, other: ensure_encoder(s.model_dir, s.cache_dir, other)}
+        chosen, session = self._fastest(candidates)
+        return candidates[chosen], session or _session(candidates[chosen].onnx_path, s.query_threads)
+
+    def _fastest(self, candidates: dict[str, EncoderFiles]) -> tuple[str, ort.InferenceSession | None]:
+        """The faster of the two precisions on this CPU (the passages' unless the other wins clearly): the choice
+        kept for this CPU, or timed now and kept (then with the chosen session, already open)."""
+        s = self.settings
+        key = {"cpu": cpu_identity(), "onnxruntime": ort.__version__, "threads": s.query_threads,
+               "candidates": {p: f.quantisation for p, f in candidates.items()}}
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+        kept = self.files.onnx_path.parent / f"query-precision-{digest}.json"  # beside the conversions
+        try:
+            record = json.loads(kept.read_text())
+            if record.get("key") == key and record.get("chosen") in candidates:
+                return record["chosen"], None
+        except (OSError, ValueError):
+            pass  # none kept yet, or unreadable: time them
         sessions = {p: _session(f.onnx_path, s.query_threads) for p, f in candidates.items()}
         seconds = time_query_runs(sessions, [self._feed([self._tokenizer.encode(t)]) for t in TIMING_QUERIES])
+        other = next(p for p in candidates if p != s.precision)
         chosen = other if seconds[other] <= OTHER_PRECISION_GAIN * seconds[s.precision] else s.precision
-        log.info("query encoder: %s (%.1f ms a query on this CPU; %s %.1f ms)", chosen,
-                 1e3 * seconds[chosen] / len(TIMING_QUERIES), other if chosen == s.precision else s.precision,
-                 1e3 * seconds[other if chosen == s.precision else s.precision] / len(TIMING_QUERIES))
-        return candidates[chosen], sessions[chosen]
+        ms = {p: round(1e3 * t / len(TIMING_QUERIES), 3) for p, t in seconds.items()}
+        log.info("query encoder: %s on this CPU (ms a query: %s)", chosen, ms)
+        try:
+            scratch = kept.with_name(f"{kept.name}.{os.getpid()}.tmp")
+            scratch.write_text(json.dumps({"key": key, "chosen": chosen, "ms_per_query": ms}))
+            os.replace(scratch, kept)
+        except OSError as exc:  # a read-only cache folder: time again at the next start
+            log.warning("query encoder: could not keep the choice in %s: %s", kept, exc)
+        return chosen, sessions[chosen]
 
     @property
     def query_precision(self) -> str:

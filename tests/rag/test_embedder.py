@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import uuid
 
 import numpy as np
 import pytest
@@ -267,7 +268,7 @@ def test_queries_may_run_at_the_other_precision_against_the_same_passages(settin
 
 
 @pytest.mark.parametrize("other_share,chosen", [(0.6, "fp32"), (0.95, "int8")])
-def test_fastest_keeps_the_other_precision_only_for_a_clear_win(settings, monkeypatch, other_share, chosen):
+def test_fastest_keeps_the_other_precision_only_for_a_clear_win(settings, monkeypatch, request, other_share, chosen):
     from rag.embedding import embedder as module
 
     timed = {}
@@ -277,9 +278,20 @@ def test_fastest_keeps_the_other_precision_only_for_a_clear_win(settings, monkey
         return {"int8": 1.0, "fp32": other_share}
 
     monkeypatch.setattr(module, "time_query_runs", fake_timing)
+    # a CPU never seen: the choice kept for this one is not reused, and this test's is not kept for it
+    cpu = {"model": f"test CPU {uuid.uuid4()}", "isa": []}
+    monkeypatch.setattr(module, "cpu_identity", lambda: cpu)
     embedder = OnnxEmbedder(settings.embedding.model_copy(update={"precision": "int8", "query_precision": "fastest"}))
     embedder.warm_up()
+    kept = [p for p in embedder.files.onnx_path.parent.glob("query-precision-*.json") if cpu["model"] in p.read_text()]
+    request.addfinalizer(lambda: [p.unlink() for p in kept])
+    assert len(kept) == 1
     assert set(timed) == {"int8", "fp32"} and embedder.query_precision == chosen
+    # the next start on that CPU reuses the choice without timing
+    timed.clear()
+    again = OnnxEmbedder(settings.embedding.model_copy(update={"precision": "int8", "query_precision": "fastest"}))
+    again.warm_up()
+    assert not timed and again.query_precision == chosen
 
 
 def test_fastest_times_real_runs(settings):
