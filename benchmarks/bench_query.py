@@ -70,9 +70,11 @@ def main() -> None:
                      "model_precision": manifest["model"]["precision"], "top_k": 5,
                      "candidates": settings.retrieval.candidates, "retrievers": list(settings.retrieval.retrievers)}
 
-    # Raw embedder, both precisions, one thread, one query at a time.
+    # Raw embedder, both precisions, one thread, one query at a time (the quiet case's idle cores and the query
+    # precision's choice: bench_quiet_case.py).
     for precision in ("fp32", "int8"):
-        embedder = OnnxEmbedder(settings.embedding.model_copy(update={"precision": precision}))
+        embedder = OnnxEmbedder(settings.embedding.model_copy(
+            update={"precision": precision, "query_precision": "same", "quiet_query_threads": 1}))
         embedder.warm_up()
         session, tok = embedder._query_session, embedder.tokenizer
         feeds = [embedder._feed([tok.encode(q)]) for q in queries]

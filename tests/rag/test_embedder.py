@@ -43,7 +43,7 @@ def reference_vectors(scifact_dir):
 
 def test_fp32_matches_sentence_transformers(reference_vectors, settings):
     sentences, reference = reference_vectors
-    embedder = OnnxEmbedder(settings.embedding.model_copy(update={"precision": "fp32"}))
+    embedder = OnnxEmbedder(settings.embedding.model_copy(update={"precision": "fp32", "query_precision": "same"}))
     ours = embedder.embed_many(sentences)
     cosine = (ours * reference).sum(axis=1)
     assert len(sentences) == 100
@@ -91,8 +91,9 @@ def _batch_compositions(embedder: OnnxEmbedder, texts: list[str], fillers: list[
 @pytest.mark.parametrize("precision,floor", [("fp32", 0.9999), ("int8", 0.999)])
 def test_embeddings_are_normalised_and_batch_independent(scifact_dir, settings, precision, floor):
     """Same text, any batch: the same vector. int8 quantises activations per row (and block), so a
-    text's neighbours, padding and batch size cannot move it (per-batch scales would)."""
-    embedder = OnnxEmbedder(settings.embedding.model_copy(update={"precision": precision}))
+    text's neighbours, padding and batch size cannot move it (per-batch scales would). Queries at the same precision
+    as the passages: the query side here is that precision's, not the faster one's."""
+    embedder = OnnxEmbedder(settings.embedding.model_copy(update={"precision": precision, "query_precision": "same"}))
     sentences = _real_sentences(scifact_dir, 60)
     texts = ["short", "?", "a somewhat longer sentence about protein folding in cells", "x " * 300,
              "1234567890 " * 40, "α-synuclein, β-amyloid and ΔF508 at 5 µg/mL", *sentences[:14]]
