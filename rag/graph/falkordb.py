@@ -119,7 +119,8 @@ class FalkorDBStore:
 
     def _wait_ready(self, started: float) -> None:
         from falkordb import FalkorDB
-        from redis.exceptions import BusyLoadingError, ConnectionError as RedisConnectionError
+        from redis.exceptions import BusyLoadingError
+        from redis.exceptions import ConnectionError as RedisConnectionError, TimeoutError as RedisTimeout
 
         deadline = started + self.start_timeout_s
         while time.perf_counter() < deadline:
@@ -128,12 +129,13 @@ class FalkorDBStore:
                                             f"starting on {self.folder}: {self.child.log_tail().strip()}")
             if self.socket_path.exists():
                 # The socket file appears at bind(), a moment before listen(); the client's constructor already
-                # asks INFO, so a refused connection there is as transient as LOADING is on the ping.
+                # asks INFO, so a refused connection there is as transient as LOADING is on the ping, and so is an
+                # answer later than the serving timeout from a store still starting on a busy host.
                 client = None
                 try:
                     client = self._connect(FalkorDB)
                     client.connection.ping()  # answers LOADING while graph.rdb is read
-                except (BusyLoadingError, RedisConnectionError, OSError):
+                except (BusyLoadingError, RedisConnectionError, RedisTimeout, OSError):
                     if client is not None:
                         client.connection.close()
                 else:

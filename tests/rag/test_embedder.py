@@ -169,7 +169,7 @@ def test_index_model_check_compares_weights_and_quantisation(tmp_path):
 
 
 def test_conversion_is_cached(tmp_path):
-    settings = EmbeddingSettings(cache_dir=tmp_path, precision="fp32")
+    settings = EmbeddingSettings(cache_dir=tmp_path, precision="fp32", query_precision="same")
     OnnxEmbedder(settings).warm_up()
     files = sorted(p.name for p in tmp_path.rglob("*.onnx"))
     assert files == ["encoder-fp32.onnx"]

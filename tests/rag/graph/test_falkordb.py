@@ -165,3 +165,26 @@ def test_the_store_outlives_the_thread_that_started_it_and_dies_with_its_parent(
         parent.kill()  # SIGKILL: no cleanup code of the parent runs
         parent.wait()
     assert wait_gone(pid), f"redis-server {pid} outlived its killed parent"
+
+
+def test_a_store_slow_to_answer_while_starting_is_waited_for(tmp_path, monkeypatch):
+    """On a busy host a starting store can answer later than the serving timeout: that is as transient as a refused
+    connection while it binds, so warm-up waits for it (within its start timeout) instead of failing."""
+    from redis.exceptions import TimeoutError as RedisTimeout
+
+    graph = build_graph(toy_chunks(), max_alias_df=0.5)
+    with FalkorDBStore(tmp_path, persist=True) as store:
+        load_graph(store, graph, "g1")
+        before = count_generation(store, "g1")
+        store.save()
+    connect, slow = FalkorDBStore._connect, []
+
+    def slow_first_answers(self, client_class):
+        if len(slow) < 3:
+            slow.append(1)
+            raise RedisTimeout("Timeout reading from socket")
+        return connect(self, client_class)
+
+    monkeypatch.setattr(FalkorDBStore, "_connect", slow_first_answers)
+    with FalkorDBStore(tmp_path) as store:
+        assert len(slow) == 3 and count_generation(store, "g1") == before
