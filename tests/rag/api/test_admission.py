@@ -287,6 +287,7 @@ def shared(slow):
         yield client
 
 
+@pytest.mark.serial  # the refusals' milliseconds, which another test's load on the same cores would stretch
 def test_overload_is_shed_at_once_with_retry_after_counted_and_never_500(slow, shared):
     shared.post("/v1/query", json={"query": QUERY, "timeout_ms": 5000})  # learn ~300 ms
     before = _shed(_scrape(slow.url))
