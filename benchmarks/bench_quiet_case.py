@@ -72,27 +72,19 @@ def encoders(queries: list[str], rounds: int) -> dict:
     """Per precision and session: each round's P50/P99 ms and CPU ms per query, and their medians."""
     import os
 
-    from rag.embedding.embedder import SENTENCE_OUTPUT, TOKEN_OUTPUT, _session
+    from rag.embedding.embedder import SENTENCE_OUTPUT, TOKEN_OUTPUT, OnnxEmbedder, _session
     from rag.embedding.model_store import ensure_encoder
     from rag.settings import EmbeddingSettings
 
     settings = EmbeddingSettings()
     cores = len(os.sched_getaffinity(0))
-    sessions, tokenizer = {}, None
+    sessions = {}
     for precision in ("fp32", "int8"):
         files = ensure_encoder(settings.model_dir, settings.cache_dir, precision)
         sessions[f"{precision}-1-thread"] = _session(files.onnx_path, 1)
         sessions[f"{precision}-quiet-{cores}-threads"] = _session(files.onnx_path, cores, spinning=False)
-        if tokenizer is None:
-            from tokenizers import Tokenizer
-
-            tokenizer = Tokenizer.from_file(str(files.tokenizer_path))
-            tokenizer.enable_truncation(max_length=settings.max_seq_length)
-            tokenizer.no_padding()
-    feeds = []
-    for text in queries:
-        ids = np.array([tokenizer.encode(text).ids], np.int64)
-        feeds.append({"input_ids": ids, "attention_mask": np.ones_like(ids)})
+    embedder = OnnxEmbedder(settings.model_copy(update={"query_precision": "same", "quiet_query_threads": 1}))
+    feeds = [embedder._feed([embedder.tokenizer.encode(text)]) for text in queries]  # the service's own tokenising
     names = [SENTENCE_OUTPUT, TOKEN_OUTPUT]  # as the service asks (the reranker's token states from the same run)
     for session in sessions.values():
         for feed in feeds[:20]:

@@ -262,7 +262,8 @@ def quiet_case(d: dict) -> str:
             worst = max(worst, -diff)
             quality_rows.append([name, combo, num(s["metrics"][s["passages"]][combo]["ndcg@10"], 4),
                                  num(s["metrics"][s["other"]][combo]["ndcg@10"], 4), signed(diff, 4)])
-    passages, other = next(iter(q["quality"].values()))["passages"], next(iter(q["quality"].values()))["other"]
+    first_set = next(iter(q["quality"].values()))
+    passages, other = first_set["passages"], first_set["other"]
     c1, loaded = http["concurrency_1"], http["closed_loop"]["servers"]
     http_rows = []
     for name, config in http["configs"].items():
