@@ -17,8 +17,9 @@ each stage's growth is charged to what the evidence says slowed it:
   counted in cores lost).
 
 Nothing is wrong when the P99 did not grow beyond ``NOISE_MS`` and ``NOISE_SHARE`` of the baseline (or grew with
-fewer than ``TAIL_SHARE`` of the window's requests slower than the baseline's P99: an outlier), nothing more was
-shed, and no more answers fell back: then the explanation says so and names no cause.
+fewer than ``TAIL_SHARE`` of the window's requests slower than the baseline's P99, or no more of them than the
+baseline's own rate above that bound explains by chance: an outlier), nothing more was shed, and no more answers
+fell back: then the explanation says so and names no cause.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Literal
 
-from explain.signals import Evidence, Side
+from explain.signals import QUANTILE, Evidence, Side
 from rag.stages import LANGUAGE_MODEL_STAGES, SKIPPABLE_STAGES, STAGE_BY_NAME, WAIT_STAGES
 
 NOISE_MS = 10.0
@@ -45,7 +46,11 @@ TAIL_SHARE = 0.03
 """A P99 grew for real when at least this share of the window's requests (three times the 1 % expected) were slower
 than the baseline's P99..."""
 TAIL_REQUESTS = 3
-"""...and at least this many: one slow outlier among few requests moves a P99 without anything being wrong."""
+"""...and at least this many: one slow outlier among few requests moves a P99 without anything being wrong..."""
+TAIL_CHANCE = 0.01
+"""...and so many that the baseline's own rate above the bound would give as many or more by chance (Poisson) at most
+this often: a P99 read from a hundred-odd requests rests on two or three of them, so a quiet window often shows
+three or four above it."""
 STANDS_OUT = 2.0
 """A stage whose P99 ratio (window over baseline) is this many times the others' median slowed on its own."""
 LOAD_GROWTH = 1.25
@@ -113,6 +118,21 @@ def _ms(value: float) -> str:
     return "n/a" if math.isnan(value) else f"{value:.1f} ms"
 
 
+def _tail_by_chance(evidence: Evidence) -> bool:
+    """Whether the window's requests above the baseline's P99 bound are as many as the baseline's own rate above it
+    gives by chance more often than ``TAIL_CHANCE`` (a one-sided Poisson test)."""
+    rate = evidence.baseline_tail_share
+    expected = evidence.window_requests * max(1.0 - QUANTILE, 0.0 if math.isnan(rate) else rate)
+    seen = round(evidence.tail_requests)
+    if expected <= 0 or seen <= 0:
+        return False
+    term = below = math.exp(-expected)
+    for i in range(1, seen):
+        term *= expected / i
+        below += term
+    return 1.0 - below > TAIL_CHANCE
+
+
 def _share(part: float, whole: float) -> float:
     return part / whole if whole > 0 else 0.0
 
@@ -150,7 +170,8 @@ def explain(evidence: Evidence, knee_qps: float | None = None) -> Explanation:
     degraded_more = (_share(sum(now.degraded_per_s.values()), now.answered_per_s)
                      - _share(sum(before.degraded_per_s.values()), before.answered_per_s))
     slower = (growth > max(NOISE_MS, NOISE_SHARE * before.p99_ms)
-              and not evidence.tail_share < TAIL_SHARE and evidence.tail_requests >= TAIL_REQUESTS)
+              and not evidence.tail_share < TAIL_SHARE and evidence.tail_requests >= TAIL_REQUESTS
+              and not _tail_by_chance(evidence))
     if not (slower or shed_more > SHARE_NOISE or degraded_more > SHARE_NOISE):
         result.headline = (f"nothing is wrong: P99 {_ms(now.p99_ms)} against {_ms(before.p99_ms)} in the baseline "
                            f"(within noise), nothing more shed or degraded")

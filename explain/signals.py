@@ -87,6 +87,11 @@ class Evidence:
     about 1 - QUANTILE when nothing changed."""
     tail_requests: float = 0.0
     """How many requests that share is."""
+    window_requests: float = 0.0
+    """How many requests the window answered."""
+    baseline_tail_share: float = math.nan
+    """Share of the baseline's own answered requests above that same bound: the rate a window without a fault
+    would show (near 1 - QUANTILE, above it when the baseline's P99 rests on few requests)."""
 
 
 def _selector(job: str | None, *matchers: str) -> str:
@@ -150,18 +155,18 @@ class Reader:
         side.preemptions_per_s = _or(self.scalar(f'sum(rate({VLLM_METRICS["preemptions"]}{r}))'), 0.0)
         return side
 
-    def tail(self, span: Span, seconds: float) -> tuple[float, float]:
-        """(share, count) of the answered requests in ``span`` slower than the first bucket bound at or above
+    def tail(self, span: Span, seconds: float) -> tuple[float, float, float]:
+        """(share, count, total) of the answered requests in ``span`` slower than the first bucket bound at or above
         ``seconds``."""
         bound = next((b for b in LATENCY_SECONDS if b >= seconds - 1e-9), None)
         if bound is None or math.isnan(seconds):
-            return math.nan, 0.0
-        request, r = SERVICE_METRICS["request_duration"], f"[{span.seconds}s]"
+            return math.nan, 0.0, 0.0
+        request, r = SERVICE_METRICS["request_duration"], span.range()
         ok = _selector(self.job, 'outcome="ok"')
         within = _selector(self.job, 'outcome="ok"', f'le="{floatToGoString(bound)}"')
         total = _or(self.scalar(f"sum(increase({request}_count{ok}{r}))"), 0.0)
         inside = _or(self.scalar(f"sum(increase({request}_bucket{within}{r}))"), 0.0)
-        return (_share(total - inside, total), max(0.0, total - inside))
+        return _share(total - inside, total), max(0.0, total - inside), total
 
     def slowest_traces(self, span: Span, limit: int = 5) -> list[tuple[float, str]]:
         """The exemplar trace ids of the slowest answered requests in ``span`` (none without tracing)."""
@@ -209,6 +214,7 @@ def gather(api: PrometheusApi, job: str | None, window: Span, baseline: Span, at
     at = time.time() if at is None else at
     reader = Reader(api, pick_job(api, job), at)
     before = reader.side(baseline)
-    tail_share, tail_requests = reader.tail(window, before.p99_ms / 1e3)
+    tail_share, tail_requests, window_requests = reader.tail(window, before.p99_ms / 1e3)
+    baseline_tail_share = reader.tail(baseline, before.p99_ms / 1e3)[0]
     return Evidence(reader.job, window, baseline, at, reader.side(window), before, reader.slowest_traces(window),
-                    tail_share, tail_requests)
+                    tail_share, tail_requests, window_requests, baseline_tail_share)
