@@ -38,6 +38,8 @@ from rag.index.store import LoadedIndex, load_index
 from rag.protocols import (AnswerCache, Embedder, EntityLinker, Fuser, Generator, GraphRetriever, GraphStore,
                            HypotheticalPassageWriter, PromptCompressor, Reranker, Retriever, Router,
                            StreamingGenerator, SupportCheck)
+from rag.quality.calibration import CalibrationError
+from rag.quality.signals import QualityMeter
 from rag.query_context import QueryContext, StageOptions
 from rag.rerank.features import RerankQuery
 from rag.retrieval.fusion import WeightedRRF
@@ -79,6 +81,7 @@ class RagPipeline:
         self.compressor: PromptCompressor | None = None  # generation.prompt_budget_tokens (0 = passages whole)
         self.support: SupportCheck | None = None  # support_check
         self.generator: Generator | None = None  # generate: the extractive answer, and the model's fallback
+        self.quality: QualityMeter | None = None  # quality.enabled: each answer's label-free signals (rag/quality)
         self._route_fusers: dict[str, Fuser] = {}
         self._router_error: str | None = None
         self._stage_options = StageOptions(settings.server.stage_thread_names, settings.faults.delay_stage,
@@ -137,6 +140,11 @@ class RagPipeline:
                                   "graph": s.graph.weight}, k=s.retrieval.rrf_k)
         self.generator = ExtractiveGenerator(analyzer, index.idf, s.generation.max_sentences)
         self.support = SupportChecker(analyzer, index.idf, s.generation.support_threshold)
+        if s.quality.enabled:
+            try:
+                self.quality = QualityMeter.from_settings(s.quality)
+            except CalibrationError as exc:
+                raise ConfigurationError(str(exc)) from None
         budget = s.generation.prompt_budget_tokens
         self.compressor = PassageCompressor(analyzer, index.idf, budget) if budget else None
         if s.generation.generator != "extractive" and self.llm is None:
@@ -249,6 +257,8 @@ class RagPipeline:
             exc.stages = context.stages  # what ran before (and including) the failing stage, for telemetry
             raise
         result = context.result(generation, sources)
+        if self.quality is not None:
+            result.quality = self.quality.measure(context, generation)
         if context.cache_key is not None and not result.degraded:
             # Stored without what only this request did (its timings, retrievers' counts, the model's timing), so a
             # hit is never counted as retrieval or generation by whoever observes it.
@@ -360,6 +370,8 @@ class RagPipeline:
                         continue
                 else:
                     result = self.retrievers[name].retrieve(context.query, context.vector, depth)
+                    if name == "dense" and result.hits:
+                        context.best_similarity = result.hits[0].score
                     if name == "dense" and hyde_vector is not None:
                         result = self._fuse_hyde(result, context.query, hyde_vector, depth)
                 stage.device = result.device
@@ -400,7 +412,7 @@ class RagPipeline:
             return
         with context.stage("rerank"):
             first_stage = RerankQuery(context.token_states, {r.retriever: r.hits for r in results})
-            context.hits = self.reranker.rerank(first_stage, fused, context.top_k).hits
+            context.hits = context.reranked = self.reranker.rerank(first_stage, fused, context.top_k).hits
 
     def _answer(self, context: QueryContext, passages: list[Chunk],
                 on_token: Callable[[str], None] | None) -> GenerationResult:

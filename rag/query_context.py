@@ -89,6 +89,8 @@ class QueryContext:
     hits: list[Hit] = field(default_factory=list)  # the fused (and reranked) top k
     skipped: dict[str, str] = field(default_factory=dict)  # stage -> why it did not run
     cache_key: CacheKey | None = None  # set when the answer cache was asked
+    best_similarity: float | None = None  # the question's own dense search: its closest passage's score
+    reranked: list[Hit] | None = None  # the reranker's top hits with its scores, when it ran
 
     def stage(self, name: str) -> StageTimer:
         """``with context.stage("fuse"): ...`` times the block as that stage of this request."""

@@ -375,6 +375,24 @@ class CacheSettings(_Section):
     ttl_s: float = Field(600.0, gt=0, le=7 * 86400, description="an answer older than this is not served again")
 
 
+class QualitySettings(_Section):
+    """Answer quality without labels (rag/quality): signals on every request (best passage similarity, retriever
+    agreement, the reranker's scores, a written answer's support) and the verdict the quality SLO counts."""
+
+    enabled: bool = Field(True, description="measure each answer's quality signals and verdict (a few microseconds "
+                                            "per request: docs/quality.md)")
+    calibration: Path | None = Field(None, description="calibration file (`ragheat calibrate-quality`): the best "
+                                                       "similarity's threshold and the training queries' reference "
+                                                       "quantiles; unset = the one shipped in rag/quality/, measured "
+                                                       "on the repository's training sets with the shipped encoder")
+    min_similarity: float | None = Field(None, ge=-1.0, le=1.0, description="best similarity below which an answer "
+                                                                            "has no good passage; unset = the "
+                                                                            "calibration's")
+    min_support: float = Field(0.5, ge=0.0, le=1.0, description="least share of a written answer's sentences the "
+                                                                "support check must accept for it to count as "
+                                                                "supported")
+
+
 class AdmissionSettings(_Section):
     """Admission control and deadlines (rag/api/admission.py): a bounded number of requests in flight and a bounded
     queue; a request that could not finish within its deadline is refused at once (503 + Retry-After)."""
@@ -462,6 +480,7 @@ class RagheatSettings(BaseSettings):
     rerank: RerankSettings = Field(default_factory=RerankSettings)
     cache: CacheSettings = Field(default_factory=CacheSettings)
     admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
+    quality: QualitySettings = Field(default_factory=QualitySettings)
     hyde: HydeSettings = Field(default_factory=HydeSettings)
     generation: GenerationSettings = Field(default_factory=GenerationSettings)
     server: ServerSettings = Field(default_factory=ServerSettings)

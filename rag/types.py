@@ -14,6 +14,7 @@ from rag.stages import CACHE_OUTCOMES, DEGRADED_REASONS
 
 if TYPE_CHECKING:
     from rag.devicetime import DeviceTiming
+    from rag.quality.signals import QualitySignals
 
 
 DegradedReason = Literal["unavailable", "slow", "unsupported"]
@@ -188,6 +189,7 @@ class QueryResult:
     route: str = "none"  # the retrievers that ran, as a closed label (rag.stages.RETRIEVAL_ROUTES)
     skipped: dict[str, str] = field(default_factory=dict)  # stage -> why it did not run (backend down, deadline)
     cache: CacheOutcome = "off"  # the semantic answer cache: hit (a stored answer), miss (looked, stored), off
+    quality: QualitySignals | None = None  # label-free quality signals and verdict (rag.quality); None when off
 
     @property
     def fell_back(self) -> bool:

@@ -151,9 +151,16 @@ def _observe(service: Service) -> None:
     switch.on_reload.append(telemetry.reloaded)
     telemetry.watch_cache(lambda: switch.current.cache_stats())  # the served generation's cache, at scrape time
 
+    def export_quality(pipeline: RagPipeline) -> None:  # the calibration the verdicts use: the drift reference
+        if pipeline.quality is not None:
+            telemetry.watch_quality(pipeline.quality.calibration, pipeline.quality.min_similarity)
+
+    export_quality(switch.current)
+
     def follow(old: RagPipeline, new: RagPipeline) -> None:
         described = new.describe()
         telemetry.data_source, telemetry.model = described.corpus, described.embedding_model
+        export_quality(new)
 
     switch.on_swap.append(follow)
 

@@ -42,6 +42,14 @@ VLLM_STEP_BLOCKS: tuple[float, ...] = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512,
 """KV-cache blocks allocated or freed in one vLLM engine step: zero (the common decode step within a block)
 must stand out; a prefill of N tokens takes N/block_size blocks, a finished long request frees hundreds."""
 
+UNIT_SCORES: tuple[float, ...] = tuple(round(0.05 * i, 2) for i in range(1, 21))
+"""Quality signals between 0 and 1 (best passage similarity, retriever agreement, answer support): steps of 0.05, so
+the low tail where answers go wrong (a best similarity under about 0.45) and a drifting median both show."""
+
+RERANK_SCORES: tuple[float, ...] = (-1.0, 0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 6.0, 8.0)
+"""The reranker head's top score and its margin over the second: in-domain questions score a top of about 2 to 8,
+questions the corpus does not cover about -1 to 1 (docs/quality.md)."""
+
 assert SLO_SECONDS in LATENCY_SECONDS, "the latency SLO (rag.slo) must be an exact bucket edge"
 
 BUCKET_SETS: dict[str, tuple[float, ...]] = {
@@ -50,4 +58,6 @@ BUCKET_SETS: dict[str, tuple[float, ...]] = {
     "kernel_log2_seconds": KERNEL_LOG2_SECONDS,
     "vllm_step_tokens": VLLM_STEP_TOKENS,
     "vllm_step_blocks": VLLM_STEP_BLOCKS,
+    "unit_scores": UNIT_SCORES,
+    "rerank_scores": RERANK_SCORES,
 }

@@ -19,8 +19,9 @@ from rag.api.access import REJECTION_REASONS
 from rag.api.admission import SHED_REASONS
 from rag.stages import (CACHE_OUTCOMES, CONDITIONAL_STAGES, DEGRADED_REASONS, OPTIONAL_STAGES, RELOAD_OUTCOMES,
                         RETRIEVAL_ROUTES, RETRIEVERS, SKIPPABLE_STAGES, STAGES)
-from telemetry.buckets import (KERNEL_LOG2_SECONDS, LATENCY_SECONDS, RETRIEVED_DOCUMENTS, VLLM_STEP_BLOCKS,
-                               VLLM_STEP_TOKENS)
+from rag.quality.signals import QUALITY_VERDICTS, RERANK_SIGNALS, UNIT_SIGNALS
+from telemetry.buckets import (KERNEL_LOG2_SECONDS, LATENCY_SECONDS, RERANK_SCORES, RETRIEVED_DOCUMENTS, UNIT_SCORES,
+                               VLLM_STEP_BLOCKS, VLLM_STEP_TOKENS)
 
 ROUTES = ("/v1/query", "/v1/query/stream")
 STAGE_OUTCOMES = ("ok", "error")
@@ -48,9 +49,13 @@ HOST_CPU_MODES = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", 
 PRESSURE_RESOURCES = ("cpu", "memory", "io")
 PRESSURE_SCOPES = ("some", "full")
 
-Group = Literal["service", "generation", "vllm", "kernel", "host"]
+QUALITY_POINTS = {"threshold": "threshold", "0.02": "p02", "0.05": "p05", "0.1": "p10", "0.25": "p25", "0.5": "p50"}
+"""The calibration's points (``point`` label of ``ragheat_quality_calibration``), by the calibration file's key."""
+
+Group = Literal["service", "generation", "quality", "vllm", "kernel", "host"]
 """Who exports a family: the service (``PrometheusMetrics``), the service about its language model
-(``PrometheusMetrics``, streamed generators only), ragheat's plugin inside vLLM's engine, the eBPF probes, the
+(``PrometheusMetrics``, streamed generators only), the service about its answers' quality (``PrometheusMetrics``,
+``quality.enabled``), ragheat's plugin inside vLLM's engine, the eBPF probes, the
 service about the machine it runs on (``telemetry.host``, computed at each scrape)."""
 
 
@@ -137,6 +142,22 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("generation", "degraded", "ragheat_generation_degraded_total", "counter",
                "Answers that fell back to the extractive generator, by reason: the LLM was down (unavailable) or "
                "slow, or none of its sentences was supported by the passages (unsupported).", ("reason",)),
+    # -- answer quality: the same service, label-free signals of each answer (rag.quality) --------------------
+    MetricSpec("quality", "quality_score", "ragheat_quality_score", "histogram",
+               "A label-free quality signal of one answer, by signal: the best passage's similarity to the query, the "
+               "share of the dense top 10 BM25's top 10 also holds, the share of a written answer's sentences the "
+               "support check accepted.", ("signal",), UNIT_SCORES),
+    MetricSpec("quality", "quality_rerank_score", "ragheat_quality_rerank_score", "histogram",
+               "The reranker's score of an answer's first passage (rerank_top) and its lead over the second "
+               "(rerank_margin), on the head's scale.", ("signal",), RERANK_SCORES),
+    MetricSpec("quality", "answer_quality", "ragheat_answer_quality_total", "counter",
+               "Answers by quality verdict: good; no_good_passage (the best passage's similarity under the calibrated "
+               "threshold); fell_back (a language model's answer replaced by the extractive one); unsupported (too few "
+               "written sentences supported); unscored (no dense search ran to judge by).", ("verdict",)),
+    MetricSpec("quality", "quality_calibration", "ragheat_quality_calibration", "gauge",
+               "The calibration the verdicts use (rag.quality.calibration): the best similarity's threshold "
+               "(point=threshold) and the training questions' quantiles of each signal (point=p02, p05, p10, p25, "
+               "p50), the reference a drifting signal is compared with.", ("signal", "point")),
     # -- the machine: the same service, read at each scrape (telemetry.host) -----------------------------------
     MetricSpec("host", "host_cpu", "ragheat_host_cpu_seconds_total", "counter",
                "CPU time the whole machine spent in each mode, summed over its CPUs (/proc/stat): the busy modes minus "
@@ -189,12 +210,13 @@ def _names(group: Group) -> dict[str, str]:
 
 SERVICE_METRICS = _names("service")
 GENERATION_METRICS = _names("generation")
+QUALITY_METRICS = _names("quality")
 VLLM_METRICS = _names("vllm")
 KERNEL_METRICS = _names("kernel")
 HOST_METRICS = _names("host")
 """Role -> family name as Prometheus stores it, per group (read by dashboards, probes, tests)."""
 
-EXPECTED_METRICS = [m.name for m in METRICS if m.group in ("service", "generation", "host")]
+EXPECTED_METRICS = [m.name for m in METRICS if m.group in ("service", "generation", "quality", "host")]
 """Metric families a scrape of a running service must contain (as prometheus_client's parser names them;
 counters are listed with ``_total``, which the parser strips from the family name)."""
 
@@ -248,6 +270,11 @@ class PrometheusMetrics:
         self.generation_inter_token = create_metric(generation["inter_token"], registry)
         self.unsupported_sentences = create_metric(generation["unsupported_sentences"], registry)
         self.generation_degraded = create_metric(generation["degraded"], registry)
+        quality = specs("quality")
+        self.quality_score = create_metric(quality["quality_score"], registry)
+        self.quality_rerank_score = create_metric(quality["quality_rerank_score"], registry)
+        self.answer_quality = create_metric(quality["answer_quality"], registry)
+        self.quality_calibration = create_metric(quality["quality_calibration"], registry, multiprocess_mode="max")
         self._children: dict = {}
         self.exemplar_share = None  # a worker of `serve --workers N`: see share_exemplars
         # Create every closed-set series up front: a rate() over a series that appears late reads as missing.
@@ -279,6 +306,12 @@ class PrometheusMetrics:
             self.index_reloads.labels(outcome)
         for result in CACHE_OUTCOMES:
             self.cache_requests.labels(result)
+        for verdict in QUALITY_VERDICTS:  # the quality SLI divides by them: present from the first scrape
+            self.answer_quality.labels(verdict)
+        for signal in UNIT_SIGNALS:
+            self.quality_score.labels(signal)
+        for signal in RERANK_SIGNALS:
+            self.quality_rerank_score.labels(signal)
 
     def share_exemplars(self, share) -> None:
         """A worker of ``serve --workers N``: prometheus_client keeps no exemplars in multiprocess mode, so traced

@@ -22,10 +22,12 @@ from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, Trace
 from prometheus_client import CollectorRegistry
 
 from rag import __version__
+from rag.quality.calibration import Calibration
+from rag.quality.signals import QUALITY_SIGNALS, RERANK_SIGNALS
 from rag.settings import TelemetrySettings
 from rag.types import CacheStats, RequestRecord, StageTiming
 from telemetry.host import HostCollector
-from telemetry.metrics import ROUTES, PrometheusMetrics, request_outcome, status_class
+from telemetry.metrics import QUALITY_POINTS, ROUTES, PrometheusMetrics, request_outcome, status_class
 from telemetry.qps import QpsBuckets, SlidingWindowRate
 from telemetry.tracing import BoundedSpanProcessor, otlp_configured
 
@@ -138,6 +140,19 @@ class Telemetry:
         self.metrics.cache_entries.set_function(lambda: read("entries"))
         self.metrics.cache_bytes.set_function(lambda: read("bytes"))
 
+    def watch_quality(self, calibration: Calibration | None, threshold: float | None) -> None:
+        """Export the quality calibration in use: its threshold (``threshold``, which a setting may override) and its
+        reference quantiles; nothing when quality is off."""
+        if not self.metrics or threshold is None:
+            return
+        gauge = self.metrics.quality_calibration
+        gauge.labels("best_similarity", "threshold").set(threshold)
+        for signal, quantiles in (calibration.reference if calibration is not None else {}).items():
+            for quantile, value in quantiles.items():
+                point = QUALITY_POINTS.get(quantile)
+                if point is not None and signal in QUALITY_SIGNALS:
+                    gauge.labels(signal, point).set(value)
+
     def _dropped(self, signal: str, reason: str, count: int) -> None:
         if self.metrics:
             self.metrics.telemetry_dropped.labels(signal, reason).inc(count)
@@ -205,6 +220,11 @@ class Telemetry:
             result = record.result
             if result:
                 m.child(m.cache_requests, result.cache).inc()
+            if result and result.quality is not None:  # a cached answer is served again: counted as served
+                m.child(m.answer_quality, result.quality.verdict).inc()
+                for signal, value in result.quality.values().items():
+                    family = m.quality_rerank_score if signal in RERANK_SIGNALS else m.quality_score
+                    m.child(family, signal).observe(value, exemplar)
             if result and result.cache != "hit":  # a cached answer ran no retriever, model or support check now
                 for retriever, count in result.retrieved.items():
                     m.child(m.retrieved, retriever).observe(count)
@@ -265,6 +285,9 @@ class Telemetry:
             attributes["rag.answer"] = record.result.answer
         if record.result is not None:
             attributes["rag.route"] = record.result.route
+            if record.result.quality is not None:
+                attributes["rag.quality.verdict"] = record.result.quality.verdict
+                attributes.update({f"rag.quality.{k}": v for k, v in record.result.quality.values().items()})
         spans.append(ReadableSpan(
             name=f"POST {scope.route}", context=request_context, parent=remote_parent, resource=self.resource,
             attributes=attributes, kind=SpanKind.SERVER,

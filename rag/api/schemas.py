@@ -126,6 +126,27 @@ class SkippedStageOut(BaseModel):
     reason: str
 
 
+class QualityOut(BaseModel):
+    """The answer's label-free quality signals (rag/quality, docs/quality.md) and the verdict the quality SLO counts;
+    a signal is null where this request did not compute it."""
+
+    verdict: Literal["good", "no_good_passage", "fell_back", "unsupported", "unscored"] = Field(
+        description="good; no_good_passage = the closest passage's similarity lies under the calibrated threshold "
+                    "(the corpus may not cover the question); fell_back = the language model's answer was replaced; "
+                    "unsupported = too few written sentences supported; unscored = no dense search ran")
+    best_similarity: float | None = Field(None, description="cosine of the query with the closest passage found")
+    retriever_agreement: float | None = Field(None, description="share of the dense top 10 that BM25's top 10 holds")
+    rerank_top: float | None = Field(None, description="the reranker's score of the first passage")
+    rerank_margin: float | None = Field(None, description="its lead over the second")
+    answer_support: float | None = Field(None, description="share of the written sentences the support check "
+                                                           "accepted")
+
+
+def quality_out(result: QueryResult) -> QualityOut | None:
+    q = result.quality
+    return None if q is None else QualityOut(verdict=q.verdict, **{k: round(v, 4) for k, v in q.values().items()})
+
+
 class QueryResponse(BaseModel):
     """``POST /v1/query`` response: the answer, its citations and every stage's time."""
 
@@ -161,6 +182,7 @@ class QueryResponse(BaseModel):
         "off", description="the semantic answer cache (cache.enabled): hit = the answer stored for a query this close "
                            "(same top_k, retrievers, index generation), its stages only embed and cache_lookup; miss = "
                            "answered afresh (and stored unless degraded); off = the cache is not in use")
+    quality: QualityOut | None = Field(None, description="label-free quality signals and verdict (quality.enabled)")
 
     @classmethod
     def from_result(cls, result: QueryResult) -> "QueryResponse":
@@ -181,6 +203,7 @@ class QueryResponse(BaseModel):
             route=result.route,
             skipped_stages=[SkippedStageOut(stage=stage, reason=reason) for stage, reason in result.skipped.items()],
             cache=result.cache,
+            quality=quality_out(result),
         )
 
 

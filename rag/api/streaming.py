@@ -11,7 +11,7 @@ from typing import AsyncIterator, Callable
 
 from fastapi.concurrency import run_in_threadpool
 
-from rag.api.schemas import SkippedStageOut, citation, generation_out
+from rag.api.schemas import SkippedStageOut, citation, generation_out, quality_out
 from rag.errors import StageError
 from rag.types import QueryResult, RequestRecord
 
@@ -115,7 +115,8 @@ def final_events(result: QueryResult, tokens_sent: int):
                        "degraded_detail": result.degraded_detail,
                        "unsupported_sentences": result.unsupported_sentences,
                        "dropped_sentences": result.dropped_sentences, "unsupported_policy": result.unsupported_policy,
-                       "generation": generation.model_dump() if generation else None, "cache": result.cache})
+                       "generation": generation.model_dump() if generation else None, "cache": result.cache,
+                       "quality": quality.model_dump() if (quality := quality_out(result)) else None})
 
 
 def sse(event: str, data) -> bytes:

@@ -1,0 +1,111 @@
+"""Label-free signals of one answer's quality, measured on every request from what the pipeline computed anyway:
+
+- ``best_similarity``: the cosine of the query's embedding with the closest passage the dense retriever found (the
+  question's own search, before a hypothetical passage is fused in). Traffic the corpus does not cover, and an index
+  whose vectors no longer match the query encoder, both push it down.
+- ``retriever_agreement``: the share of the dense retriever's top ten chunks that BM25's top ten also holds.
+- ``rerank_top`` and ``rerank_margin``: the reranker's score of the first passage, and its lead over the second.
+- ``answer_support``: the share of a written answer's sentences the support check accepted.
+
+Each is None where the request did not compute it (no dense search, no second retriever, no reranking, an extractive
+answer). The verdict (``QUALITY_VERDICTS``) is what the quality SLO counts: ``no_good_passage`` when the best
+similarity lies below the calibrated threshold (``rag.quality.calibration``), ``fell_back`` when a language model's
+answer was replaced by the extractive one, ``unsupported`` when fewer than ``min_support`` of a written answer's
+sentences are supported, ``unscored`` when there is no similarity to judge by (no dense search ran), else ``good``.
+The signals cost a few microseconds: a set intersection and some subtractions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Sequence, get_args
+
+from rag.types import Hit, RetrievalResult, SentenceSupport
+
+UNIT_SIGNALS = ("best_similarity", "retriever_agreement", "answer_support")
+"""Signals between 0 and 1 (the ``signal`` label of ``ragheat_quality_score``)."""
+RERANK_SIGNALS = ("rerank_top", "rerank_margin")
+"""The reranker's scores (the ``signal`` label of ``ragheat_quality_rerank_score``): its head's scale, not 0..1."""
+QUALITY_SIGNALS = UNIT_SIGNALS + RERANK_SIGNALS
+Verdict = Literal["good", "no_good_passage", "fell_back", "unsupported", "unscored"]
+QUALITY_VERDICTS: tuple[str, ...] = get_args(Verdict)
+"""What the quality SLO counts an answer as (the ``verdict`` label of ``ragheat_answer_quality_total``, closed)."""
+BAD_VERDICTS = ("no_good_passage", "fell_back", "unsupported")
+"""Verdicts that spend the quality SLO's error budget; ``unscored`` answers count on neither side."""
+AGREEMENT_DEPTH = 10
+
+
+@dataclass(frozen=True)
+class QualitySignals:
+    """One answer's signals (None: not computed for this request) and its verdict."""
+
+    verdict: Verdict
+    best_similarity: float | None = None
+    retriever_agreement: float | None = None
+    rerank_top: float | None = None
+    rerank_margin: float | None = None
+    answer_support: float | None = None
+
+    def values(self) -> dict[str, float]:
+        """Signal name -> value, for those computed."""
+        return {name: value for name in QUALITY_SIGNALS if (value := getattr(self, name)) is not None}
+
+
+def retriever_agreement(results: Sequence[RetrievalResult], depth: int = AGREEMENT_DEPTH) -> float | None:
+    """Share of the dense top ``depth`` that BM25's top ``depth`` also holds; None unless both ran."""
+    lists = {r.retriever: r.hits for r in results}
+    dense, bm25 = lists.get("dense"), lists.get("bm25")
+    if not dense or bm25 is None:
+        return None
+    top = {h.chunk_id for h in dense[:depth]}
+    return len(top.intersection(h.chunk_id for h in bm25[:depth])) / min(depth, len(dense))
+
+
+def answer_support(support: Sequence[SentenceSupport]) -> float | None:
+    """Share of a written answer's sentences the support check accepted; None for an extractive answer."""
+    return sum(s.supported for s in support) / len(support) if support else None
+
+
+def measure(*, best_similarity: float | None, results: Sequence[RetrievalResult], reranked: Sequence[Hit] | None,
+            support: Sequence[SentenceSupport], fell_back: bool, min_similarity: float,
+            min_support: float) -> QualitySignals:
+    """The signals of one answer and its verdict. ``reranked``: the reranker's top hits (its scores), None when the
+    request was not reranked; ``min_similarity``/``min_support``: the calibrated threshold and the least supported
+    share of a written answer."""
+    top = reranked[0].score if reranked else None
+    margin = reranked[0].score - reranked[1].score if reranked and len(reranked) > 1 else None
+    supported = answer_support(support)
+    if best_similarity is not None and best_similarity < min_similarity:
+        verdict: Verdict = "no_good_passage"
+    elif fell_back:
+        verdict = "fell_back"
+    elif supported is not None and supported < min_support:
+        verdict = "unsupported"
+    elif best_similarity is None:
+        verdict = "unscored"
+    else:
+        verdict = "good"
+    return QualitySignals(verdict, best_similarity, retriever_agreement(results), top, margin, supported)
+
+
+class QualityMeter:
+    """Measures each answer's signals against one threshold (the calibration's, or ``quality.min_similarity``)."""
+
+    def __init__(self, min_similarity: float, min_support: float, calibration=None) -> None:
+        self.min_similarity, self.min_support = min_similarity, min_support
+        self.calibration = calibration  # rag.quality.calibration.Calibration, None when the threshold was set alone
+
+    @classmethod
+    def from_settings(cls, quality) -> "QualityMeter":
+        """From ``QualitySettings``; ``CalibrationError`` naming the file when its calibration cannot be read."""
+        from rag.quality.calibration import Calibration
+
+        calibration = Calibration.load(quality.calibration)
+        threshold = calibration.min_similarity if quality.min_similarity is None else quality.min_similarity
+        return cls(threshold, quality.min_support, calibration)
+
+    def measure(self, context, generation) -> QualitySignals:
+        """The signals of the answer ``generation`` gave to the request ``context`` (``rag.query_context``)."""
+        return measure(best_similarity=context.best_similarity, results=context.results, reranked=context.reranked,
+                       support=generation.support, fell_back=generation.degraded_reason is not None,
+                       min_similarity=self.min_similarity, min_support=self.min_support)
