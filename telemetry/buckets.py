@@ -46,9 +46,10 @@ UNIT_SCORES: tuple[float, ...] = tuple(round(0.05 * i, 2) for i in range(1, 21))
 """Quality signals between 0 and 1 (best passage similarity, retriever agreement, answer support): steps of 0.05, so
 the low tail where answers go wrong (a best similarity under about 0.45) and a drifting median both show."""
 
-RERANK_SCORES: tuple[float, ...] = (-1.0, 0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 6.0, 8.0)
+RERANK_SCORES: tuple[float, ...] = (0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 6.0, 8.0)
 """The reranker head's top score and its margin over the second: in-domain questions score a top of about 2 to 8,
-questions the corpus does not cover about -1 to 1 (docs/quality.md)."""
+questions the corpus does not cover about -1 to 1 (docs/quality.md). No negative edge: OpenMetrics drops a histogram's
+sum when one exists, and a score under 0 counts in the first bucket."""
 
 assert SLO_SECONDS in LATENCY_SECONDS, "the latency SLO (rag.slo) must be an exact bucket edge"
 

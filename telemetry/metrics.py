@@ -50,7 +50,7 @@ PRESSURE_RESOURCES = ("cpu", "memory", "io")
 PRESSURE_SCOPES = ("some", "full")
 
 QUALITY_POINTS = {"threshold": "threshold", "0.02": "p02", "0.05": "p05", "0.1": "p10", "0.25": "p25", "0.5": "p50"}
-"""The calibration's points (``point`` label of ``ragheat_quality_calibration``), by the calibration file's key."""
+"""The calibration's points (``point`` label of ``ragheat_quality_calibration_score``), by the calibration file's key."""
 
 Group = Literal["service", "generation", "quality", "vllm", "kernel", "host"]
 """Who exports a family: the service (``PrometheusMetrics``), the service about its language model
@@ -154,7 +154,7 @@ METRICS: tuple[MetricSpec, ...] = (
                "Answers by quality verdict: good; no_good_passage (the best passage's similarity under the calibrated "
                "threshold); fell_back (a language model's answer replaced by the extractive one); unsupported (too few "
                "written sentences supported); unscored (no dense search ran to judge by).", ("verdict",)),
-    MetricSpec("quality", "quality_calibration", "ragheat_quality_calibration", "gauge",
+    MetricSpec("quality", "quality_calibration", "ragheat_quality_calibration_score", "gauge",
                "The calibration the verdicts use (rag.quality.calibration): the best similarity's threshold "
                "(point=threshold) and the training questions' quantiles of each signal (point=p02, p05, p10, p25, "
                "p50), the reference a drifting signal is compared with.", ("signal", "point")),

@@ -1,12 +1,13 @@
 """Sections on retrieval quality: SciFact by retriever, the fusion grid, int8 against fp32, the embedding schemes,
-the knowledge graph and router on hotpotqa-dev, and the reranker."""
+the knowledge graph and router on hotpotqa-dev, the reranker, and the label-free answer-quality signals."""
 
 from __future__ import annotations
 
 import os
+import statistics
 
-from .stats import (blocks, bold, compare, count, difference_verdict, duration, join_words, noise_verdict, num,
-                    paired_difference, paired_ratios, signed, table, times, with_range)
+from .stats import (blocks, bold, compare, count, difference_verdict, duration, join_words, noise_verdict, num, opt,
+                    paired_difference, paired_ratios, pct, signed, table, times, with_range)
 
 METRICS = ("ndcg@10", "recall@10", "recall@100", "mrr@10")
 LABELS = {"dense": "dense", "bm25": "bm25 (stemmed)", "hybrid": "hybrid (weighted RRF)"}
@@ -303,3 +304,71 @@ the two products, not the reranker's held-out quality (that is the section above
                             "better / worse queries"], products, "lrrrrr", "hybrid+rerank with the int8 product "
                            "(served) and the float32 product: nDCG@10, paired per query"),
         table(["stored token vectors", "rest of the generation", "growth", "vectors"], size, "lrrl", "Index size"))
+
+
+MIN_EMPTY = 10  # queries with nothing relevant a set needs before an AUC over them says anything
+WEAK_RHO = 0.3  # a rank correlation under this, per query, is a hint at most
+
+
+def answer_quality(d: dict) -> str:
+    q = d["quality-signals"]
+    names = {"best_similarity": "best passage similarity", "retriever_agreement": "retriever agreement (top 10)",
+             "rerank_top": "reranker's top score", "rerank_margin": "reranker's margin (first − second)"}
+    rows = []
+    few = [name for name, s in q["sets"].items() if s["zero_queries"] < MIN_EMPTY]
+    for signal, label in names.items():
+        cells = [label]
+        for s in q["sets"].values():
+            found = s["signals"].get(signal)
+            auc = found["auc_zero"] if found and s["zero_queries"] >= MIN_EMPTY else None
+            cells += ["–", "–"] if not found else [f"{signed(found['spearman'])} (p {found['p_value']:.2g})",
+                                                    "–" if auc is None else num(auc)]
+        rows.append(cells)
+    header = ["signal"] + [h for name in q["sets"] for h in (f"{name}: Spearman ρ with nDCG@10", "AUC, nDCG@10 = 0")]
+    flags = [[name, count(s["queries"]), num(s["ndcg@10"], 3), f"{count(s['zero_queries'])} ({pct(100 * s['zero_share'])})",
+              pct(100 * s["flag"]["rate"]), opt(s["flag"]["precision_zero"]), opt(s["flag"]["recall_zero"])]
+             for name, s in q["sets"].items()]
+    signals = ("best_similarity", "retriever_agreement", "rerank_top")
+    shifted = [[name, case, count(c["queries"]), pct(100 * c["flag_rate"], 0),
+                *(opt(c["medians"].get(s)) for s in signals)]
+               for name, cases in q["shifted"].items() for case, c in cases.items()]
+    rates = q["held_out"]["rates"]
+    low, high = min(rates), max(rates)
+    costs = [c for s in q["sets"].values() for c in s["cost_us"]]
+    best_auc, best_signal, best_set = max((x["signals"][sig]["auc_zero"], sig, name) for name, x in q["sets"].items()
+                                          for sig in names if x["zero_queries"] >= MIN_EMPTY
+                                          and x["signals"].get(sig, {}).get("auc_zero") is not None)
+    weak = [names[s] for s in names if all(abs(x["signals"].get(s, {}).get("spearman", 0)) < WEAK_RHO
+                                          for x in q["sets"].values())]
+    return blocks(
+        f"""Every judged query of each set is retrieved as the service retrieves it (default retrievers, reranked) and
+its label-free signals (rag/quality, docs/quality.md) are set beside its nDCG@10 from the human labels (the
+shipped reranker head was trained on SciFact train, so its nDCG there is optimistic). The
+`no_good_passage` threshold in use is a best similarity of {num(q['threshold'], 4)}: the {pct(100 * q['flag_rate'], 0)}
+quantile of both training sets' questions (`ragheat calibrate-quality`, rag/quality/calibration.json).""",
+        table(header, rows, "l" + "rr" * len(q["sets"]),
+              "Per query: how each signal ranks with nDCG@10, and how well it tells the queries with nothing relevant "
+              "in the top ten apart (AUC 0.5 = not at all" + (f"; {join_words(few)} has fewer than {MIN_EMPTY} such "
+                                                              f"queries to say" if few else "") + ")"),
+        f"""Per query the signals carry little: {join_words(weak) if weak else 'no signal'} stay under |ρ| {WEAK_RHO:g} on every
+set, and the best AUC for an empty top ten is {num(best_auc)} ({names[best_signal]}, {best_set}): a hint, not a
+classifier. What they do carry is the population's shape (the tables below), and that is what the quality SLO reads:
+the share of answers under the threshold, over minutes.""",
+        table(["set", "queries", "nDCG@10", "nothing relevant", "flagged", "precision (nothing relevant)",
+               "recall (nothing relevant)"], flags, "lrrrrrr", "The `no_good_passage` flag on the calibration's own "
+                                                               "questions"),
+        f"""**On questions the threshold was not fitted to**: calibrated on a random half of both sets' questions at
+{pct(100 * q['flag_rate'], 0)}, the other half is flagged at a median {pct(100 * statistics.median(rates))}
+({pct(100 * low)}–{pct(100 * high)} over {q['held_out']['rounds']} halves).""",
+        table(["index", "traffic", "queries", "flagged", "median best similarity", "median agreement",
+               "median reranker top"], shifted, "llrrrrr",
+              "What moves them: the other set's questions (out of domain); the dense search in another embedding "
+              "space (a random rotation of the query vector, as an index built by another encoder); the dense hits "
+              "attached to the wrong chunks (shuffled vectors)"),
+        """Out-of-domain questions and another encoder's space are flagged almost every time. Shuffled vectors are
+not: each dense hit is still a real passage vector close to the query, only attached to the wrong text, so the best
+similarity is unchanged; the retriever agreement's median falls to zero instead, which the quality board's drift
+panel and the drift alert read (docs/quality.md).""",
+        f"Measuring one answer's signals and verdict: median {num(statistics.median(costs), 1)} µs "
+        f"(P99 {num(float(sorted(costs)[int(0.99 * (len(costs) - 1))]), 1)} µs) over {count(len(costs))} answers, on the "
+        f"request's own thread.")

@@ -9,10 +9,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from telemetry.metrics import (EXPECTED_METRICS, GENERATION_METRICS, HOST_METRICS, KERNEL_METRICS, METRICS,
-                               SERVICE_METRICS, VLLM_METRICS, PrometheusMetrics, specs)
+                               QUALITY_METRICS, SERVICE_METRICS, VLLM_METRICS, PrometheusMetrics, specs)
 
 UNITS = ("_seconds", "_total", "_ratio", "_documents", "_tokens", "_blocks", "_allocated", "_freed", "_flight", "_qps",
-         "_bytes", "_entries")
+         "_bytes", "_entries", "_score")
 
 
 def families(registry: CollectorRegistry) -> dict[str, tuple[str, str]]:
@@ -38,11 +38,14 @@ def test_every_row_follows_the_naming_rules(spec):
 def test_names_and_roles_are_unique():
     assert len({m.name for m in METRICS}) == len(METRICS)
     assert all(len(specs(group)) == sum(m.group == group for m in METRICS)
-               for group in ("service", "generation", "vllm", "kernel", "host"))
+               for group in ("service", "generation", "quality", "vllm", "kernel", "host"))
 
 
 def test_the_name_maps_and_expected_metrics_are_read_off_the_table():
-    assert set(EXPECTED_METRICS) == {*SERVICE_METRICS.values(), *GENERATION_METRICS.values(), *HOST_METRICS.values()}
+    assert set(EXPECTED_METRICS) == {*SERVICE_METRICS.values(), *GENERATION_METRICS.values(), *QUALITY_METRICS.values(),
+                                     *HOST_METRICS.values()}
+    assert all(name.startswith("ragheat_quality_") or name.startswith("ragheat_answer_quality_")
+               for name in QUALITY_METRICS.values())
     assert all(name.startswith("ragheat_vllm_") for name in VLLM_METRICS.values())
     assert all(name.startswith("ragheat_kernel_") for name in KERNEL_METRICS.values())
     assert not any(name.startswith("ragheat_vllm_") for name in GENERATION_METRICS.values()), \
@@ -52,7 +55,7 @@ def test_the_name_maps_and_expected_metrics_are_read_off_the_table():
 def test_the_service_registers_exactly_its_rows():
     registry = CollectorRegistry()
     PrometheusMetrics(registry, qps_labels=("0-1",))
-    expected = {m.name: (m.kind, m.help) for m in METRICS if m.group in ("service", "generation")}
+    expected = {m.name: (m.kind, m.help) for m in METRICS if m.group in ("service", "generation", "quality")}
     assert families(registry) == expected
 
 
