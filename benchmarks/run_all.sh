@@ -108,6 +108,7 @@ step_fusion() { "$PY" benchmarks/tune_fusion.py --beir "$BEIR" --index "$INDEX" 
                   --json "$RESULTS/fusion.json"; }
 step_query() { "$PY" benchmarks/bench_query.py --beir "$BEIR" --index "$INDEX" "${QUERY_ARGS[@]}" \
                  --json "$RESULTS/query.json"; }
+step_quality-drill() { "$PY" benchmarks/bench_quality_drill.py --results-file "$RESULTS/quality-drill.json"; }
 step_quality-signals() { "$PY" benchmarks/bench_quality_signals.py --results-file "$RESULTS/quality-signals.json"; }
 step_quiet-case() { "$PY" benchmarks/bench_quiet_case.py "${QUIET_CASE_ARGS[@]}" --results-file "$RESULTS/quiet-case.json"; }
 step_telemetry() { "$PY" benchmarks/bench_telemetry.py --beir "$BEIR" --index "$INDEX" "${TELEMETRY_ARGS[@]}" \
@@ -240,7 +241,7 @@ step_render() {
     "$PY" benchmarks/render_docs.py --results "$RESULTS" --out "$RESULTS/benchmarks.md"; fi
 }
 
-ALL=(ingest eval eval-fp32 fusion query quiet-case quality-signals telemetry telemetry-recording observe loadgen knee examples explain explain-cold-cache explain-example ann probes
+ALL=(ingest eval eval-fp32 fusion query quiet-case quality-signals quality-drill telemetry telemetry-recording observe loadgen knee examples explain explain-cold-cache explain-example ann probes
      tune-vllm tune-vllm-real boards-llm embedding graph vllm-ttft rerank rerank-latency cache capacity batching replicas answers hyde judge render)
 if [ "${1:-}" = --list ]; then printf '%s\n' "${ALL[@]}"; exit 0; fi
 steps=("$@")

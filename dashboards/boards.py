@@ -1,4 +1,4 @@
-"""The four boards: RAG latency, SLO, vLLM, Kernel. Metric names come from ``dashboards.contract``,
+"""The five boards: RAG latency, SLO, Quality, vLLM, Kernel. Metric names come from ``dashboards.contract``,
 window names and recording rules from ``dashboards.slo`` (so a profile renames both together).
 
 Every board has a ``$job`` variable and every query selects ``job=~"$job"``: one Prometheus may scrape several
@@ -8,12 +8,13 @@ does not (quantiles, SLIs, burn rates, the per-stage recording rules) is drawn p
 
 from __future__ import annotations
 
-from dashboards import contract
-from dashboards.slo import (BURN_ALERTS, QUANTILE_WINDOW_S, SLI_WINDOWS_S, SLO_PERIOD_S, SLOS, Profile,
-                            native_stage_over_slo_expr, sli_error_record, stage_over_slo_record,
+from dashboards import contract, quality
+from dashboards.slo import (BURN_ALERTS, QUALITY, QUANTILE_WINDOW_S, SERVICE_SLOS, SLI_WINDOWS_S, SLO_PERIOD_S,
+                            Profile, Slo, native_stage_over_slo_expr, sli_error_record, stage_over_slo_record,
                             stage_quantile_record, why_names)
 from dashboards.spec import (JOB, NATIVE, ON_JOB, RATE_INTERVAL, SCRAPED, SOURCE_CHOICE, Board, Panel, Query,
                              Variable, gated)
+from rag.quality.signals import RERANK_SIGNALS, UNIT_SIGNALS
 from rag.slo import SLO_SECONDS
 
 GRAPH_STAGES = ("link_entities", "retrieve_graph", "route")
@@ -32,6 +33,21 @@ OWN_HEATMAP_STAGES = {
 }
 """Stages that are not in every request, or that every request has but no stage heatmap shows well: each gets a
 heatmap of its own, with what it is."""
+SIGNAL_HEATMAPS = {
+    "best_similarity": "The cosine of the question with the closest passage the dense retriever found (its own "
+                       "search, before HyDE). Answers under the calibrated threshold have no good passage; a whole "
+                       "distribution sliding down is traffic the corpus does not cover, or an index whose vectors no "
+                       "longer match the query encoder.",
+    "retriever_agreement": "The share of the dense retriever's top ten that BM25's top ten also holds: low when the "
+                           "two disagree about what the question is about.",
+    "answer_support": "The share of a written answer's sentences the support check accepted (answers a language "
+                      "model wrote); under quality.min_support the answer is unsupported.",
+    "rerank_top": "The reranker's score of the first passage, on its head's scale: questions the corpus covers score "
+                  "high, others near zero.",
+    "rerank_margin": "The first passage's lead over the second in the reranker's score: small when it cannot tell the "
+                     "best passage from the next.",
+}
+"""Each quality signal (rag.quality.signals) with what it measures: a heatmap each on the Quality board."""
 
 
 def _on_job(selector: str = "") -> str:
@@ -58,16 +74,17 @@ def _by_job(family: str, label: str) -> Variable:
     return Variable(label, f"{family}{{{ON_JOB}}}", label)
 
 
-def _heatmap(title: str, family: str, selector: str = "", native: str | None = None, **options) -> Panel:
+def _heatmap(title: str, family: str, selector: str = "", native: str | None = None, log_y: bool = True,
+             **options) -> Panel:
     """Buckets per le, ready for Grafana's heatmap (format ``heatmap``, one series per ``le``). With ``native`` (the
     collector-fed native histogram of the same latency), two queries gated by ``$source``: the scraped buckets and
     the native histogram, which Grafana draws with its own exponential buckets."""
     scraped = f"sum by (le) ({_rate(contract.bucket(family), selector)})"
     if native is None:
-        return Panel(title, "heatmap", (Query(scraped, "{{le}}", (family,)),), log_y=True, **options)
+        return Panel(title, "heatmap", (Query(scraped, "{{le}}", (family,)),), log_y=log_y, **options)
     queries = (Query(gated(scraped, SCRAPED), "{{le}}", (family,), SCRAPED),
                Query(gated(f"sum({_rate(native, selector)})", NATIVE), "", (native,), NATIVE))
-    return Panel(title, "heatmap", queries, log_y=True, **options)
+    return Panel(title, "heatmap", queries, log_y=log_y, **options)
 
 
 def _quantile(q: float, family: str, native: str, selector: str) -> tuple[Query, Query]:
@@ -192,42 +209,46 @@ def latency_board(profile: Profile) -> Board:
                  panels, variables)
 
 
-def slo_board(profile: Profile) -> Board:
-    """SLO: each objective's SLI, remaining error budget and burn rates. The latency SLO's panels read the recorded
-    ratios of the scraped histograms or compute the same from the native ones, as ``$source`` says."""
-    panels: list[Panel] = []
+def _slo_panels(slo: Slo, profile: Profile, **options) -> list[Panel]:
+    """An objective's SLI, error budget remaining and burn rate per window, read off the recorded ratios; the latency
+    SLO's also off the native histograms, as ``$source`` says."""
     job = f"{{{{{JOB}}}}}"  # the recorded ratios keep the job: one line per service
     short = profile.window(min(SLI_WINDOWS_S))
     period = profile.window(SLO_PERIOD_S)
+    selector = "{" + _on_job(f'slo="{slo.name}"') + "}"
 
-    def sourced(slo, window: str, scraped: str, native: str, legend: str) -> tuple[Query, ...]:
-        """``scraped`` reads the recorded ratio; ``native`` the same from the native histogram (latency only)."""
-        if not native:
-            return (Query(scraped, legend, (contract.REQUESTS,)),)
-        return (Query(gated(scraped, SCRAPED), legend, (contract.REQUEST_DURATION,), SCRAPED),
-                Query(gated(native, NATIVE), legend, (contract.NATIVE_REQUEST_DURATION,), NATIVE))
+    def ratio(window: str, template: str, legend: str) -> tuple[Query, ...]:
+        scraped = template.format(ratio=f"{sli_error_record(window)}{selector}")
+        native = slo.native_error_ratio(window, _on_job('outcome="ok"'))
+        if native is None:
+            return (Query(scraped, legend, (slo.family,)),)
+        return (Query(gated(scraped, SCRAPED), legend, (slo.family,), SCRAPED),
+                Query(gated(template.format(ratio=f"({native})"), NATIVE), legend,
+                      (contract.NATIVE_REQUEST_DURATION,), NATIVE))
 
-    for slo in SLOS:
-        selector = "{" + _on_job(f'slo="{slo.name}"') + "}"
+    return [
+        Panel(f"{slo.title} SLI ({short})", "timeseries", ratio(short, "1 - {ratio}", job),
+              unit="percentunit", thresholds=(slo.objective,), width=8,
+              description=f"Share of {slo.counted} that are good; bad = {slo.what}.", **options),
+        Panel(f"{slo.title} error budget remaining ({period})", "stat",
+              ratio(period, f"1 - {{ratio}} / {slo.budget:g}", job), unit="percentunit", width=8,
+              description=f"1 - (bad share over {period}) / (1 - {slo.objective:g}); below 0 the SLO is missed.",
+              **options),
+        Panel(f"{slo.title} burn rate per window", "timeseries",
+              tuple(q for w in SLI_WINDOWS_S
+                    for q in ratio(profile.window(w), f"{{ratio}} / {slo.budget:g}", f"{job} {profile.window(w)}")),
+              unit="short", thresholds=tuple(sorted({a.factor for a in BURN_ALERTS})), width=8,
+              description="1 = spending the budget exactly over the period; the lines are the alert factors.",
+              **options),
+    ]
 
-        def ratio(window: str, template: str, legend: str) -> tuple[Query, ...]:
-            scraped = template.format(ratio=f"{sli_error_record(window)}{selector}")
-            native = slo.native_error_ratio(window, _on_job('outcome="ok"'))
-            return sourced(slo, window, scraped, template.format(ratio=f"({native})") if native else "", legend)
 
-        panels += [
-            Panel(f"{slo.title} SLI ({short})", "timeseries", ratio(short, "1 - {ratio}", job),
-                  unit="percentunit", thresholds=(slo.objective,), width=8,
-                  description=f"Share of requests that are good; bad = {slo.what}."),
-            Panel(f"{slo.title} error budget remaining ({period})", "stat",
-                  ratio(period, f"1 - {{ratio}} / {slo.budget:g}", job), unit="percentunit", width=8,
-                  description=f"1 - (bad share over {period}) / (1 - {slo.objective:g}); below 0 the SLO is missed."),
-            Panel(f"{slo.title} burn rate per window", "timeseries",
-                  tuple(q for w in SLI_WINDOWS_S
-                        for q in ratio(profile.window(w), f"{{ratio}} / {slo.budget:g}", f"{job} {profile.window(w)}")),
-                  unit="short", thresholds=tuple(sorted({a.factor for a in BURN_ALERTS})), width=8,
-                  description="1 = spending the budget exactly over the period; the lines are the alert factors."),
-        ]
+def slo_board(profile: Profile) -> Board:
+    """SLO: each objective every service has, its SLI, remaining error budget and burn rates. The latency SLO's
+    panels read the recorded ratios of the scraped histograms or compute the same from the native ones, as
+    ``$source`` says. The quality SLO, which only ragheat's pipeline feeds, is on the Quality board."""
+    panels = [panel for slo in SERVICE_SLOS for panel in _slo_panels(slo, profile)]
+    job = f"{{{{{JOB}}}}}"
     names = why_names(profile)
     panels.append(Panel(
         f"Why: causes of a slower tail ({names.window} against the {names.baseline} before)", "bargauge",
@@ -243,6 +264,74 @@ def slo_board(profile: Profile) -> Board:
                     f"`ragheat explain --prometheus URL --job JOB --window {names.window}`."))
     return Board("ragheat-slo", "SLO", f"Latency and availability objectives, budgets and burn rates ({profile.name} windows).",
                  tuple(panels), (_job_variable(contract.count(contract.REQUEST_DURATION)), SOURCE_CHOICE))
+
+
+def quality_board(profile: Profile) -> Board:
+    """Quality: the answers' verdicts, the quality SLO, each label-free signal as a heatmap, and the best similarity
+    against its calibration (drift). Only ragheat's own pipeline judges its answers (quality.enabled)."""
+    job = f"{{{{{JOB}}}}}"
+    similarity = f'signal="{contract.BEST_SIMILARITY}"'
+    calibrated = f'{similarity}, point=~"{contract.MEDIAN}|{contract.P10}|{contract.THRESHOLD}"'
+    live = tuple(Query(f"histogram_quantile({q:g}, sum by ({JOB}, le) "
+                       f"({_rate(contract.bucket(contract.QUALITY_SCORE), similarity)}))",
+                       f"{job} {name}", (contract.QUALITY_SCORE,))
+                 for q, name in ((0.5, "median"), (0.1, "P10")))
+    agreement = f'signal="{contract.RETRIEVER_AGREEMENT}"'
+    agreement_points = f'{agreement}, point=~"{contract.MEDIAN}|{contract.P05}"'
+    verdicts = ", ".join(contract.VERDICTS)
+    panels = (
+        Panel("Answers by verdict", "timeseries",
+              (Query(f"sum by (verdict) ({_rate(contract.ANSWER_QUALITY)})", "{{verdict}}",
+                     (contract.ANSWER_QUALITY,)),),
+              unit="reqps", stacked=True, pipeline_only=True,
+              description=f"Answers per second by quality verdict ({verdicts}), stacked. "
+                          f"{', '.join(contract.BAD)} spend the quality SLO's budget; {contract.UNSCORED} answers "
+                          "(no dense search to judge by) count on neither side. A quality page names the bad verdict "
+                          "with the most answers over its short window."),
+        Panel("Best similarity against its calibration: drift", "timeseries",
+              (*live, Query(f"max by ({JOB}, point) ({contract.CALIBRATION}{{{_on_job(calibrated)}}})",
+                            f"{job} calibrated {{{{point}}}}", (contract.CALIBRATION,))),
+              unit="none", exemplars=True, pipeline_only=True,
+              description="The live median and 10th percentile of the best passage's similarity to the question, "
+                          f"against the training questions' ({contract.MEDIAN}, {contract.P10}) and the threshold "
+                          "under which an answer has no good passage (`ragheat calibrate-quality`). Lines sliding "
+                          "under their calibrated twins are traffic the corpus does not cover, or an index whose "
+                          "vectors no longer match the query encoder; a quality page quotes the median, and the "
+                          f"{quality.DRIFT_ALERT} page fires when it stays under the {contract.P05} point."),
+        Panel("Retriever agreement against its calibration: drift", "timeseries",
+              (Query(f"histogram_quantile(0.5, sum by ({JOB}, le) "
+                     f"({_rate(contract.bucket(contract.QUALITY_SCORE), agreement)}))", f"{job} median",
+                     (contract.QUALITY_SCORE,)),
+               Query(f"max by ({JOB}, point) ({contract.CALIBRATION}{{{_on_job(agreement_points)}}})",
+                     f"{job} calibrated {{{{point}}}}", (contract.CALIBRATION,))),
+              unit="none", exemplars=True, pipeline_only=True,
+              description="The live median share of the dense top 10 that BM25's top 10 also holds, against the "
+                          f"training questions' ({contract.MEDIAN}, {contract.P05}). A median under {contract.P05} "
+                          "with the similarity unmoved is a dense index whose vectors no longer match their chunks "
+                          f"(shuffled, another generation's): the {quality.DRIFT_ALERT} page names this signal."),
+        *_slo_panels(QUALITY, profile, pipeline_only=True),
+        *(_heatmap(f"Quality signal: {signal}", contract.QUALITY_SCORE if signal in UNIT_SIGNALS
+                   else contract.RERANK_SCORE, f'signal="{signal}"', log_y=False, unit="none", width=8,
+                   exemplars=True, pipeline_only=True,
+                   description=f"Answers per second in each bucket of this signal. {SIGNAL_HEATMAPS[signal]} "
+                               "Exemplars link cells to the traces of the answers that landed there.")
+          for signal in (*UNIT_SIGNALS, *RERANK_SIGNALS)),
+        Panel("No good passage: the calibrated threshold", "stat",
+              (Query(f"max by ({JOB}, point) ({contract.CALIBRATION}{{{_on_job(similarity)}}})", f"{job} {{{{point}}}}",
+                     (contract.CALIBRATION,)),),
+              unit="none", width=8, pipeline_only=True,
+              description="An answer whose best passage's similarity to the question lies under the threshold gets "
+                          "the verdict no_good_passage: the corpus likely holds nothing that answers it. "
+                          "`ragheat calibrate-quality` runs the served pipeline over the corpus's own training "
+                          "questions and sets the threshold at their flag-rate quantile (the p02 point by default), "
+                          "so on traffic like theirs about that share of answers is flagged, and the quality "
+                          "objective leaves the rest of its budget for what goes wrong. The other points are those "
+                          "questions' quantiles, the reference the drift panel compares with. quality.min_similarity "
+                          "overrides the threshold; a corpus or encoder of your own deserves its own calibration."),
+    )
+    return Board("ragheat-quality", "Quality",
+                 f"Answer quality without labels: verdicts, the quality objective, signals and their drift "
+                 f"({profile.name} windows).", panels, (_job_variable(contract.count(contract.QUALITY_SCORE)),))
 
 
 def vllm_board(profile: Profile) -> Board:
@@ -295,4 +384,4 @@ def kernel_board(profile: Profile) -> Board:
 
 def all_boards(profile: Profile) -> tuple[Board, ...]:
     """Every board for ``profile``, in display order."""
-    return tuple(build(profile) for build in (latency_board, slo_board, vllm_board, kernel_board))
+    return tuple(build(profile) for build in (latency_board, slo_board, quality_board, vllm_board, kernel_board))

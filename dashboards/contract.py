@@ -4,8 +4,9 @@
 
 from __future__ import annotations
 
-from telemetry.metrics import (GENERATION_METRICS, HOST_METRICS, KERNEL_METRICS, SERVICE_METRICS, VLLM_METRICS,
-                               VLLM_NATIVE_METRICS)
+from rag.quality.signals import BAD_VERDICTS, QUALITY_VERDICTS
+from telemetry.metrics import (GENERATION_METRICS, HOST_METRICS, KERNEL_METRICS, QUALITY_METRICS, QUALITY_POINTS,
+                               SERVICE_METRICS, VLLM_METRICS, VLLM_NATIVE_METRICS)
 from telemetry.otlp_metrics import REQUEST_DURATION as OTLP_REQUEST_DURATION
 from telemetry.otlp_metrics import STAGE_DURATION as OTLP_STAGE_DURATION
 from telemetry.otlp_metrics import prometheus_name
@@ -32,6 +33,25 @@ NATIVE_STAGE_DURATION = prometheus_name(OTLP_STAGE_DURATION)
 NATIVE_REQUEST_DURATION = prometheus_name(OTLP_REQUEST_DURATION)
 
 GENERATION = GENERATION_METRICS
+QUALITY = QUALITY_METRICS
+ANSWER_QUALITY = QUALITY["answer_quality"]
+QUALITY_SCORE = QUALITY["quality_score"]
+RERANK_SCORE = QUALITY["quality_rerank_score"]
+CALIBRATION = QUALITY["quality_calibration"]
+
+# The quality SLO's label values, from the closed sets rag.quality declares.
+VERDICTS = QUALITY_VERDICTS
+BAD = BAD_VERDICTS
+UNSCORED = "unscored"
+"""The verdict of an answer with no similarity to judge by: on neither side of the quality SLI."""
+BEST_SIMILARITY = "best_similarity"
+"""The signal the ``no_good_passage`` verdict and its calibrated threshold read."""
+RETRIEVER_AGREEMENT = "retriever_agreement"
+"""The signal a dense index that no longer matches its chunks moves (the dense list stops resembling BM25's)."""
+THRESHOLD, MEDIAN, P10, P05 = (QUALITY_POINTS["threshold"], QUALITY_POINTS["0.5"], QUALITY_POINTS["0.1"],
+                               QUALITY_POINTS["0.05"])
+"""``point`` values of the calibration gauge: the threshold and the training questions' median, 10th and 5th
+percentiles."""
 HOST = HOST_METRICS
 KERNEL = KERNEL_METRICS
 VLLM = VLLM_METRICS
@@ -42,10 +62,10 @@ LIBRARY = (STAGE_DURATION, REQUEST_DURATION, REQUESTS, IN_FLIGHT, QPS, STAGE_ERR
 ragheat's own service: what the boards may ask of a library-only service."""
 PIPELINE_ONLY = frozenset({*(SERVICE[role] for role in (
     "retrieved", "retrieval_routes", "stage_skipped", "stage_device", "rejected", "shed", "index_reloads",
-    "cache_requests", "cache_entries", "cache_bytes")), *GENERATION.values()})
-"""Families only ragheat's own service feeds (its retrievers, router, admission, reloads, answer cache, and its
-language model's client side). vLLM's and the probes' families are not here: those exporters run beside any
-service, or not at all."""
+    "cache_requests", "cache_entries", "cache_bytes")), *GENERATION.values(), *QUALITY.values()})
+"""Families only ragheat's own service feeds (its retrievers, router, admission, reloads, answer cache, its
+language model's client side, and its answers' quality). vLLM's and the probes' families are not here: those exporters
+run beside any service, or not at all."""
 
 
 def bucket(family: str) -> str:

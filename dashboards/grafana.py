@@ -78,11 +78,12 @@ def _panel(panel: Panel, grid: g.GridPos) -> g.Panel:
     if panel.kind == "stat":
         return g.Stat(format=panel.unit, reduceCalc="lastNotNull", graphMode="none",
                       thresholds=_threshold_steps(panel.thresholds), **common)
+    stacked = {"stacking": {"mode": "normal", "group": "A"}, "fillOpacity": 60} if panel.stacked else {}
     return g.TimeSeries(unit=panel.unit, thresholds=_threshold_steps(panel.thresholds),
                         thresholdsStyleMode="line" if panel.thresholds else "off",
                         scaleDistributionType="log" if panel.log_y else "linear",
                         legendDisplayMode="table", legendCalcs=["lastNotNull", "max"], tooltipMode="multi",
-                        **common)
+                        **stacked, **common)
 
 
 def _layout(board: Board) -> list[g.Panel]:

@@ -1,8 +1,9 @@
 """The service level objectives, their windows, and the Prometheus rules and Alertmanager routes built from them.
 
-Two objectives over 30 days: 99 % of answered requests within ``rag.slo.SLO_SECONDS`` (420 ms), read
-off the histogram's exact ``le="0.42"`` bucket, and 99.9 % of requests not failing with a 5xx. Each gets the
-multi-window, multi-burn-rate alerts of the SRE workbook (chapter 5, "Alerting on SLOs"):
+Three objectives over 30 days: 99 % of answered requests within ``rag.slo.SLO_SECONDS`` (420 ms), read
+off the histogram's exact ``le="0.42"`` bucket, 99.9 % of requests not failing with a 5xx, and 95 % of scored answers
+judged good (``dashboards.quality``; only ragheat's own pipeline judges its answers). Each gets the multi-window,
+multi-burn-rate alerts of the SRE workbook (chapter 5, "Alerting on SLOs"):
 
 =========  ======  ===========  ============  ==============================================
 severity   burn    long window  short window  meaning
@@ -27,6 +28,9 @@ alert's short window when it fires:
   says so.
 - availability: the stage in which the most requests per second failed; "none" when no pipeline stage failed.
 
+The quality alerts name no stage: they name the bad verdict that dominates and how far the best similarity drifted from
+its calibration (annotations ``verdict``, ``verdict_evidence`` and ``drift``, ``dashboards.quality``).
+
 The latency alerts also name **the cause** of the slower tail (annotations ``cause`` and ``cause_evidence``): the top
 of ``dashboards.why``'s recorded ranking over the last 5 minutes against the hour before, as ``ragheat explain``
 ranks it.
@@ -44,7 +48,7 @@ from dataclasses import dataclass
 
 from prometheus_client.utils import floatToGoString
 
-from dashboards import contract, why
+from dashboards import contract, quality, why
 from dashboards.spec import JOB
 from rag.slo import SLO_SECONDS
 
@@ -109,16 +113,25 @@ STAGE_P99_WINDOWS_S = tuple(sorted({QUANTILE_WINDOW_S} | {a.short_s for a in BUR
 
 @dataclass(frozen=True)
 class Slo:
-    """An objective: the share of good requests over the period, and what makes one bad."""
+    """An objective: the share of good events over the period, and what makes one bad."""
 
     name: str
     title: str
     objective: float
     what: str  # one phrase: what a bad event is
+    family: str  # the family its SLI reads, for the boards' checks
+    counted: str = "requests"  # what its events are
+    min_events: int = 0  # events the short window must hold for an alert to fire (0: no floor)
 
     @property
     def budget(self) -> float:
         return 1 - self.objective
+
+    def events(self, window: str) -> str:
+        """PromQL: the events counted over ``window``, per job (the quality SLO's: scored answers)."""
+        if self.name != "quality":
+            raise ValueError(f"{self.name}: only the quality SLO counts a floor of events")
+        return quality.scored(window)
 
     def error_ratio(self, window: str) -> str:
         """PromQL: the share of bad events over ``window``, per job."""
@@ -127,6 +140,8 @@ class Slo:
             good = f'sum by ({KEPT}) (rate({contract.bucket(contract.REQUEST_DURATION)}{{{ok}, le="{SLO_LE}"}}[{window}]))'
             total = f"sum by ({KEPT}) (rate({contract.count(contract.REQUEST_DURATION)}{{{ok}}}[{window}]))"
             return f"1 - ({good} / {total})"
+        if self.name == "quality":
+            return quality.error_ratio(window)
         # A service may create its 5xx series only with the first failure; until then its bad rate is 0, not
         # missing: zero per job, as a bare vector(0) would match no job.
         total = f"sum by ({KEPT}) (rate({contract.REQUESTS}[{window}]))"
@@ -159,9 +174,16 @@ class Slo:
         return f"topk(1, {stage_quantile_record(0.99, profile, short_s)}{{{KEPT}=%q}} > 0)"
 
 
-LATENCY = Slo("latency", "Latency", 0.99, f"an answered request slower than {SLO_SECONDS * 1000:g} ms")
-AVAILABILITY = Slo("availability", "Availability", 0.999, "a request answered with a 5xx status")
-SLOS = (LATENCY, AVAILABILITY)
+LATENCY = Slo("latency", "Latency", 0.99, f"an answered request slower than {SLO_SECONDS * 1000:g} ms",
+              contract.REQUEST_DURATION)
+AVAILABILITY = Slo("availability", "Availability", 0.999, "a request answered with a 5xx status", contract.REQUESTS)
+QUALITY = Slo("quality", "Quality", 0.95,
+              f"an answer judged {', '.join(contract.BAD[:-1])} or {contract.BAD[-1]}; {contract.UNSCORED} ones count "
+              "on neither side", contract.ANSWER_QUALITY, counted="scored answers",
+              min_events=quality.MIN_SCORED)
+SERVICE_SLOS = (LATENCY, AVAILABILITY)
+"""The objectives every service has, a library-only one too: the SLO board's."""
+SLOS = (*SERVICE_SLOS, QUALITY)
 
 
 def why_names(profile: Profile) -> why.Names:
@@ -241,18 +263,33 @@ def _duration(seconds: float) -> str:
     return f"{seconds / DAY:.3g} days" if seconds >= 3 * DAY else f"{seconds / HOUR:.3g} hours"
 
 
+def first_look(slo: Slo, profile: Profile, short_s: int) -> tuple[str, dict[str, str]]:
+    """What an alert names to look at first, over its short window: the summary's closing words and the annotations.
+    Latency and availability name a stage; quality names the bad verdict that dominates and the similarity's drift."""
+    if slo is QUALITY:
+        window = profile.window(short_s)
+        verdict = quality.verdict_template(window)
+        return f"verdict: {verdict}", {"verdict": verdict,
+                                       "verdict_evidence": quality.verdict_evidence_template(window),
+                                       "drift": quality.drift_template(window)}
+    stage = stage_template(slo, profile, short_s)
+    # Only a slower tail has a cause to rank (dashboards.why); a 5xx names its failing stage alone.
+    names = why_names(profile)
+    cause = ({"cause": why.cause_template(names), "cause_evidence": why.cause_evidence_template(names)}
+             if slo is LATENCY else {})
+    return f"stage: {stage}", {"stage": stage, "stage_evidence": stage_evidence_template(slo, profile, short_s),
+                               **cause}
+
+
 def alert_rule(slo: Slo, alert: BurnAlert, profile: Profile) -> dict:
     """The Prometheus alerting rule of one SLO and one burn-rate alert."""
     long, short = profile.window(alert.long_s), profile.window(alert.short_s)
     threshold = f"({alert.factor:g} * {slo.budget:g})"
     expr = (f'{sli_error_record(long)}{{slo="{slo.name}"}} > {threshold}\n'
             f'and\n{sli_error_record(short)}{{slo="{slo.name}"}} > {threshold}')
-    stage = stage_template(slo, profile, alert.short_s)
-    evidence = stage_evidence_template(slo, profile, alert.short_s)
-    # Only a slower tail has a cause to rank (dashboards.why); a 5xx names its failing stage alone.
-    names = why_names(profile)
-    cause = ({"cause": why.cause_template(names), "cause_evidence": why.cause_evidence_template(names)}
-             if slo is LATENCY else {})
+    if slo.min_events:  # a ratio of a handful of events (a service's first answers) is noise, not a burn
+        expr += f"\nand on ({KEPT})\n{slo.events(short)} >= {slo.min_events}"
+    named, annotations = first_look(slo, profile, alert.short_s)
     return {
         "alert": alert_name(slo),
         "expr": expr,
@@ -260,12 +297,10 @@ def alert_rule(slo: Slo, alert: BurnAlert, profile: Profile) -> dict:
                    "long_window": long, "short_window": short},
         "annotations": {
             "summary": f"{{{{ with $labels.{KEPT} }}}}{{{{ . }}}}: {{{{ end }}}}{slo.title} SLO error budget burning {alert.factor:g}x too fast over {long} and {short}; "
-                       f"stage: {stage}",
-            "description": f"Objective: {slo.objective * 100:g} % of requests good over {_duration(SLO_PERIOD_S)} (bad: {slo.what}). "
+                       f"{named}",
+            "description": f"Objective: {slo.objective * 100:g} % of {slo.counted} good over {_duration(SLO_PERIOD_S)} (bad: {slo.what}). "
                            f"At this rate the whole budget is gone in {_duration(SLO_PERIOD_S / alert.factor)}.",
-            "stage": stage,
-            "stage_evidence": evidence,
-            **cause,
+            **annotations,
         },
     }
 
@@ -291,6 +326,7 @@ def prometheus_rules(profile: Profile) -> dict:
         {"name": "ragheat-slo-error-ratios", "rules": ratios},
         why.recording_rules(why_names(profile)),
         {"name": "ragheat-slo-burn-alerts", "rules": alerts},
+        quality.drift_rules(profile),
     ]}
 
 
@@ -300,15 +336,18 @@ NOTIFICATION_TEMPLATE = "ragheat.tmpl"
 
 def notification_template() -> str:
     """``ragheat.title`` and ``ragheat.text`` for a receiver that writes messages (chat, e-mail): the cause first,
-    then the stage, the summary and where to read the whole explanation. Webhook receivers (the stack's) get the same
-    annotations as JSON."""
+    then the stage (a quality alert: the verdict and the drift), the summary and where to read the whole explanation.
+    Webhook receivers (the stack's) get the same annotations as JSON."""
     return """{{ define "ragheat.title" }}[{{ .Status | toUpper }}] {{ .CommonLabels.alertname }} {{ .CommonLabels.job }}
-{{- with .CommonAnnotations.cause }}: cause {{ . }}{{ end }}{{ end }}
+{{- with .CommonAnnotations.cause }}: cause {{ . }}{{ end }}
+{{- with .CommonAnnotations.verdict }}: verdict {{ . }}{{ end }}{{ end }}
 
 {{ define "ragheat.text" }}{{ range .Alerts }}
 {{- with .Annotations.cause }}cause: {{ . }}{{ end }}{{ with .Annotations.cause_evidence }}: {{ . }}{{ end }}
-stage: {{ .Annotations.stage }}: {{ .Annotations.stage_evidence }}
-{{ .Annotations.summary }}
+{{ if .Annotations.stage }}stage: {{ .Annotations.stage }}: {{ .Annotations.stage_evidence }}
+{{ end }}{{ if .Annotations.verdict }}verdict: {{ .Annotations.verdict }}: {{ .Annotations.verdict_evidence }}
+drift: {{ .Annotations.drift }}
+{{ end }}{{ .Annotations.summary }}
 {{ .Annotations.description }}
 {{ if .Annotations.cause }}the whole evidence: ragheat explain --prometheus URL --job {{ .Labels.job }} --window 5m
 {{ end }}{{ end }}{{ end }}
@@ -317,10 +356,16 @@ stage: {{ .Annotations.stage }}: {{ .Annotations.stage_evidence }}
 
 def alertmanager_config(page_url: str, ticket_url: str, templates_dir: str = "/etc/alertmanager") -> dict:
     """Pages and tickets go to their own receivers, one notification per job and SLO; a page silences the ticket of
-    the same job and SLO. ``templates_dir``: where Alertmanager finds NOTIFICATION_TEMPLATE (an absolute path, as
-    the stack checks)."""
+    the same job and SLO. The quality alerts take a route of their own to the same receivers: answers without a good
+    passage are for whoever owns the corpus and the model, which a deployment names by changing that route's
+    receivers alone. ``templates_dir``: where Alertmanager finds NOTIFICATION_TEMPLATE (an absolute path, as the
+    stack checks)."""
     def receiver(name: str, url: str) -> dict:
         return {"name": name, "webhook_configs": [{"url": url, "send_resolved": True}]}
+
+    def by_severity() -> list[dict]:  # fresh each time: a shared object would be written as a YAML alias
+        return [{"matchers": ['severity="page"'], "receiver": "page", "repeat_interval": "1h"},
+                {"matchers": ['severity="ticket"'], "receiver": "ticket", "repeat_interval": "24h"}]
 
     return {
         "templates": [f"{templates_dir.rstrip('/')}/{NOTIFICATION_TEMPLATE}"],
@@ -328,8 +373,8 @@ def alertmanager_config(page_url: str, ticket_url: str, templates_dir: str = "/e
             "receiver": "ticket", "group_by": ["alertname", KEPT, "slo"],
             "group_wait": "30s", "group_interval": "5m", "repeat_interval": "12h",
             "routes": [
-                {"matchers": ['severity="page"'], "receiver": "page", "repeat_interval": "1h"},
-                {"matchers": ['severity="ticket"'], "receiver": "ticket", "repeat_interval": "24h"},
+                {"matchers": [f'slo="{QUALITY.name}"'], "receiver": "ticket", "routes": by_severity()},
+                *by_severity(),
             ],
         },
         "inhibit_rules": [{"source_matchers": ['severity="page"'], "target_matchers": ['severity="ticket"'],

@@ -29,6 +29,7 @@ class Heatmap:
     edges: np.ndarray       # bucket boundaries, len(rows) + 1
     rates: np.ndarray       # (rows, columns): events per second in each bucket
     thresholds: tuple[float, ...]
+    log_y: bool = True      # latency buckets grow geometrically; scores are evenly spaced
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,8 @@ class SnapshotResult:
     skipped: list[str]      # "board / panel: why", one per heatmap that had nothing to draw
 
 
-def heatmap_from_result(title: str, result: list[dict], thresholds: tuple[float, ...] = ()) -> Heatmap | None:
+def heatmap_from_result(title: str, result: list[dict], thresholds: tuple[float, ...] = (),
+                        log_y: bool = True) -> Heatmap | None:
     """Cumulative ``le`` series (a ``sum by (le) (rate(..._bucket))`` range result) -> per-bucket rates.
     The ``+Inf`` bucket has no upper edge to draw and is left out."""
     by_le = {float(r["metric"]["le"]): r["values"] for r in result if "le" in r["metric"]}
@@ -56,8 +58,9 @@ def heatmap_from_result(title: str, result: list[dict], thresholds: tuple[float,
     rates = np.clip(np.diff(cumulative, axis=0, prepend=0.0), 0.0, None)
     if not rates.any():
         return None
-    edges = np.array([les[0] * les[0] / les[1], *les])  # the first bucket drawn one ratio below its upper edge
-    return Heatmap(title, times, edges, rates, thresholds)
+    # The first bucket is drawn one ratio (a linear axis: one step) below its upper edge.
+    first = les[0] * les[0] / les[1] if log_y else les[0] - (les[1] - les[0])
+    return Heatmap(title, times, np.array([first, *les]), rates, thresholds, log_y)
 
 
 def _panel_heatmaps(api: PrometheusApi, board: Board, panel: Panel, rate_window: str, start: float, end: float,
@@ -76,7 +79,7 @@ def _panel_heatmaps(api: PrometheusApi, board: Board, panel: Panel, rate_window:
         chosen = {panel.repeat: value} if value is not None else {}
         title = panel.title.replace(f"${panel.repeat}", value) if value is not None else panel.title
         result = api.query_range(expand(query.expr, rate_window, chosen), start, end, step_s)
-        heatmap = heatmap_from_result(title, result, panel.thresholds)
+        heatmap = heatmap_from_result(title, result, panel.thresholds, panel.log_y)
         if heatmap is None:
             skipped.append(f"{board.title} / {title}: no observations in the range")
         else:
@@ -95,8 +98,9 @@ def draw(board: Board, heatmaps: list[Heatmap], path: Path, unit: str = "s") -> 
 
     rows = math.ceil(len(heatmaps) / COLUMNS)
     columns = min(COLUMNS, len(heatmaps))
+    log_y = all(h.log_y for h in heatmaps)  # one shared log axis for latencies; scores of unlike scales each their own
     fig, axes = plt.subplots(rows, columns, figsize=(4.6 * columns + 1, 3.2 * rows + 0.6), squeeze=False,
-                             sharey=True, layout="constrained")
+                             sharey=log_y, layout="constrained")
     for ax in axes.flat[len(heatmaps):]:
         ax.set_visible(False)
     positive = np.concatenate([h.rates[h.rates > 0] for h in heatmaps])
@@ -115,13 +119,14 @@ def draw(board: Board, heatmaps: list[Heatmap], path: Path, unit: str = "s") -> 
             ax.axhline(value, color="cyan", linestyle="--", linewidth=1)
             ax.annotate(f"{value * 1000:g} ms" if unit == "s" else f"{value:g}", (x[0], value), color="cyan",
                         fontsize=7, va="bottom")
-        ax.set_yscale("log")
-        ax.set_ylim(low, max((high, *h.thresholds)) * 1.2)
+        if log_y:
+            ax.set_yscale("log")
+            ax.set_ylim(low, max((high, *h.thresholds)) * 1.2)
         ax.set_title(h.title, fontsize=9)
         ax.xaxis.set_major_locator(mdates.AutoDateLocator(minticks=3, maxticks=7))
         ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M"))
         ax.tick_params(labelsize=7)
-        ax.set_ylabel(f"bucket upper edge ({unit})", fontsize=7)
+        ax.set_ylabel("bucket upper edge" + (f" ({unit})" if unit != "none" else ""), fontsize=7)
     fig.colorbar(mesh, ax=axes, shrink=0.8, label="events per second in the bucket (UTC times)")
     fig.suptitle(f"{board.title}: {board.description}", fontsize=10)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -145,5 +150,6 @@ def snapshot(api: PrometheusApi, boards: tuple[Board, ...], out_dir: Path, minut
             if panel.kind == "heatmap":
                 heatmaps += _panel_heatmaps(api, board, panel, rate_window, start, end, step_s, names, skipped)
         if heatmaps:
-            written.append(draw(board, heatmaps, out_dir / f"{board.slug}.png"))
+            unit = next(p.unit for p in board.panels if p.kind == "heatmap")
+            written.append(draw(board, heatmaps, out_dir / f"{board.slug}.png", unit))
     return SnapshotResult(written, skipped)

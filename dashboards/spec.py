@@ -82,6 +82,8 @@ class Panel:
     exemplars: bool = False
     width: int = 12
     log_y: bool = False
+    stacked: bool = False
+    """Time series drawn on top of each other (shares of one whole, such as answers by verdict)."""
     pipeline_only: bool = False
     """Only ragheat's own pipeline feeds it (families of ``contract.PIPELINE_ONLY``, or stages only ragheat runs):
     a service with nothing of ragheat but the instrumentation library leaves it empty, and checks do not ask it."""

@@ -17,9 +17,11 @@ MAX_BODY_BYTES = 1 << 20
 KEEP = 200
 
 
-KEPT_ANNOTATIONS = ("cause", "cause_evidence", "stage", "stage_evidence", "summary")
+KEPT_ANNOTATIONS = ("cause", "cause_evidence", "stage", "stage_evidence", "verdict", "verdict_evidence", "drift",
+                    "signal", "points_at", "summary")
 """Annotations worth a log line: the cause of a slower tail and its evidence, which pipeline stage is to blame and
-why, and the one-line summary (not the description's prose)."""
+why (a quality alert: which bad verdict dominates, and the best similarity's drift; a drift page: the signal that
+moved and what it points at), and the one-line summary (not the description's prose)."""
 
 
 def summarize(route: str, payload: dict) -> dict:

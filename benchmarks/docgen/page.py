@@ -69,6 +69,8 @@ PAGE: list[str | Section] = [
     "## Answer quality without labels",
     Section("quality-signals", "### How the quality signals track nDCG@10, and what moves them", ("quality-signals",),
             quality.answer_quality),
+    Section("quality-drill", "### The quality SLO's drills: how soon a fault pages", ("quality-drill",),
+            quality.quality_drill),
     "## Query latency (SciFact, the default pipeline, concurrency 1)",
     Section("query", "", ("query",), latency.query),
     Section("quiet-case", "### The quiet case: the query encoder's precision and the idle cores", ("quiet-case",),

@@ -372,3 +372,44 @@ panel and the drift alert read (docs/quality.md).""",
         f"Measuring one answer's signals and verdict: median {num(statistics.median(costs), 1)} µs "
         f"(P99 {num(float(sorted(costs)[int(0.99 * (len(costs) - 1))]), 1)} µs) over {count(len(costs))} answers, on the "
         f"request's own thread.")
+
+
+FAULT_NAMES = {"another_encoder": "index searched in another encoder's space",
+               "shuffled_vectors": "index whose vectors were shuffled among its chunks",
+               "out_of_domain": "questions from another corpus"}
+
+
+def quality_drill(d: dict) -> str:
+    q = d["quality-drill"]
+    rounds, divisor = q["rounds"], q["divisor"]
+    rows = []
+    for fault, label in FAULT_NAMES.items():
+        times = [r["fired_after_s"].get(fault) for r in rounds]
+        found = [t for t in times if t is not None]
+        first = [r["alerts"].get(fault, {}).get("labels", {}) for r in rounds]
+        named = sorted({f"{a.get('alertname')} ({a.get('signal') or a.get('burn')})" for a in first if a})
+        jobs = [r["verdicts"].get("ragheat" if fault == "out_of_domain" else fault, {}) for r in rounds]
+        rows.append([label, f"{len(found)} of {len(times)}",
+                     with_range(found, lambda v: num(v, 1)) if found else "–",
+                     with_range([v * divisor / 60 for v in found], lambda v: num(v, 0)) if found else "–",
+                     join_words(named) or "–",
+                     with_range([100 * j.get("no_good_passage", 0) / max(1, sum(j.values())) for j in jobs],
+                                lambda v: num(v, 0))])
+    healthy_pages = sum(len(r["before"]) for r in rounds)
+    latency_pages = sum(len(r["latency_pages"]) for r in rounds)
+    long_s, short_s = q["drift_windows_s"]
+    return blocks(
+        f"""Real `ragheat serve` processes over the SciFact index under {num(q['rate'], 0)} requests/s each of SciFact's
+own claims, one Prometheus scraping every second and evaluating the rules with every window divided by {divisor}
+(the test profile: the drift alert's {long_s // 60} and {short_s // 60} minutes become {long_s // divisor} and
+{short_s // divisor} seconds, the fast burn's hour a minute). The broken generations serve from the start of the load;
+the healthy service's questions switch to HotpotQA's after a healthy stretch. Detection: from the fault's start to
+the first quality page's `activeAt`, over {len(rounds)} rounds. The production column multiplies by {divisor}: the
+rules' windows scale with the profile but the scrape interval does not, and a second's scrape is a larger share of a
+test window than fifteen seconds are of a production one, so it is an upper estimate.""",
+        table(["fault", "paged", "detected after, s (test profile)", "production estimate, min", "first page",
+               "answers judged no_good_passage, %"], rows, "lrrrlr"),
+        f"""Pages on the healthy service during its healthy stretch: **{healthy_pages}**; latency pages pending or
+firing on any service whenever checked: **{latency_pages}**. A generation bad from its first answer has no healthy
+history, so its budget burns as fast as its median drifts and either page may come first; shuffled vectors leave
+every verdict good and page on the retriever agreement's drift alone.""")

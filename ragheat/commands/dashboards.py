@@ -78,7 +78,7 @@ def check(
     prometheus: str = typer.Option(..., "--prometheus", help="Prometheus URL, e.g. http://127.0.0.1:9090"),
     profile: str = typer.Option("production", help=PROFILE_HELP),
     rate_window: Optional[str] = typer.Option(None, help="what $__rate_interval becomes (default: the profile's 5m)"),
-    boards: Optional[str] = typer.Option(None, help="comma list of boards (latency, slo, vllm, kernel)"),
+    boards: Optional[str] = typer.Option(None, help="comma list of boards (latency, slo, quality, vllm, kernel)"),
     source: str = typer.Option("scraped", help="the latency histograms the panels read, as the boards' $source "
                                               "variable: scraped (classic buckets from /metrics) or native (the "
                                               "OTel Collector's native histograms)"),
@@ -124,7 +124,7 @@ def snapshot(
     profile: str = typer.Option("production", help=PROFILE_HELP),
     rate_window: Optional[str] = typer.Option(None, help="rate window of the heatmaps (default: the profile's 5m)"),
     step: Optional[float] = typer.Option(None, min=0.1, help="seconds per column (default: range / 240)"),
-    boards: Optional[str] = typer.Option(None, help="comma list of boards (latency, slo, vllm, kernel)"),
+    boards: Optional[str] = typer.Option(None, help="comma list of boards (latency, slo, quality, vllm, kernel)"),
 ) -> None:
     """Draw each board's heatmaps from Prometheus data to PNG (heatmaps without data are listed by name)."""
     from dashboards.promapi import PrometheusApi

@@ -12,12 +12,12 @@ import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from dashboards import contract, grafana, render, slo
-from dashboards.boards import GRAPH_STAGES, OWN_HEATMAP_STAGES, all_boards
+from dashboards import contract, grafana, quality, render, slo
+from dashboards.boards import GRAPH_STAGES, OWN_HEATMAP_STAGES, SIGNAL_HEATMAPS, all_boards
 from dashboards.snapshot import heatmap_from_result
 from dashboards.spec import JOB, NATIVE, ON_JOB, SCRAPED, SOURCE, Choice, Variable, expand, regex_literal
 from dashboards.verify import selected
-from telemetry.metrics import EXPECTED_METRICS, PrometheusMetrics
+from telemetry.metrics import EXPECTED_METRICS, METRICS, QUALITY_POINTS, PrometheusMetrics
 
 DASHBOARDS = Path(__file__).resolve().parents[2] / "dashboards"
 METRIC_TOKEN = re.compile(r"(?<![\w:])((?:ragheat_|ragheat:|vllm:|stage:|slo:)[\w:]+)")
@@ -47,8 +47,9 @@ def test_committed_files_match_the_generator():
 
 @pytest.mark.parametrize("profile", list(slo.PROFILES))
 def test_every_metric_name_is_from_the_contract_or_a_recording_rule(profile):
-    families = [*contract.SERVICE.values(), *contract.GENERATION.values(), *contract.KERNEL.values(),
-                *contract.HOST.values(), *contract.VLLM.values(), *contract.VLLM_NATIVE.values()]
+    families = [*contract.SERVICE.values(), *contract.GENERATION.values(), *contract.QUALITY.values(),
+                *contract.KERNEL.values(), *contract.HOST.values(), *contract.VLLM.values(),
+                *contract.VLLM_NATIVE.values()]
     known = {f + s for f in families for s in SUFFIXES}
     known |= {r["record"] for g in slo.prometheus_rules(slo.PROFILES[profile])["groups"] for r in g["rules"]
               if "record" in r}
@@ -144,6 +145,83 @@ def test_latency_board_observes_the_graph_and_router_stages():
     assert labels[contract.STAGE_SKIPPED] == {"stage"}
     assert set(SKIPPABLE_STAGES) <= set(GRAPH_STAGES)  # a skipped stage's latency has a panel too
     assert {contract.RETRIEVAL_ROUTES, contract.STAGE_SKIPPED} <= set(EXPECTED_METRICS)
+
+
+def test_quality_board_reads_the_quality_families_with_exemplars():
+    """The Quality board: answers by verdict (stacked), the quality SLO's SLI, budget and burn rates (the SLO board's
+    panels), a heatmap with exemplars for each signal of the closed set, the best similarity's median and P10 against
+    the calibration's points, and the threshold; every family it reads is a quality family of ``METRICS``, with the
+    labels the service writes, and Grafana provisions it with the other boards."""
+    from rag.quality.signals import QUALITY_SIGNALS, UNIT_SIGNALS
+
+    board = next(b for b in all_boards(slo.PRODUCTION) if b.slug == "quality")
+    specs = {m.name: m for m in METRICS}
+    sources = {s for p in board.panels for q in p.queries for s in q.sources}
+    assert sources == set(contract.QUALITY.values()) and sources <= set(specs)
+    assert {specs[s].group for s in sources} == {"quality"}
+    recorded = {slo.sli_error_record(slo.PRODUCTION.window(w)) for w in slo.SLI_WINDOWS_S}
+    used = {t for p in board.panels for q in p.queries for t in METRIC_TOKEN.findall(q.expr)}
+    assert used <= {name + suffix for name in specs for suffix in SUFFIXES} | recorded, used
+    assert all(p.pipeline_only for p in board.panels)  # only ragheat's own pipeline judges its answers
+
+    heatmaps = {p.title.rpartition(": ")[2]: p for p in board.panels if p.kind == "heatmap"}
+    assert set(heatmaps) == set(QUALITY_SIGNALS) == set(SIGNAL_HEATMAPS)
+    for signal, panel in heatmaps.items():
+        [query] = panel.queries
+        family = contract.QUALITY_SCORE if signal in UNIT_SIGNALS else contract.RERANK_SCORE
+        assert query.sources == (family,) and f'signal="{signal}"' in query.expr, query
+        assert panel.exemplars and not panel.log_y and panel.unit == "none"
+    by_title = {p.title: p for p in board.panels}
+    mix = by_title["Answers by verdict"]
+    assert mix.stacked and [q.legend for q in mix.queries] == ["{{verdict}}"]
+    drift = by_title["Best similarity against its calibration: drift"]
+    assert drift.exemplars and [q.sources for q in drift.queries] == [
+        (contract.QUALITY_SCORE,), (contract.QUALITY_SCORE,), (contract.CALIBRATION,)]
+    points = set(re.search(r'point=~"([^"]+)"', drift.queries[2].expr).group(1).split("|"))
+    assert points == {"p50", "p10", "threshold"} <= set(QUALITY_POINTS.values())
+    titles = [p.title for p in board.panels]
+    assert {"Quality SLI (5m)", "Quality error budget remaining (30d)", "Quality burn rate per window"} <= set(titles)
+    assert all('slo="quality"' in q.expr for p in board.panels if p.title.startswith("Quality ")
+               and p.kind != "heatmap" for q in p.queries)
+
+    data = json.loads(grafana.dashboard_json(board))
+    panels = {p["title"]: p for p in data["panels"]}
+    assert panels["Answers by verdict"]["fieldConfig"]["defaults"]["custom"]["stacking"]["mode"] == "normal"
+    assert all(t["exemplar"] for p in data["panels"] if p["type"] == "heatmap" for t in p["targets"])
+    assert render.DASHBOARDS_DIR / "quality.json" in render.rendered_files(slo.PRODUCTION)
+
+    # The labels grouped by and matched are the ones a scrape carries (the verdicts and signals at zero from the start).
+    registry = CollectorRegistry()
+    PrometheusMetrics(registry, qps_labels=("0-1",))
+    labels = {s.name: set(s.labels) for family in text_string_to_metric_families(generate_latest(registry).decode())
+              for s in family.samples}
+    assert labels[contract.ANSWER_QUALITY] == {"verdict"}
+    assert labels[contract.bucket(contract.QUALITY_SCORE)] == labels[contract.bucket(contract.RERANK_SCORE)] == {
+        "signal", "le"}
+    assert specs[contract.CALIBRATION].labels == ("signal", "point")
+
+
+def test_the_quality_slo_counts_scored_answers_and_names_the_verdict():
+    """Bad = the closed set's bad verdicts, the denominator every verdict but unscored, a missing bad series reads 0;
+    each quality alert names the verdict and the drift, with queries of its own job only."""
+    from rag.quality.signals import BAD_VERDICTS, QUALITY_VERDICTS
+
+    assert contract.BAD == BAD_VERDICTS and {"good", contract.UNSCORED, *contract.BAD} == set(QUALITY_VERDICTS)
+    ratio = slo.QUALITY.error_ratio("5m")
+    assert f'verdict=~"{"|".join(BAD_VERDICTS)}"' in ratio and f'verdict!="{contract.UNSCORED}"' in ratio
+    assert " or 0 * " in ratio  # no bad verdict yet: zero per job (promtool checks it in test_slo_rules.py)
+    rules = slo.prometheus_rules(slo.PRODUCTION)
+    alerts = [r for g in rules["groups"] for r in g["rules"] if "alert" in r and r["labels"]["slo"] == "quality"
+              and r["alert"] != quality.DRIFT_ALERT]  # drift pages on its own signals (test_quality_drift_rules.py)
+    assert [a["labels"]["burn"] for a in alerts] == [a.speed for a in slo.BURN_ALERTS]
+    for alert in alerts:
+        assert alert["alert"] == "RagheatQualityBudgetBurn"
+        assert {"verdict", "verdict_evidence", "drift"} <= set(alert["annotations"])
+        assert not {"stage", "cause"} & set(alert["annotations"])
+        assert alert["annotations"]["summary"].endswith(alert["annotations"]["verdict"])
+    records = {r["record"] for g in rules["groups"] for r in g["rules"]
+               if "record" in r and r.get("labels", {}).get("slo") == "quality"}
+    assert records == {slo.sli_error_record(slo.PRODUCTION.window(w)) for w in slo.SLI_WINDOWS_S}
 
 
 def test_provisioning_links_exemplars_to_traces():
@@ -354,6 +432,10 @@ def test_rules_keep_the_job_in_every_aggregation():
                     annotation_queries += 1
                 assert "range query \"" not in text, text  # no query that ignores the alert's job
     assert annotation_queries >= len(slo.SLOS) * len(slo.BURN_ALERTS) * 2
+    quality_queries = [q for g in rules["groups"] for r in g["rules"]
+                       if "alert" in r and r["labels"]["slo"] == "quality" for text in r["annotations"].values()
+                       for q in re.findall(r"range query \(printf \"([^\"]*)\" \$labels\.job", text)]
+    assert len(quality_queries) >= len(slo.BURN_ALERTS) * 4 and all("{job=%q" in q for q in quality_queries)
     config = slo.alertmanager_config("http://p", "http://t")
     assert "job" in config["route"]["group_by"]
     assert config["inhibit_rules"][0]["equal"] == ["job", "slo"]

@@ -4,33 +4,19 @@ burn-rate alerts unit-tested by ``promtool test rules`` on synthetic series buil
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import yaml
+from prometheus_client.utils import floatToGoString
 
 from dashboards import contract, render, slo, yamlout
+from promtool_kit import ALERTMANAGER, promtool_test, run, tool
 from rag.stages import DEFAULT_STAGES, STAGES
+from telemetry.buckets import UNIT_SCORES
 from telemetry.metrics import ROUTES
-
-DASHBOARDS = Path(__file__).resolve().parents[2] / "dashboards"
-RULES = DASHBOARDS / render.RULES_FILE
-ALERTMANAGER = DASHBOARDS / render.ALERTMANAGER_FILE
-
-
-def tool(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        pytest.fail(f"the {name} binary is missing: install Debian's prometheus / prometheus-alertmanager packages "
-                    "(scripts/install.sh --test does)")
-    return path
-
-
-def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(args, capture_output=True, text=True, timeout=120)
 
 
 @pytest.mark.parametrize("profile", list(slo.PROFILES))
@@ -56,26 +42,29 @@ def test_amtool_accepts_the_config_and_routes_pages_and_tickets():
     amtool = tool("amtool")
     result = run(amtool, "check-config", str(ALERTMANAGER))
     assert result.returncode == 0, result.stdout + result.stderr
-    for severity in ("page", "ticket"):
-        routed = run(amtool, "config", "routes", "test", f"--config.file={ALERTMANAGER}",
-                     f"severity={severity}", "slo=latency")
-        assert routed.returncode == 0, routed.stdout + routed.stderr
-        assert routed.stdout.split() == [severity], routed.stdout
+    for slo_name in ("latency", "quality"):
+        for severity in ("page", "ticket"):
+            routed = run(amtool, "config", "routes", "test", f"--config.file={ALERTMANAGER}",
+                         f"severity={severity}", f"slo={slo_name}")
+            assert routed.returncode == 0, routed.stdout + routed.stderr
+            assert routed.stdout.split() == [severity], routed.stdout
+    # The quality alerts match a route of their own (the same receivers), the first one tried.
+    quality = yaml.safe_load(ALERTMANAGER.read_text())["route"]["routes"][0]
+    assert quality["matchers"] == ['slo="quality"']
+    assert [(r["matchers"], r["receiver"]) for r in quality["routes"]] == [(['severity="page"'], "page"),
+                                                                          (['severity="ticket"'], "ticket")]
 
 
-def test_amtool_renders_the_cause_first(tmp_path):
+def notification(tmp_path: Path, labels: dict, annotations: dict) -> Callable[[str], list[str]]:
     """The notification template as Alertmanager loads it (check-config reads the templates the config names) and as
-    a chat or e-mail receiver would write a page: amtool 0.25's ``template render`` on a webhook payload's data."""
+    a chat or e-mail receiver would write a page: amtool 0.25's ``template render`` on a webhook payload's data.
+    Returns a function rendering one template name to its lines."""
     amtool = tool("amtool")
     targets = render.Targets(alertmanager_templates=str(tmp_path / "alertmanager"))
     render.write(tmp_path, slo.PRODUCTION, targets)
     config = tmp_path / render.ALERTMANAGER_FILE
     checked = run(amtool, "check-config", str(config))
     assert checked.returncode == 0 and "1 templates" in checked.stdout, checked.stdout + checked.stderr
-    labels = {"alertname": "RagheatLatencyBudgetBurn", "job": JOB, "severity": "page", "slo": "latency"}
-    annotations = {"cause": "io", "cause_evidence": "706 ms of stage P99 growth over 5m against the 1h before",
-                   "stage": "embed", "stage_evidence": "embed has the highest P99", "summary": "the summary",
-                   "description": "the objective"}
     data = tmp_path / "page.json"
     data.write_text(json.dumps({
         "receiver": "page", "status": "firing", "externalURL": "http://alertmanager:9093",
@@ -89,11 +78,33 @@ def test_amtool_renders_the_cause_first(tmp_path):
         assert result.returncode == 0, result.stdout + result.stderr
         return result.stdout.strip().splitlines()
 
+    return rendered
+
+
+def test_amtool_renders_the_cause_first(tmp_path):
+    labels = {"alertname": "RagheatLatencyBudgetBurn", "job": JOB, "severity": "page", "slo": "latency"}
+    annotations = {"cause": "io", "cause_evidence": "706 ms of stage P99 growth over 5m against the 1h before",
+                   "stage": "embed", "stage_evidence": "embed has the highest P99", "summary": "the summary",
+                   "description": "the objective"}
+    rendered = notification(tmp_path, labels, annotations)
     assert rendered("ragheat.title") == [f"[FIRING] RagheatLatencyBudgetBurn {JOB}: cause io"]
     text = rendered("ragheat.text")
     assert text[:2] == ["cause: io: 706 ms of stage P99 growth over 5m against the 1h before",
                         "stage: embed: embed has the highest P99"], text
     assert text[-1] == f"the whole evidence: ragheat explain --prometheus URL --job {JOB} --window 5m", text
+
+
+def test_amtool_renders_a_quality_page_with_its_verdict_and_drift(tmp_path):
+    """A quality alert names no stage and no cause: its verdict and the similarity's drift come first."""
+    labels = {"alertname": "RagheatQualityBudgetBurn", "job": JOB, "severity": "page", "slo": "quality"}
+    annotations = {"verdict": "no_good_passage", "verdict_evidence": "no_good_passage: 4.8 answers/s of 10 scored",
+                   "drift": "median best_similarity 0.55 over 30m against 0.64", "summary": "the summary",
+                   "description": "the objective"}
+    rendered = notification(tmp_path, labels, annotations)
+    assert rendered("ragheat.title") == [f"[FIRING] RagheatQualityBudgetBurn {JOB}: verdict no_good_passage"]
+    assert rendered("ragheat.text") == [
+        "verdict: no_good_passage: no_good_passage: 4.8 answers/s of 10 scored",
+        "drift: median best_similarity 0.55 over 30m against 0.64", "the summary", "the objective"]
 
 
 # --- promtool unit tests -------------------------------------------------------------------------------------
@@ -214,10 +225,14 @@ SUMMARY = {
     ("latency", "slow"): "{job}: Latency SLO error budget burning 1x too fast over 3d and 6h; stage: {stage}",
     ("availability", "fast"): "{job}: Availability SLO error budget burning 14.4x too fast over 1h and 5m; stage: {stage}",
     ("availability", "slow"): "{job}: Availability SLO error budget burning 1x too fast over 3d and 6h; stage: {stage}",
+    ("quality", "medium"): "{job}: Quality SLO error budget burning 6x too fast over 6h and 30m; verdict: {verdict}",
+    ("quality", "slow"): "{job}: Quality SLO error budget burning 1x too fast over 3d and 6h; verdict: {verdict}",
 }
 OBJECTIVE = {
     "latency": "Objective: 99 % of requests good over 30 days (bad: an answered request slower than 420 ms).",
     "availability": "Objective: 99.9 % of requests good over 30 days (bad: a request answered with a 5xx status).",
+    "quality": "Objective: 95 % of scored answers good over 30 days (bad: an answer judged no_good_passage, fell_back "
+               "or unsupported; unscored ones count on neither side).",
 }
 GONE = {"fast": " At this rate the whole budget is gone in 50 hours.",
         "medium": " At this rate the whole budget is gone in 5 days.",
@@ -225,7 +240,8 @@ GONE = {"fast": " At this rate the whole budget is gone in 50 hours.",
 OVER = "{stage} alone took longer than 420 ms in {rate} requests/s over {window}, more than any other stage"
 SPREAD = "no stage alone took longer than 420 ms over {window}; {stage} has the highest P99 ({p99})"
 FAILED = "{stage} failed in {rate} requests/s over {window}, more than any other stage"
-ALERT = {"latency": "RagheatLatencyBudgetBurn", "availability": "RagheatAvailabilityBudgetBurn"}
+ALERT = {"latency": "RagheatLatencyBudgetBurn", "availability": "RagheatAvailabilityBudgetBurn",
+         "quality": "RagheatQualityBudgetBurn"}
 NO_CAUSE = ("none", "no cause: the P99 over 5m did not grow beyond noise against the 1h before (ragheat explain "
                     "has the full evidence)")
 CAUSED = "{ms} ms of stage P99 growth over 5m against the 1h before, most in {stage} (P99 {before} -> {now} ms)"
@@ -433,18 +449,122 @@ CAUSE_SCENARIOS = {
 }
 
 
-def promtool_test(tmp_path: Path, name: str, series: list[dict], alert_tests: list[dict],
-                  expr_tests: list[dict] = ()) -> subprocess.CompletedProcess:
-    shutil.copy(RULES, tmp_path / "rules.yml")
-    test_file = tmp_path / "slo_test.yml"
-    # Records before the alerts that read them, as the rule file lists them (promtool's default is by name, which
-    # would show the alerts each record one evaluation late).
-    order = [g["name"] for g in yaml.safe_load(RULES.read_text())["groups"]]
-    test_file.write_text(yamlout.dump({
-        "rule_files": ["rules.yml"], "evaluation_interval": "1m", "group_eval_order": order,
-        "tests": [{"name": name, "interval": "1m", "input_series": series, "alert_rule_test": alert_tests,
-                   "promql_expr_test": list(expr_tests)}]}))
-    return run(tool("promtool"), "test", "rules", str(test_file))
+# The quality SLO (dashboards.quality): answers by verdict, the best similarity's histogram and the calibration gauge
+# of one job, as the service exports them. Every minute 600 answers are scored (10/s) and 60 are not (no dense search:
+# on neither side of the SLI); an answer without a good passage has a best similarity of 0.3 (its bucket (0.25, 0.3]),
+# every other one 0.6 ((0.55, 0.6]). Budget 5 %: the medium page needs 30 % bad over 6 h and 30 m, the ticket 5 % over
+# 3 d and 6 h, the fast page 72 % (so half the answers bad never pages fast).
+SCORED, UNSCORED = 600, 60
+SIMILARITY = {"no_good_passage": 0.3, "good": 0.6}
+CALIBRATED = {contract.THRESHOLD: 0.42, contract.P10: 0.51, contract.MEDIAN: 0.64}
+
+
+@dataclass(frozen=True)
+class Judged:
+    """``minutes`` of answers, ``bad`` listing (verdict, share of the scored answers); the rest are good."""
+
+    minutes: int
+    bad: tuple[tuple[str, float], ...] = ()
+
+
+def answers(*phases: Judged, job: str = JOB, created: tuple[str, ...] = contract.VERDICTS,
+            scored: int = SCORED) -> list[dict]:
+    """promtool input series of one job's judged answers, one sample a minute; ``created``: the verdicts whose series
+    exist (the service creates every one at zero; another may create a bad verdict's with its first answer)."""
+    edges = [floatToGoString(e) for e in UNIT_SCORES] + ["+Inf"]
+    similarity = f'{contract.bucket(contract.QUALITY_SCORE)}{{job="{job}", signal="{contract.BEST_SIMILARITY}"'
+    per_minute: dict[str, list[int]] = {}
+    for phase in phases:
+        for _ in range(phase.minutes):
+            counts = {verdict: round(scored * share) for verdict, share in phase.bad}
+            counts["good"] = scored - sum(counts.values())
+            counts[contract.UNSCORED] = UNSCORED
+            for verdict in created:
+                per_minute.setdefault(f'{contract.ANSWER_QUALITY}{{job="{job}", verdict="{verdict}"}}', []).append(
+                    counts.get(verdict, 0))
+            low = counts.get("no_good_passage", 0)
+            for le in edges:
+                within = (low if float(le) >= SIMILARITY["no_good_passage"] else 0) + (
+                    scored - low if float(le) >= SIMILARITY["good"] else 0)
+                per_minute.setdefault(f'{similarity}, le="{le}"}}', []).append(within)
+    out = []
+    for series, counts in per_minute.items():
+        values, running = ["0"], 0
+        for n in counts:
+            running += n
+            values.append(str(running))
+        out.append({"series": series, "values": " ".join(values)})
+    minutes = sum(p.minutes for p in phases)
+    out += [{"series": f'{contract.CALIBRATION}{{job="{job}", signal="{contract.BEST_SIMILARITY}", point="{point}"}}',
+             "values": f"{value}+0x{minutes}"} for point, value in CALIBRATED.items()]
+    return out
+
+
+VERDICT = "{verdict}: {rate} answers/s of {scored} scored over {window}, more than any other bad verdict"
+DRIFT = ("median best_similarity {median} over {window} against 0.64 on the training questions (calibration p50); "
+         "answers under 0.42 have no good passage")
+
+
+def quality_fires(minute: int, verdict: str, **evidence: tuple[str, str]) -> dict:
+    """promtool's expectation at ``minute``: the quality alerts of the burns given (``slow=(evidence, drift)``),
+    each naming ``verdict``; no keyword means they stay quiet."""
+    return {"eval_time": f"{minute}m", "alertname": ALERT["quality"], "exp_alerts": [
+        {"exp_labels": {**LABELS[burn], "slo": "quality", "job": JOB},
+         "exp_annotations": {"summary": SUMMARY["quality", burn].format(job=JOB, verdict=verdict),
+                             "description": OBJECTIVE["quality"] + GONE[burn], "verdict": verdict,
+                             "verdict_evidence": text, "drift": drift}}
+        for burn, (text, drift) in evidence.items()]}
+
+
+HEALTHY_QUALITY = (("no_good_passage", 0.02),)  # the calibration's flag rate: on traffic like its training questions
+HALF_WITHOUT = (("no_good_passage", 0.48), ("fell_back", 0.02))  # half the answers bad, nearly all without a passage
+QUALITY_SCENARIOS = {
+    # 12 answers a minute without a good passage, then 288 (and 12 fell back) from minute H. The ticket: the 3 d ratio
+    # (all of the history) passes 5 % after 24.7 minutes ((4440 + 300 f) / (600 (370 + f))), the 6 h one after 22.5;
+    # the medium page: the 6 h ratio passes 30 % after 210 minutes ((4320 + 288 f) / 216000), the 30 m one long before.
+    # Evidence over 6 h at minute H + f: (12 (360 - f) + 288 f) / 21600 answers/s without a good passage (0.583 at
+    # f = 30, 2.76 at 200, 3.01 at 220); over 30 m: 288 / 60 = 4.8/s. The scored rate is 10/s throughout.
+    # The median similarity interpolates in (0.55, 0.6]: 0.55 + 0.05 (half - low) / (all - low), with low the answers
+    # at 0.3 in the window: over 6 h 0.573 (f = 30), 0.565 (200), 0.564 (220); over 30 m 0.552.
+    "half the answers without a good passage: a ticket, then the medium page, naming the verdict": (
+        answers(Judged(H, HEALTHY_QUALITY), Judged(225, HALF_WITHOUT)),
+        [*(quality_fires(minute, "") for minute in (H - 1, H + 24)),
+         quality_fires(H + 30, "no_good_passage",
+                       slow=(VERDICT.format(verdict="no_good_passage", rate="0.583", scored="10", window="6h"),
+                             DRIFT.format(median="0.57", window="6h"))),
+         quality_fires(H + 200, "no_good_passage",
+                       slow=(VERDICT.format(verdict="no_good_passage", rate="2.76", scored="10", window="6h"),
+                             DRIFT.format(median="0.57", window="6h"))),
+         quality_fires(H + 220, "no_good_passage",
+                       medium=(VERDICT.format(verdict="no_good_passage", rate="4.8", scored="10", window="30m"),
+                               DRIFT.format(median="0.55", window="30m")),
+                       slow=(VERDICT.format(verdict="no_good_passage", rate="3.01", scored="10", window="6h"),
+                             DRIFT.format(median="0.56", window="6h")))],
+        []),
+    # 2 % bad, the share the calibration flags on its own training questions: under the 5 % budget, quiet throughout.
+    "2 % bad stays quiet": (
+        answers(Judged(400, HEALTHY_QUALITY)),
+        [quality_fires(minute, "") for minute in (60, 200, 399)],
+        []),
+    # A new service's first answers, three a minute and every one bad: while the short windows hold fewer than
+    # quality.MIN_SCORED (15 at minute 5), nothing fires; at minute 8 the 30 m and 6 h windows hold 24, and the medium
+    # page and the ticket do (the 5 m window still holds 15: no fast page).
+    "a new service's first answers page nobody until there are enough": (
+        answers(Judged(10, (("no_good_passage", 1.0),)), scored=3),
+        [quality_fires(5, "")],
+        [{"expr": f'ALERTS{{alertname="{ALERT["quality"]}", alertstate="firing"}}', "eval_time": "5m",
+          "exp_samples": []},
+         {"expr": f'count by (burn) (ALERTS{{alertname="{ALERT["quality"]}", alertstate="firing"}})',
+          "eval_time": "8m", "exp_samples": [{"labels": '{burn="medium"}', "value": 1},
+                                             {"labels": '{burn="slow"}', "value": 1}]}]),
+    # A service whose bad verdicts' series do not exist yet: its bad share reads 0 per job, not missing.
+    "no bad verdict yet reads 0, not missing": (
+        answers(Judged(40), created=("good", contract.UNSCORED)),
+        [quality_fires(30, "")],
+        [{"expr": f'{slo.sli_error_record(w)}{{slo="quality"}}', "eval_time": "30m",
+          "exp_samples": [{"labels": f'{slo.sli_error_record(w)}{{job="{JOB}", slo="quality"}}', "value": 0}]}
+         for w in ("5m", "6h")]),
+}
 
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
@@ -471,13 +591,22 @@ def test_promtool_unit_tests_of_causes(scenario, tmp_path):
     assert "SUCCESS" in result.stdout
 
 
+@pytest.mark.parametrize("scenario", list(QUALITY_SCENARIOS))
+def test_promtool_unit_tests_of_the_quality_slo(scenario, tmp_path):
+    series, alert_tests, expr_tests = QUALITY_SCENARIOS[scenario]
+    result = promtool_test(tmp_path, scenario, series, alert_tests, expr_tests)
+    assert result.returncode == 0, f"{scenario}:\n{result.stdout}{result.stderr}"
+    assert "SUCCESS" in result.stdout
+
+
 @pytest.mark.parametrize("wrong", ["silence during the fast burn", "the slowest stage by P99",
                                    "the healthy service pages too", "the other service's stage",
-                                   "the neighbour ranked over the I/O stalls"])
+                                   "the neighbour ranked over the I/O stalls", "quality quiet at half bad",
+                                   "quality naming the rarer verdict"])
 def test_promtool_unit_tests_can_fail(tmp_path, wrong):
     """Wrong expectations must fail: the unit tests above are not vacuous, the LLM scenario really has a stage
-    (generate_decode) with a higher P99 than the one named, the two services' alerts really are apart, and the
-    recorded scores really rank the causes."""
+    (generate_decode) with a higher P99 than the one named, the two services' alerts really are apart, the
+    recorded scores really rank the causes, and the quality alert really fires and names the commoner verdict."""
     expr_tests = ()
     if wrong == "silence during the fast burn":
         series, _ = SCENARIOS["fast latency burn pages within 10 minutes, naming the stage"]
@@ -505,6 +634,17 @@ def test_promtool_unit_tests_can_fail(tmp_path, wrong):
     elif wrong == "the neighbour ranked over the I/O stalls":
         series, tests, _ = CAUSE_SCENARIOS["I/O stalls and a neighbour share a slowdown, I/O first"]
         expr_tests, needle = [scores(H + 10, io=588, cpu_neighbour=706)], "cause=io"
+    elif wrong == "quality quiet at half bad":
+        series, _, _ = QUALITY_SCENARIOS["half the answers without a good passage: a ticket, then the medium page, "
+                                         "naming the verdict"]
+        tests, needle = [quality_fires(H + 220, "")], "burn=medium"
+    elif wrong == "quality naming the rarer verdict":
+        series, _, _ = QUALITY_SCENARIOS["half the answers without a good passage: a ticket, then the medium page, "
+                                         "naming the verdict"]
+        tests = [quality_fires(H + 30, "fell_back",
+                               slow=(VERDICT.format(verdict="fell_back", rate="0.0167", scored="10", window="6h"),
+                                     DRIFT.format(median="0.57", window="6h")))]
+        needle = "verdict=no_good_passage"
     result = promtool_test(tmp_path, wrong, series, tests, expr_tests)
     assert result.returncode != 0
     assert needle in (result.stdout + result.stderr).replace('"', ""), result.stdout + result.stderr

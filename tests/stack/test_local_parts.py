@@ -118,8 +118,10 @@ def test_generated_configs_name_absolute_paths_even_from_a_relative_folder(tmp_p
     dashboards = Path(provider["providers"][0]["options"]["path"])
     assert dashboards.is_absolute() and any(dashboards.glob("*.json"))
     assert set(configs.expected_rules) == {"ragheat-stage-quantiles", "ragheat-slo-error-ratios", "ragheat-why",
-                                           "ragheat-slo-burn-alerts"}
-    assert set(configs.expected_rules["ragheat-slo-burn-alerts"]) == {"RagheatLatencyBudgetBurn", "RagheatAvailabilityBudgetBurn"}
+                                           "ragheat-slo-burn-alerts", "ragheat-quality-drift"}
+    assert set(configs.expected_rules["ragheat-slo-burn-alerts"]) == {
+        "RagheatLatencyBudgetBurn", "RagheatAvailabilityBudgetBurn", "RagheatQualityBudgetBurn"}
+    assert set(configs.expected_rules["ragheat-quality-drift"]) == {"RagheatQualityDrift"}
     templates = topology.load_yaml(configs.alertmanager)["templates"]  # the notification template, rendered here
     assert templates and all(Path(t).is_absolute() and glob.glob(t) for t in templates), templates
     routes = topology.load_yaml(configs.alertmanager)["route"]

@@ -1,0 +1,162 @@
+"""The quality SLO's drill: ``ragheat serve`` processes under the same steady load of the corpus's own questions,
+scraped every second by one Prometheus that evaluates the rules (the test profile: hours become minutes), with
+faults that keep every latency panel green:
+
+- **broken index generations**, each served by a service of its own from the start of the load: the dense vectors
+  rotated into another space, as if another encoder had built them (``rotate_dense_vectors``), or shuffled among
+  the chunks (``shuffle_dense_vectors``);
+- **out-of-domain traffic**: after a healthy stretch, the healthy service's questions switch to another corpus's.
+
+Each fault's detection time runs from its start to the ``activeAt`` of the first quality page (any of the alerts
+named) that fires for its job; the healthy stretch must page nobody, and no latency page may be pending or firing at
+any point it is checked. Callers render the rules (the dashboards room) and name the alerts; this module runs
+processes and load and reads Prometheus' HTTP API."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+import httpx
+import numpy as np
+
+from loadgen.faults import OpenLoop
+from stack.prometheus import LocalPrometheus
+from stack.servers import ServeProcess
+
+HEALTHY = "ragheat"
+"""The healthy service's scrape job (the out-of-domain fault's); each broken index is served under its fault's name."""
+
+
+def _dense_file(index_root: Path):
+    import faiss
+
+    path = Path(index_root) / "current" / "dense.faiss"
+    return path, faiss.read_index(str(path))
+
+
+def _replace_vectors(path: Path, index, vectors: np.ndarray) -> Path:
+    import faiss
+
+    index.reset()
+    index.add(np.ascontiguousarray(vectors, dtype=np.float32))
+    faiss.write_index(index, str(path))
+    return path
+
+
+def rotate_dense_vectors(index_root: Path, seed: int = 0) -> Path:
+    """In place: the served generation's dense vectors (``dense.faiss``) multiplied by a random rotation, as if another
+    encoder had embedded the passages; everything else (chunks, BM25, the reranker's token vectors) is left as it
+    was. Returns the file. A flat or HNSW index only (they keep the vectors; IVF-PQ keeps codes)."""
+    path, index = _dense_file(index_root)
+    vectors = index.reconstruct_n(0, index.ntotal)
+    rotation, _ = np.linalg.qr(np.random.default_rng(seed).standard_normal((index.d, index.d)))
+    return _replace_vectors(path, index, vectors @ rotation.T.astype(np.float32))
+
+
+def shuffle_dense_vectors(index_root: Path, seed: int = 0) -> Path:
+    """In place: the served generation's dense vectors permuted among its chunks (each still a real passage vector, now
+    under another chunk's id). Returns the file; flat or HNSW only, as ``rotate_dense_vectors``."""
+    path, index = _dense_file(index_root)
+    vectors = index.reconstruct_n(0, index.ntotal)
+    return _replace_vectors(path, index, vectors[np.random.default_rng(seed).permutation(len(vectors))])
+
+
+BREAKERS = {"another_encoder": rotate_dense_vectors, "shuffled_vectors": shuffle_dense_vectors}
+"""Fault name -> what breaks a copy of the index for it."""
+OUT_OF_DOMAIN = "out_of_domain"
+
+
+@dataclass
+class DrillRun:
+    healthy_s: float = 0.0
+    before: list[dict] = field(default_factory=list)  # pages pending or firing for the healthy job after its stretch
+    fired_after_s: dict[str, float | None] = field(default_factory=dict)  # fault -> seconds to its first quality page
+    alerts: dict[str, dict] = field(default_factory=dict)  # fault -> that page
+    by_alert_s: dict[str, dict[str, float]] = field(default_factory=dict)  # fault -> each page seen while watching
+    latency_pages: list[dict] = field(default_factory=list)  # latency pages pending or firing when checked
+    verdicts: dict[str, dict[str, float]] = field(default_factory=dict)  # job -> answers by verdict at the end
+
+
+def _alerts(url: str) -> list[dict]:
+    return httpx.get(url + "/api/v1/alerts", timeout=10).json()["data"]["alerts"]
+
+
+def _unix(rfc3339: str) -> float:
+    head, _, tail = rfc3339.rstrip("Z").partition(".")
+    return datetime.fromisoformat(head + "+00:00").timestamp() + float("0." + (tail or "0"))
+
+
+def _verdicts(url: str, family: str) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return {s.labels["verdict"]: s.value for f in text_string_to_metric_families(text) for s in f.samples
+            if s.name == family}
+
+
+def _alert_key(alert: dict) -> str:
+    labels = alert["labels"]
+    return f'{labels["alertname"]}{{{labels.get("signal") or labels.get("burn", "")}}}'
+
+
+def run_drill(healthy_index: Path, broken: Mapping[str, Path], questions: Path, other_questions: Path,
+              rules_file: Path, *, quality_alerts: Sequence[str], latency_alert: str, verdict_family: str,
+              rate: float = 5.0, healthy_s: float = 65.0, fire_by_s: float = 120.0,
+              env: Mapping[str, str] | None = None, progress: Callable[[str], None] = lambda message: None) -> DrillRun:
+    """Run the drill (see the module). ``broken``: fault name -> a broken copy of the index, each served as a job of
+    that name; ``quality_alerts``/``latency_alert``: the alerts' names (a page is one with ``severity="page"``);
+    ``verdict_family``: the verdict counter's sample name, read off each service at the end."""
+    run = DrillRun(healthy_s=healthy_s)
+
+    def pages(names: Sequence[str], job: str | None = None, states=("pending", "firing")) -> list[dict]:
+        return [a for a in _alerts(prometheus) if a["labels"].get("alertname") in names and a["state"] in states
+                and a["labels"].get("severity") == "page" and (job is None or a["labels"].get("job") == job)]
+
+    def watch(faults: Mapping[str, float], deadline: float) -> None:
+        """Record each fault's pages (its job's, since its start) until every fault paged or the deadline passed."""
+        while time.time() < deadline:
+            for alert in pages(quality_alerts, states=("firing",)):
+                job = alert["labels"].get("job")
+                fault = OUT_OF_DOMAIN if job == HEALTHY else job
+                if fault not in faults:
+                    continue
+                seconds = _unix(alert["activeAt"]) - faults[fault]
+                run.by_alert_s.setdefault(fault, {}).setdefault(_alert_key(alert), seconds)
+                if run.fired_after_s.get(fault) is None or seconds < run.fired_after_s[fault]:
+                    run.fired_after_s[fault], run.alerts[fault] = seconds, alert
+            if all(run.fired_after_s.get(f) is not None for f in faults):
+                return
+            time.sleep(0.5)
+        for fault in faults:
+            run.fired_after_s.setdefault(fault, None)
+
+    with contextlib.ExitStack() as stack:
+        healthy = stack.enter_context(ServeProcess(healthy_index, env=env))
+        services = {fault: stack.enter_context(ServeProcess(index, env=env)) for fault, index in broken.items()}
+        progress("services up")
+        prometheus = stack.enter_context(LocalPrometheus(
+            healthy.url.removeprefix("http://"), scrape_interval_s=1, extra_config=f"rule_files:\n  - {rules_file}\n",
+            extra_targets={fault: s.url.removeprefix("http://") for fault, s in services.items()}))
+        load = stack.enter_context(OpenLoop(healthy.url, rate, questions))
+        for service in services.values():
+            stack.enter_context(OpenLoop(service.url, rate, questions))
+        start = time.time()
+        progress(f"load started: {', '.join(broken)} serve from now")
+        watch(dict.fromkeys(broken, start), start + min(healthy_s, fire_by_s))
+        time.sleep(max(0.0, start + healthy_s - time.time()))
+        run.before = pages([*quality_alerts, latency_alert], HEALTHY)
+        run.latency_pages += pages([latency_alert])
+        progress(f"healthy stretch over ({len(run.before)} pages on {HEALTHY}); out-of-domain questions from now")
+        load.texts = [json.loads(line)["text"] for line in Path(other_questions).read_text().splitlines()
+                      if line.strip()]
+        switched = time.time()
+        watch({**dict.fromkeys(broken, start), OUT_OF_DOMAIN: switched}, switched + fire_by_s)
+        run.latency_pages += pages([latency_alert])
+        run.verdicts = {job: _verdicts(s.url, verdict_family) for job, s in {HEALTHY: healthy, **services}.items()}
+    return run
