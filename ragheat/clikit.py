@@ -4,6 +4,7 @@ failures, and the error guard."""
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
@@ -63,6 +64,19 @@ def load_settings(**overrides: dict) -> RagheatSettings:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "settings"
         fail(f"invalid setting {where}: {first['msg'].removeprefix('Value error, ')}")
+
+
+def beir_sets(beir: str, split: str, index: str | None) -> list[tuple[Path, str, Path]]:
+    """(folder, split, index) per ``--beir`` folder (comma-separated): ``--split`` one per folder or one for all,
+    ``--index`` one per folder (default ``data/index/<folder name>``); exits with a sentence when they do not pair."""
+    folders = [Path(p) for p in beir.split(",") if p.strip()]
+    splits = [s.strip() for s in split.split(",")]
+    if len(splits) == 1:
+        splits *= len(folders)
+    indexes = [Path(p) for p in index.split(",")] if index else [Path("data/index") / f.resolve().name for f in folders]
+    if len(splits) != len(folders) or len(indexes) != len(folders):
+        fail(f"--split and --index take one value per --beir folder ({len(folders)}), or one --split for all")
+    return list(zip(folders, splits, indexes))
 
 
 def progress_bar() -> Progress:

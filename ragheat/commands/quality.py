@@ -3,13 +3,13 @@ live quality signals are compared with, from a corpus's own training questions (
 
 from __future__ import annotations
 
-import sys
+import shlex
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from ragheat.clikit import fail as _fail, guard, load_settings, out, progress_bar
+from ragheat.clikit import beir_sets, fail as _fail, guard, load_settings, out, progress_bar
 
 _guard = guard()
 
@@ -35,18 +35,12 @@ def calibrate_quality(
     from rag.pipeline import RagPipeline
     from rag.quality.calibration import DEFAULT_CALIBRATION, calibrate, retrieval_signals
 
-    folders = [Path(p) for p in beir.split(",") if p.strip()]
-    splits = [s.strip() for s in split.split(",")]
-    if len(splits) == 1:
-        splits *= len(folders)
-    indexes = [Path(p) for p in index.split(",")] if index else [Path("data/index") / f.resolve().name for f in folders]
-    if len(splits) != len(folders) or len(indexes) != len(folders):
-        _fail(f"--split and --index take one value per --beir folder ({len(folders)}), or one --split for all")
+    sets = beir_sets(beir, split, index)
     settings = load_settings()
     signals: dict[str, list[float]] = {}
     sources = []
     with progress_bar() as progress:
-        for folder, sp, idx in zip(folders, splits, indexes):
+        for folder, sp, idx in sets:
             queries = load_queries(folder)
             if sp != "all":
                 qrels = load_qrels(folder, sp)
@@ -71,7 +65,11 @@ def calibrate_quality(
                             "embedding_model": description.embedding_model,
                             "query_precision": description.query_precision})
     try:
-        calibration = calibrate(signals, flag_rate, sources + [{"command": " ".join(["ragheat", *sys.argv[1:]])}])
+        command = shlex.join(["ragheat", "calibrate-quality", "--beir", beir, "--split", split,
+                              *(["--index", index] if index else []), "--flag-rate", f"{flag_rate:g}",
+                              *(["--limit", str(limit)] if limit else []),
+                              *(["--out", str(out_path)] if out_path else [])])
+        calibration = calibrate(signals, flag_rate, sources + [{"command": command}])
     except ValueError as exc:
         _fail(str(exc))
     target = out_path or DEFAULT_CALIBRATION

@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from ragheat.clikit import fail as _fail, guard, load_settings, out, progress_bar
+from ragheat.clikit import beir_sets, fail as _fail, guard, load_settings, out, progress_bar
 
 _guard = guard()
 
@@ -35,18 +35,12 @@ def train_router(
     from rag.routing.router import SHIPPED_MODEL
     from rag.routing.train import collect_outcomes, train_router as fit
 
-    folders = [Path(p) for p in beir.split(",") if p.strip()]
-    splits = [s.strip() for s in split.split(",")]
-    if len(splits) == 1:
-        splits *= len(folders)
-    indexes = [Path(p) for p in index.split(",")] if index else [Path("data/index") / f.resolve().name for f in folders]
-    if len(splits) != len(folders) or len(indexes) != len(folders):
-        _fail(f"--split and --index take one value per --beir folder ({len(folders)}), or one --split for all")
+    sets = beir_sets(beir, split, index)
     settings = load_settings()
     if not settings.graph.enabled:
         _fail("the router chooses between routes with and without the graph: graph.enabled must be on")
     data = [(folder, sp, load_queries(folder), load_qrels(folder, sp), idx)
-            for folder, sp, idx in zip(folders, splits, indexes)]
+            for folder, sp, idx in sets]
     tables, datasets = [], []
     with progress_bar() as progress:
         for folder, sp, queries, qrels, idx in data:
