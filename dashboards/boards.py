@@ -14,8 +14,8 @@ from dashboards.slo import (BURN_ALERTS, QUALITY, QUANTILE_WINDOW_S, SERVICE_SLO
                             stage_quantile_record, why_names)
 from dashboards.spec import (JOB, NATIVE, ON_JOB, RATE_INTERVAL, SCRAPED, SOURCE_CHOICE, Board, Panel, Query,
                              Variable, gated)
-from rag.quality.signals import RERANK_SIGNALS, UNIT_SIGNALS
 from rag.slo import SLO_SECONDS
+from rag.stages import RERANK_SIGNALS, UNIT_SIGNALS
 
 GRAPH_STAGES = ("link_entities", "retrieve_graph", "route")
 """The stages of the knowledge-graph path and the router (rag.stages.STAGES), each with a heatmap of its own: they run
@@ -316,6 +316,13 @@ def quality_board(profile: Profile) -> Board:
                    description=f"Answers per second in each bucket of this signal. {SIGNAL_HEATMAPS[signal]} "
                                "Exemplars link cells to the traces of the answers that landed there.")
           for signal in (*UNIT_SIGNALS, *RERANK_SIGNALS)),
+        Panel("Sampled judge: is the first passage relevant?", "timeseries",
+              (Query(f"sum by (outcome) ({_rate(contract.JUDGED)})", "{{outcome}}", (contract.JUDGED,)),),
+              unit="ops", stacked=True, width=8, pipeline_only=True,
+              description="Answers per second whose first passage the language model judged, off the request path "
+                          "(quality.judge_rate, off by default), by outcome: relevant, not_relevant, unparsed, failed "
+                          "(the model unavailable), dropped (the judge's queue full). A signal only where the model's "
+                          "agreement with human labels earns it: `ragheat judge` measures it (docs/quality.md)."),
         Panel("No good passage: the calibrated threshold", "stat",
               (Query(f"max by ({JOB}, point) ({contract.CALIBRATION}{{{_on_job(similarity)}}})", f"{job} {{{{point}}}}",
                      (contract.CALIBRATION,)),),

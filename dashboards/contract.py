@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from rag.quality.signals import BAD_VERDICTS, QUALITY_VERDICTS
+from rag.stages import BAD_VERDICTS, QUALITY_VERDICTS
 from telemetry.metrics import (GENERATION_METRICS, HOST_METRICS, KERNEL_METRICS, QUALITY_METRICS, QUALITY_POINTS,
                                SERVICE_METRICS, VLLM_METRICS, VLLM_NATIVE_METRICS)
 from telemetry.otlp_metrics import REQUEST_DURATION as OTLP_REQUEST_DURATION
@@ -38,6 +38,7 @@ ANSWER_QUALITY = QUALITY["answer_quality"]
 QUALITY_SCORE = QUALITY["quality_score"]
 RERANK_SCORE = QUALITY["quality_rerank_score"]
 CALIBRATION = QUALITY["quality_calibration"]
+JUDGED = QUALITY["judged"]
 
 # The quality SLO's label values, from the closed sets rag.quality declares.
 VERDICTS = QUALITY_VERDICTS

@@ -28,6 +28,7 @@ from rag.embedding.batcher import MicroBatchEmbedder
 from rag.embedding.embedder import OnnxEmbedder
 from rag.embedding.model_store import check_index_model
 from rag.errors import ConfigurationError, IndexLoadError, StageError
+from rag.eval.judge import CompleterAsker
 from rag.generation.extractive import ExtractiveGenerator
 from rag.generation.hyde import HydeSkipped, HydeWriter
 from rag.generation.llm import GeneratorUnavailable
@@ -39,6 +40,7 @@ from rag.protocols import (AnswerCache, Embedder, EntityLinker, Fuser, Generator
                            HypotheticalPassageWriter, PromptCompressor, Reranker, Retriever, Router,
                            StreamingGenerator, SupportCheck)
 from rag.quality.calibration import CalibrationError
+from rag.quality.judge import SampledJudge
 from rag.quality.signals import QualityMeter
 from rag.query_context import QueryContext, StageOptions
 from rag.rerank.features import RerankQuery
@@ -82,6 +84,7 @@ class RagPipeline:
         self.support: SupportCheck | None = None  # support_check
         self.generator: Generator | None = None  # generate: the extractive answer, and the model's fallback
         self.quality: QualityMeter | None = None  # quality.enabled: each answer's label-free signals (rag/quality)
+        self.judge: SampledJudge | None = None  # quality.judge_rate: the model judges a share of answers, off the path
         self._route_fusers: dict[str, Fuser] = {}
         self._router_error: str | None = None
         self._stage_options = StageOptions(settings.server.stage_thread_names, settings.faults.delay_stage,
@@ -108,6 +111,9 @@ class RagPipeline:
     def _release_failed_warm_up(self, before: tuple, exc: BaseException) -> None:
         """Close and forget what the failed ``warm_up()`` started; a failure to close is noted on ``exc``."""
         llm_before, graph_before = before
+        if self.judge is not None:  # its thread, started after the model
+            self.judge.close()
+            self.judge = None
         started = []
         if self.llm is not llm_before:
             started.append(self.llm)
@@ -146,7 +152,7 @@ class RagPipeline:
             except CalibrationError as exc:
                 raise ConfigurationError(str(exc)) from None
         budget = s.generation.prompt_budget_tokens
-        self.compressor = PassageCompressor(analyzer, index.idf, budget) if budget else None
+        self.compressor = compressor = PassageCompressor(analyzer, index.idf, budget) if budget else None
         if s.generation.generator != "extractive" and self.llm is None:
             self.llm = _make_llm(s.generation)
             self.llm.warm_up()
@@ -154,6 +160,13 @@ class RagPipeline:
             self.hyde = HydeWriter(self.llm, s.hyde)
         elif s.hyde.enabled:
             raise ConfigurationError("hyde.enabled needs a language model: set generation.generator to openai or vllm")
+        if s.quality.judge_rate > 0:
+            if self.llm is None:
+                raise ConfigurationError("quality.judge_rate needs a language model: set generation.generator to "
+                                         "openai or vllm")
+            shorten = (lambda query, passage: compressor.compress(query, [passage])[0]) if compressor else None
+            self.judge = SampledJudge(CompleterAsker(self.llm, s.generation.deadline_s), s.quality.judge_rate,
+                                      s.quality.judge_queue, prepare=shorten)
         self._warm_up_graph(index, analyzer)
         if s.rerank.enabled:  # the generation's stored token vectors and the head that projected them
             from rag.rerank.reranker import load_reranker
@@ -222,6 +235,8 @@ class RagPipeline:
     def close(self) -> None:
         """Release what ``warm_up()`` opened outside this process's memory: the model client's connections, or
         the in-process engine's processes, and the graph store (the embedded one's child process). Idempotent."""
+        if self.judge is not None:
+            self.judge.close()
         if self.llm is not None:
             self.llm.close()
         if self.graph is not None:
@@ -259,6 +274,8 @@ class RagPipeline:
         result = context.result(generation, sources)
         if self.quality is not None:
             result.quality = self.quality.measure(context, generation)
+        if self.judge is not None and sources:
+            self.judge.offer(query, sources[0].chunk)
         if context.cache_key is not None and not result.degraded:
             # Stored without what only this request did (its timings, retrievers' counts, the model's timing), so a
             # hit is never counted as retrieval or generation by whoever observes it.

@@ -391,6 +391,13 @@ class QualitySettings(_Section):
     min_support: float = Field(0.5, ge=0.0, le=1.0, description="least share of a written answer's sentences the "
                                                                 "support check must accept for it to count as "
                                                                 "supported")
+    judge_rate: float = Field(0.0, ge=0.0, le=1.0, description="share of answers whose first passage the language "
+                                                               "model judges relevant or not, off the request path "
+                                                               "(needs a model). Off by default: the installed "
+                                                               "model's agreement with human labels does not earn it "
+                                                               "(docs/quality.md)")
+    judge_queue: int = Field(16, ge=1, le=10_000, description="sampled pairs waiting for the judge; more are dropped "
+                                                              "(counted), never waited for")
 
 
 class AdmissionSettings(_Section):

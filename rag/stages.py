@@ -117,6 +117,21 @@ RELOAD_OUTCOMES = ("swapped", "unchanged", "failed")
 """What a reload did (``rag.index_generations``): a new generation is served, the served one is still the newest, or
 the new one could not be loaded (the old one keeps serving). The ``outcome`` label of
 ``ragheat_index_reloads_total``."""
+UNIT_SIGNALS = ("best_similarity", "retriever_agreement", "answer_support")
+"""Answer-quality signals between 0 and 1 (``rag.quality``; the ``signal`` label of ``ragheat_quality_score``)."""
+RERANK_SIGNALS = ("rerank_top", "rerank_margin")
+"""The reranker's scores as quality signals (the ``signal`` label of ``ragheat_quality_rerank_score``): its head's
+scale, not 0..1."""
+QUALITY_SIGNALS = UNIT_SIGNALS + RERANK_SIGNALS
+QUALITY_VERDICTS = ("good", "no_good_passage", "fell_back", "unsupported", "unscored")
+"""What the quality SLO counts an answer as (``rag.quality.signals.Verdict``; the ``verdict`` label of
+``ragheat_answer_quality_total``)."""
+BAD_VERDICTS = ("no_good_passage", "fell_back", "unsupported")
+"""Verdicts that spend the quality SLO's error budget; ``unscored`` answers count on neither side."""
+JUDGE_OUTCOMES = ("relevant", "not_relevant", "unparsed", "failed", "dropped")
+"""What became of a pair the sampled judge (``rag.quality.judge``) was offered (the ``outcome`` label of
+``ragheat_quality_judged_total``)."""
+
 CACHE_OUTCOMES = ("hit", "miss", "off")
 """What the semantic answer cache did for a query (``rag.types.CacheOutcome``): served a stored answer, looked and
 stored the new one, or was not consulted. The ``result`` label of ``ragheat_cache_requests_total``."""

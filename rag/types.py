@@ -10,11 +10,10 @@ from typing import TYPE_CHECKING, Literal, Mapping, get_args
 import numpy as np
 
 from rag.errors import StageError
-from rag.stages import CACHE_OUTCOMES, DEGRADED_REASONS
+from rag.stages import CACHE_OUTCOMES, DEGRADED_REASONS, QUALITY_SIGNALS, QUALITY_VERDICTS
 
 if TYPE_CHECKING:
     from rag.devicetime import DeviceTiming
-    from rag.quality.signals import QualitySignals
 
 
 DegradedReason = Literal["unavailable", "slow", "unsupported"]
@@ -28,6 +27,28 @@ CacheOutcome = Literal["hit", "miss", "off"]
 """What the semantic answer cache did for a query (``QueryResult.cache``, the ``result`` label of
 ``ragheat_cache_requests_total``): served a stored answer, looked and stored the new one, or was not consulted."""
 assert get_args(CacheOutcome) == CACHE_OUTCOMES
+
+
+Verdict = Literal["good", "no_good_passage", "fell_back", "unsupported", "unscored"]
+"""What the quality SLO counts an answer as (``rag.quality``; ``rag.stages.QUALITY_VERDICTS``, the metric label set)."""
+assert get_args(Verdict) == QUALITY_VERDICTS
+
+
+@dataclass(frozen=True)
+class QualitySignals:
+    """One answer's signals (None: not computed for this request) and its verdict."""
+
+    verdict: Verdict
+    best_similarity: float | None = None
+    retriever_agreement: float | None = None
+    rerank_top: float | None = None
+    rerank_margin: float | None = None
+    answer_support: float | None = None
+
+    def values(self) -> dict[str, float]:
+        """Signal name -> value, for those computed."""
+        return {name: value for name in QUALITY_SIGNALS if (value := getattr(self, name)) is not None}
+
 
 
 @dataclass(frozen=True)

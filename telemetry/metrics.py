@@ -17,9 +17,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from rag.api.access import REJECTION_REASONS
 from rag.api.admission import SHED_REASONS
-from rag.stages import (CACHE_OUTCOMES, CONDITIONAL_STAGES, DEGRADED_REASONS, OPTIONAL_STAGES, RELOAD_OUTCOMES,
-                        RETRIEVAL_ROUTES, RETRIEVERS, SKIPPABLE_STAGES, STAGES)
-from rag.quality.signals import QUALITY_VERDICTS, RERANK_SIGNALS, UNIT_SIGNALS
+from rag.stages import (CACHE_OUTCOMES, CONDITIONAL_STAGES, DEGRADED_REASONS, JUDGE_OUTCOMES, OPTIONAL_STAGES,
+                        QUALITY_VERDICTS, RELOAD_OUTCOMES, RERANK_SIGNALS, RETRIEVAL_ROUTES, RETRIEVERS, SKIPPABLE_STAGES,
+                        STAGES, UNIT_SIGNALS)
 from telemetry.buckets import (KERNEL_LOG2_SECONDS, LATENCY_SECONDS, RERANK_SCORES, RETRIEVED_DOCUMENTS, UNIT_SCORES,
                                VLLM_STEP_BLOCKS, VLLM_STEP_TOKENS)
 
@@ -154,6 +154,10 @@ METRICS: tuple[MetricSpec, ...] = (
                "Answers by quality verdict: good; no_good_passage (the best passage's similarity under the calibrated "
                "threshold); fell_back (a language model's answer replaced by the extractive one); unsupported (too few "
                "written sentences supported); unscored (no dense search ran to judge by).", ("verdict",)),
+    MetricSpec("quality", "judged", "ragheat_quality_judged_total", "counter",
+               "Answers whose first passage the sampled judge (quality.judge_rate) asked the language model about, "
+               "off the request path, by outcome: relevant, not_relevant, unparsed (the reply said neither), failed "
+               "(the model unavailable), dropped (the judge's queue was full).", ("outcome",)),
     MetricSpec("quality", "quality_calibration", "ragheat_quality_calibration_score", "gauge",
                "The calibration the verdicts use (rag.quality.calibration): the best similarity's threshold "
                "(point=threshold) and the training questions' quantiles of each signal (point=p02, p05, p10, p25, "
@@ -274,6 +278,7 @@ class PrometheusMetrics:
         self.quality_score = create_metric(quality["quality_score"], registry)
         self.quality_rerank_score = create_metric(quality["quality_rerank_score"], registry)
         self.answer_quality = create_metric(quality["answer_quality"], registry)
+        self.judged = create_metric(quality["judged"], registry)
         self.quality_calibration = create_metric(quality["quality_calibration"], registry, multiprocess_mode="max")
         self._children: dict = {}
         self.exemplar_share = None  # a worker of `serve --workers N`: see share_exemplars
@@ -308,6 +313,8 @@ class PrometheusMetrics:
             self.cache_requests.labels(result)
         for verdict in QUALITY_VERDICTS:  # the quality SLI divides by them: present from the first scrape
             self.answer_quality.labels(verdict)
+        for outcome in JUDGE_OUTCOMES:
+            self.judged.labels(outcome)
         for signal in UNIT_SIGNALS:
             self.quality_score.labels(signal)
         for signal in RERANK_SIGNALS:

@@ -23,8 +23,8 @@ from prometheus_client import CollectorRegistry
 
 from rag import __version__
 from rag.quality.calibration import Calibration
-from rag.quality.signals import QUALITY_SIGNALS, RERANK_SIGNALS
 from rag.settings import TelemetrySettings
+from rag.stages import QUALITY_SIGNALS, RERANK_SIGNALS
 from rag.types import CacheStats, RequestRecord, StageTiming
 from telemetry.host import HostCollector
 from telemetry.metrics import QUALITY_POINTS, ROUTES, PrometheusMetrics, request_outcome, status_class
@@ -152,6 +152,11 @@ class Telemetry:
                 point = QUALITY_POINTS.get(quantile)
                 if point is not None and signal in QUALITY_SIGNALS:
                     gauge.labels(signal, point).set(value)
+
+    def judged(self, outcome: str) -> None:
+        """A sampled answer's judgement ended (``rag.quality.judge.SampledJudge`` calls this, from its thread)."""
+        if self.metrics:
+            self.metrics.child(self.metrics.judged, outcome).inc()
 
     def _dropped(self, signal: str, reason: str, count: int) -> None:
         if self.metrics:

@@ -19,7 +19,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from rag.quality.signals import QUALITY_SIGNALS
+from rag.stages import QUALITY_SIGNALS
 
 DEFAULT_CALIBRATION = Path(__file__).with_name("calibration.json")
 REFERENCE_QUANTILES = (0.02, 0.05, 0.1, 0.25, 0.5)
@@ -81,20 +81,3 @@ def calibrate(signals: Mapping[str, Sequence[float]], flag_rate: float = DEFAULT
             reference[name] = {f"{q:g}": round(float(np.quantile(values, q)), 4) for q in REFERENCE_QUANTILES}
     return Calibration(round(float(np.quantile(similarity, flag_rate)), 4), flag_rate, reference, list(sources))
 
-
-def retrieval_signals(pipeline, texts: Sequence[str], k: int = 10, advance=None) -> list:
-    """Each query's ``QualitySignals`` as the served pipeline retrieves for it (its default retrievers, reranked when
-    it reranks); answers are not written, so ``answer_support`` stays unset. ``pipeline``: a warmed-up
-    ``rag.pipeline.RagPipeline``; ``advance``: called after each query (a progress bar)."""
-    from rag.quality.signals import measure
-
-    threshold = pipeline.quality.min_similarity if pipeline.quality is not None else -1.0
-    found = []
-    for text in texts:
-        context = pipeline.retrieve(text, k)
-        found.append(measure(best_similarity=context.best_similarity, results=context.results,
-                             reranked=context.reranked, support=(), fell_back=False, min_similarity=threshold,
-                             min_support=0.0))
-        if advance is not None:
-            advance()
-    return found

@@ -17,38 +17,15 @@ The signals cost a few microseconds: a set intersection and some subtractions.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal, Sequence, get_args
+from typing import Sequence
 
-from rag.types import Hit, RetrievalResult, SentenceSupport
+from rag.stages import BAD_VERDICTS, JUDGE_OUTCOMES, QUALITY_SIGNALS, QUALITY_VERDICTS, RERANK_SIGNALS, UNIT_SIGNALS
+from rag.types import Hit, QualitySignals, RetrievalResult, SentenceSupport, Verdict
 
-UNIT_SIGNALS = ("best_similarity", "retriever_agreement", "answer_support")
-"""Signals between 0 and 1 (the ``signal`` label of ``ragheat_quality_score``)."""
-RERANK_SIGNALS = ("rerank_top", "rerank_margin")
-"""The reranker's scores (the ``signal`` label of ``ragheat_quality_rerank_score``): its head's scale, not 0..1."""
-QUALITY_SIGNALS = UNIT_SIGNALS + RERANK_SIGNALS
-Verdict = Literal["good", "no_good_passage", "fell_back", "unsupported", "unscored"]
-QUALITY_VERDICTS: tuple[str, ...] = get_args(Verdict)
-"""What the quality SLO counts an answer as (the ``verdict`` label of ``ragheat_answer_quality_total``, closed)."""
-BAD_VERDICTS = ("no_good_passage", "fell_back", "unsupported")
-"""Verdicts that spend the quality SLO's error budget; ``unscored`` answers count on neither side."""
+__all__ = ["BAD_VERDICTS", "JUDGE_OUTCOMES", "QUALITY_SIGNALS", "QUALITY_VERDICTS", "RERANK_SIGNALS", "UNIT_SIGNALS",
+           "QualityMeter", "QualitySignals", "Verdict", "measure", "retrieval_signals"]
+
 AGREEMENT_DEPTH = 10
-
-
-@dataclass(frozen=True)
-class QualitySignals:
-    """One answer's signals (None: not computed for this request) and its verdict."""
-
-    verdict: Verdict
-    best_similarity: float | None = None
-    retriever_agreement: float | None = None
-    rerank_top: float | None = None
-    rerank_margin: float | None = None
-    answer_support: float | None = None
-
-    def values(self) -> dict[str, float]:
-        """Signal name -> value, for those computed."""
-        return {name: value for name in QUALITY_SIGNALS if (value := getattr(self, name)) is not None}
 
 
 def retriever_agreement(results: Sequence[RetrievalResult], depth: int = AGREEMENT_DEPTH) -> float | None:
@@ -109,3 +86,19 @@ class QualityMeter:
         return measure(best_similarity=context.best_similarity, results=context.results, reranked=context.reranked,
                        support=generation.support, fell_back=generation.degraded_reason is not None,
                        min_similarity=self.min_similarity, min_support=self.min_support)
+
+
+def retrieval_signals(pipeline, texts: Sequence[str], k: int = 10, advance=None) -> list:
+    """Each query's ``QualitySignals`` as the served pipeline retrieves for it (its default retrievers, reranked when
+    it reranks); answers are not written, so ``answer_support`` stays unset. ``pipeline``: a warmed-up
+    ``rag.pipeline.RagPipeline``; ``advance``: called after each query (a progress bar)."""
+    threshold = pipeline.quality.min_similarity if pipeline.quality is not None else -1.0
+    found = []
+    for text in texts:
+        context = pipeline.retrieve(text, k)
+        found.append(measure(best_similarity=context.best_similarity, results=context.results,
+                             reranked=context.reranked, support=(), fell_back=False, min_similarity=threshold,
+                             min_support=0.0))
+        if advance is not None:
+            advance()
+    return found

@@ -33,7 +33,8 @@ def calibrate_quality(
     from rag.eval.beir import load_qrels, load_queries
     from rag.ingest.pipeline import ingest as run_ingest
     from rag.pipeline import RagPipeline
-    from rag.quality.calibration import DEFAULT_CALIBRATION, calibrate, retrieval_signals
+    from rag.quality.calibration import DEFAULT_CALIBRATION, calibrate
+    from rag.quality.signals import retrieval_signals
 
     sets = beir_sets(beir, split, index)
     settings = load_settings()
