@@ -1,5 +1,6 @@
-"""The quality SLO's drill (loadgen/quality_drill.py), several rounds: how long broken index generations (another
-encoder's space, shuffled vectors) and out-of-domain traffic take to page for quality, on the test profile's windows (every window divided by 60: a
+"""The quality SLO's drill (loadgen/quality_drill.py), several rounds: after a healthy stretch, how long a broken index
+generation published into a serving index folder (another encoder's space, shuffled vectors) and out-of-domain
+traffic take to page for quality, on the test profile's windows (every window divided by 60: a
 minute of the drill stands for an hour of production), while the service's own questions page nobody and no latency
 page fires.
 
@@ -52,12 +53,12 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="quality-drill-") as tmp:
         folder = Path(tmp)
         render.write(folder / "rules", slo.TEST)
-        broken = {}
-        for fault, breaks in BREAKERS.items():
-            broken[fault] = Path(shutil.copytree(args.index, folder / fault, symlinks=True))
-            breaks(broken[fault])
-        env = {**os.environ, "RAGHEAT_GRAPH__ENABLED": "false"}
+        env = {**os.environ, "RAGHEAT_GRAPH__ENABLED": "false", "RAGHEAT_SERVER__RELOAD_POLL_S": "1"}
         for i in range(rounds):
+            broken = {}  # healthy copies, each round: the drill publishes a broken generation into them
+            for fault in BREAKERS:
+                shutil.rmtree(folder / fault, ignore_errors=True)
+                broken[fault] = Path(shutil.copytree(args.index, folder / fault, symlinks=True))
             run = run_drill(args.index, broken, args.questions, args.other_questions,
                             folder / "rules" / render.RULES_FILE,
                             quality_alerts=[quality.DRIFT_ALERT, slo.alert_name(slo.QUALITY)],

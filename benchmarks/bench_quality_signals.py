@@ -189,7 +189,8 @@ def main(argv: list[str] | None = None) -> None:
     path = record.write(data, args.results_file)
     for name, s in data["sets"].items():
         print(f"{name}: nDCG@10 {s['ndcg@10']:.3f}, {s['zero_queries']} with nothing relevant; flag rate "
-              f"{s['flag']['rate']:.3f}; " + ", ".join(f"{k} rho {v['spearman']:+.2f}" for k, v in s["signals"].items()))
+              f"{s['flag']['rate']:.3f}; "
+              + ", ".join(f"{k} rho {v['spearman']:+.2f}" for k, v in s["signals"].items()))
     for name, cases in data["shifted"].items():
         print(name + ": " + "; ".join(f"{case} flagged {c['flag_rate']:.0%}" for case, c in cases.items()))
     print(f"held out: flag rate median {statistics.median(data['held_out']['rates']):.3f}")

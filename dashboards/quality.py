@@ -12,14 +12,14 @@ other verdict. A burn-rate alert of this SLO names, instead of a stage:
   median, the calibration gauge's ``p50`` point) and the threshold under which an answer has no good passage.
 
 Its burn-rate alerts also need ``MIN_SCORED`` scored answers in their short window (a service's first answers are too
-few to burn anything). A budget is slow to spend on purpose: with 5 % of answers allowed bad, the fast page needs 72 % of them bad for an
-hour. **Drift** pages in minutes instead (``drift_rules``, alert ``RagheatQualityDrift``): the median of a signal over
-``DRIFT_LONG_S`` and over ``DRIFT_SHORT_S`` below the calibration's ``P05`` point, i.e. more than half the answers
-score lower than all but one in twenty of the training questions, with at least ``DRIFT_MIN_ANSWERS`` answers in the
-long window. Two signals are watched (``DRIFT_SIGNALS``): the best similarity (questions the corpus does not cover, an
-index built by another encoder) and the retriever agreement (a dense index whose vectors no longer match their
-chunks: its hits are real passage vectors close to the query, so the similarity stays, but the dense list stops
-resembling BM25's).
+few to burn anything). A budget is slow to spend on purpose: with 5 % of answers allowed bad, the fast page needs
+72 % of them bad for an hour. **Drift** pages in minutes instead (``drift_rules``, alert ``RagheatQualityDrift``):
+the median of a signal over ``DRIFT_LONG_S`` and over ``DRIFT_SHORT_S`` below the calibration's ``P05`` point, i.e.
+more than half the answers score lower than all but one in twenty of the training questions, with at least
+``DRIFT_MIN_ANSWERS`` answers in the long window. Two signals are watched (``DRIFT_SIGNALS``): the best similarity
+(questions the corpus does not cover, an index built by another encoder) and the retriever agreement (a dense index
+whose vectors no longer match their chunks: its hits are real passage vectors close to the query, so the similarity
+stays, but the dense list stops resembling BM25's).
 
 Every query keeps the scrape job (``KEPT``), as ``dashboards.slo``'s do; each annotation query is a ``printf`` format
 run for the alert's own job, its label values passed as arguments (``%q``) so the format holds no quotes.

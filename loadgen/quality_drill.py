@@ -1,11 +1,12 @@
 """The quality SLO's drill: ``ragheat serve`` processes under the same steady load of the corpus's own questions,
-scraped every second by one Prometheus that evaluates the rules (the test profile: hours become minutes), with
-faults that keep every latency panel green:
+scraped every second by one Prometheus that evaluates the rules (the test profile: hours become minutes), all
+healthy for a stretch, then each hit by a fault that keeps every latency panel green:
 
-- **broken index generations**, each served by a service of its own from the start of the load: the dense vectors
-  rotated into another space, as if another encoder had built them (``rotate_dense_vectors``), or shuffled among
-  the chunks (``shuffle_dense_vectors``);
-- **out-of-domain traffic**: after a healthy stretch, the healthy service's questions switch to another corpus's.
+- **a broken index generation published** into a service's index folder, as ingest publishes one (built aside,
+  then the ``current`` link swapped; the service hot-swaps to it on its reload poll): its dense vectors rotated into
+  another space, as if another encoder had built them (``rotate_dense_vectors``), or shuffled among the chunks
+  (``shuffle_dense_vectors``);
+- **out-of-domain traffic**: the healthy service's questions switch to another corpus's.
 
 Each fault's detection time runs from its start to the ``activeAt`` of the first quality page (any of the alerts
 named) that fires for its job; the healthy stretch must page nobody, and no latency page may be pending or firing at
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -30,14 +32,7 @@ from stack.prometheus import LocalPrometheus
 from stack.servers import ServeProcess
 
 HEALTHY = "ragheat"
-"""The healthy service's scrape job (the out-of-domain fault's); each broken index is served under its fault's name."""
-
-
-def _dense_file(index_root: Path):
-    import faiss
-
-    path = Path(index_root) / "current" / "dense.faiss"
-    return path, faiss.read_index(str(path))
+"""The scrape job of the service the out-of-domain questions reach; each other service is a job named by its fault."""
 
 
 def _replace_vectors(path: Path, index, vectors: np.ndarray) -> Path:
@@ -49,22 +44,47 @@ def _replace_vectors(path: Path, index, vectors: np.ndarray) -> Path:
     return path
 
 
-def rotate_dense_vectors(index_root: Path, seed: int = 0) -> Path:
-    """In place: the served generation's dense vectors (``dense.faiss``) multiplied by a random rotation, as if another
+def rotate_dense_vectors(generation: Path, seed: int = 0) -> Path:
+    """In place: a generation folder's dense vectors (``dense.faiss``) multiplied by a random rotation, as if another
     encoder had embedded the passages; everything else (chunks, BM25, the reranker's token vectors) is left as it
     was. Returns the file. A flat or HNSW index only (they keep the vectors; IVF-PQ keeps codes)."""
-    path, index = _dense_file(index_root)
-    vectors = index.reconstruct_n(0, index.ntotal)
+    import faiss
+
+    path = Path(generation) / "dense.faiss"
+    index = faiss.read_index(str(path))
     rotation, _ = np.linalg.qr(np.random.default_rng(seed).standard_normal((index.d, index.d)))
-    return _replace_vectors(path, index, vectors @ rotation.T.astype(np.float32))
+    return _replace_vectors(path, index, index.reconstruct_n(0, index.ntotal) @ rotation.T.astype(np.float32))
 
 
-def shuffle_dense_vectors(index_root: Path, seed: int = 0) -> Path:
-    """In place: the served generation's dense vectors permuted among its chunks (each still a real passage vector, now
+def shuffle_dense_vectors(generation: Path, seed: int = 0) -> Path:
+    """In place: a generation folder's dense vectors permuted among its chunks (each still a real passage vector, now
     under another chunk's id). Returns the file; flat or HNSW only, as ``rotate_dense_vectors``."""
-    path, index = _dense_file(index_root)
+    import faiss
+
+    path = Path(generation) / "dense.faiss"
+    index = faiss.read_index(str(path))
     vectors = index.reconstruct_n(0, index.ntotal)
     return _replace_vectors(path, index, vectors[np.random.default_rng(seed).permutation(len(vectors))])
+
+
+@contextlib.contextmanager
+def broken_generation(index_root: Path, breaks: Callable[[Path], Path]):
+    """``with broken_generation(root, breaks) as publish:`` builds a copy of the served generation aside, broken by
+    ``breaks``, as ingest builds one (``rag.index.store.IndexWriter``, holding the index's lock); ``publish()`` makes
+    it durable and swaps the ``current`` link to it, the step a serving index sees. Nothing is published if the block
+    ends without calling it."""
+    from rag.index.store import CURRENT, MANIFEST, IndexWriter
+
+    served = (Path(index_root) / CURRENT).resolve()
+    manifest = json.loads((served / MANIFEST).read_text())
+    with IndexWriter.open(Path(index_root)) as writer:
+        for item in served.iterdir():
+            if item.name != MANIFEST and item.is_file():
+                shutil.copy2(item, writer.folder / item.name)
+            elif item.is_dir():
+                shutil.copytree(item, writer.folder / item.name)
+        breaks(writer.folder)
+        yield lambda: writer.publish({k: v for k, v in manifest.items() if k not in ("format_version", "generation")})
 
 
 BREAKERS = {"another_encoder": rotate_dense_vectors, "shuffled_vectors": shuffle_dense_vectors}
@@ -75,12 +95,17 @@ OUT_OF_DOMAIN = "out_of_domain"
 @dataclass
 class DrillRun:
     healthy_s: float = 0.0
-    before: list[dict] = field(default_factory=list)  # pages pending or firing for the healthy job after its stretch
+    before: list[dict] = field(default_factory=list)  # pages pending or firing on any job after the healthy stretch
     fired_after_s: dict[str, float | None] = field(default_factory=dict)  # fault -> seconds to its first quality page
     alerts: dict[str, dict] = field(default_factory=dict)  # fault -> that page
     by_alert_s: dict[str, dict[str, float]] = field(default_factory=dict)  # fault -> each page seen while watching
     latency_pages: list[dict] = field(default_factory=list)  # latency pages pending or firing when checked
     verdicts: dict[str, dict[str, float]] = field(default_factory=dict)  # job -> answers by verdict at the end
+    healthy_verdicts: dict[str, dict[str, float]] = field(default_factory=dict)  # the same when the faults began
+
+    def fault_verdicts(self, job: str) -> dict[str, float]:
+        """A job's answers by verdict since the faults began."""
+        return {v: n - self.healthy_verdicts.get(job, {}).get(v, 0.0) for v, n in self.verdicts.get(job, {}).items()}
 
 
 def _alerts(url: str) -> list[dict]:
@@ -109,8 +134,9 @@ def run_drill(healthy_index: Path, broken: Mapping[str, Path], questions: Path, 
               rules_file: Path, *, quality_alerts: Sequence[str], latency_alert: str, verdict_family: str,
               rate: float = 5.0, healthy_s: float = 65.0, fire_by_s: float = 120.0,
               env: Mapping[str, str] | None = None, progress: Callable[[str], None] = lambda message: None) -> DrillRun:
-    """Run the drill (see the module). ``broken``: fault name -> a broken copy of the index, each served as a job of
-    that name; ``quality_alerts``/``latency_alert``: the alerts' names (a page is one with ``severity="page"``);
+    """Run the drill (see the module). ``broken``: fault name (a key of ``BREAKERS``) -> a copy of the healthy index,
+    served as a job of that name, into which the broken generation is published (``env`` should set a reload poll);
+    ``quality_alerts``/``latency_alert``: the alerts' names (a page is one with ``severity="page"``);
     ``verdict_family``: the verdict counter's sample name, read off each service at the end."""
     run = DrillRun(healthy_s=healthy_s)
 
@@ -137,6 +163,9 @@ def run_drill(healthy_index: Path, broken: Mapping[str, Path], questions: Path, 
             run.fired_after_s.setdefault(fault, None)
 
     with contextlib.ExitStack() as stack:
+        # Built before anything is timed: the fault is the swap, as it is when ingest publishes.
+        publish = {fault: stack.enter_context(broken_generation(index, BREAKERS[fault]))
+                   for fault, index in broken.items()}
         healthy = stack.enter_context(ServeProcess(healthy_index, env=env))
         services = {fault: stack.enter_context(ServeProcess(index, env=env)) for fault, index in broken.items()}
         progress("services up")
@@ -147,16 +176,19 @@ def run_drill(healthy_index: Path, broken: Mapping[str, Path], questions: Path, 
         for service in services.values():
             stack.enter_context(OpenLoop(service.url, rate, questions))
         start = time.time()
-        progress(f"load started: {', '.join(broken)} serve from now")
-        watch(dict.fromkeys(broken, start), start + min(healthy_s, fire_by_s))
+        progress("load started, every service healthy")
         time.sleep(max(0.0, start + healthy_s - time.time()))
-        run.before = pages([*quality_alerts, latency_alert], HEALTHY)
+        run.before = pages([*quality_alerts, latency_alert])
         run.latency_pages += pages([latency_alert])
-        progress(f"healthy stretch over ({len(run.before)} pages on {HEALTHY}); out-of-domain questions from now")
-        load.texts = [json.loads(line)["text"] for line in Path(other_questions).read_text().splitlines()
-                      if line.strip()]
-        switched = time.time()
-        watch({**dict.fromkeys(broken, start), OUT_OF_DOMAIN: switched}, switched + fire_by_s)
+        urls = {HEALTHY: healthy.url, **{fault: s.url for fault, s in services.items()}}
+        run.healthy_verdicts = {job: _verdicts(url, verdict_family) for job, url in urls.items()}
+        progress(f"healthy stretch over ({len(run.before)} pages); the faults from now")
+        other = [json.loads(line)["text"] for line in Path(other_questions).read_text().splitlines() if line.strip()]
+        faulted = time.time()
+        load.texts = other
+        for swap in publish.values():
+            swap()
+        watch(dict.fromkeys([*broken, OUT_OF_DOMAIN], faulted), faulted + fire_by_s)
         run.latency_pages += pages([latency_alert])
-        run.verdicts = {job: _verdicts(s.url, verdict_family) for job, s in {HEALTHY: healthy, **services}.items()}
+        run.verdicts = {job: _verdicts(url, verdict_family) for job, url in urls.items()}
     return run

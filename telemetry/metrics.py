@@ -18,8 +18,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from rag.api.access import REJECTION_REASONS
 from rag.api.admission import SHED_REASONS
 from rag.stages import (CACHE_OUTCOMES, CONDITIONAL_STAGES, DEGRADED_REASONS, JUDGE_OUTCOMES, OPTIONAL_STAGES,
-                        QUALITY_VERDICTS, RELOAD_OUTCOMES, RERANK_SIGNALS, RETRIEVAL_ROUTES, RETRIEVERS, SKIPPABLE_STAGES,
-                        STAGES, UNIT_SIGNALS)
+                        QUALITY_VERDICTS, RELOAD_OUTCOMES, RERANK_SIGNALS, RETRIEVAL_ROUTES, RETRIEVERS,
+                        SKIPPABLE_STAGES, STAGES, UNIT_SIGNALS)
 from telemetry.buckets import (KERNEL_LOG2_SECONDS, LATENCY_SECONDS, RERANK_SCORES, RETRIEVED_DOCUMENTS, UNIT_SCORES,
                                VLLM_STEP_BLOCKS, VLLM_STEP_TOKENS)
 
@@ -50,7 +50,8 @@ PRESSURE_RESOURCES = ("cpu", "memory", "io")
 PRESSURE_SCOPES = ("some", "full")
 
 QUALITY_POINTS = {"threshold": "threshold", "0.02": "p02", "0.05": "p05", "0.1": "p10", "0.25": "p25", "0.5": "p50"}
-"""The calibration's points (``point`` label of ``ragheat_quality_calibration_score``), by the calibration file's key."""
+"""The calibration's points (``point`` label of ``ragheat_quality_calibration_score``), by the calibration file's
+key."""
 
 Group = Literal["service", "generation", "quality", "vllm", "kernel", "host"]
 """Who exports a family: the service (``PrometheusMetrics``), the service about its language model

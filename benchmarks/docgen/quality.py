@@ -350,8 +350,8 @@ quantile of both training sets' questions (`ragheat calibrate-quality`, rag/qual
               "Per query: how each signal ranks with nDCG@10, and how well it tells the queries with nothing relevant "
               "in the top ten apart (AUC 0.5 = not at all" + (f"; {join_words(few)} has fewer than {MIN_EMPTY} such "
                                                               f"queries to say" if few else "") + ")"),
-        f"""Per query the signals carry little: {join_words(weak) if weak else 'no signal'} stay under |ρ| {WEAK_RHO:g} on every
-set, and the best AUC for an empty top ten is {num(best_auc)} ({names[best_signal]}, {best_set}): a hint, not a
+        f"""Per query the signals carry little: {join_words(weak) if weak else 'no signal'} stay under |ρ|
+{WEAK_RHO:g} on every set, and the best AUC for an empty top ten is {num(best_auc)} ({names[best_signal]}, {best_set}): a hint, not a
 classifier. What they do carry is the population's shape (the tables below), and that is what the quality SLO reads:
 the share of answers under the threshold, over minutes.""",
         table(["set", "queries", "nDCG@10", "nothing relevant", "flagged", "precision (nothing relevant)",
@@ -388,28 +388,31 @@ def quality_drill(d: dict) -> str:
         found = [t for t in times if t is not None]
         first = [r["alerts"].get(fault, {}).get("labels", {}) for r in rounds]
         named = sorted({f"{a.get('alertname')} ({a.get('signal') or a.get('burn')})" for a in first if a})
-        jobs = [r["verdicts"].get("ragheat" if fault == "out_of_domain" else fault, {}) for r in rounds]
+        job = "ragheat" if fault == "out_of_domain" else fault
+        jobs = [{v: n - r["healthy_verdicts"].get(job, {}).get(v, 0) for v, n in r["verdicts"].get(job, {}).items()}
+                for r in rounds]
         rows.append([label, f"{len(found)} of {len(times)}",
                      with_range(found, lambda v: num(v, 1)) if found else "–",
                      with_range([v * divisor / 60 for v in found], lambda v: num(v, 0)) if found else "–",
                      join_words(named) or "–",
                      with_range([100 * j.get("no_good_passage", 0) / max(1, sum(j.values())) for j in jobs],
                                 lambda v: num(v, 0))])
-    healthy_pages = sum(len(r["before"]) for r in rounds)
+    healthy_pages = sum(len(r["before"]) for r in rounds)  # every service's, at the healthy stretch's end
     latency_pages = sum(len(r["latency_pages"]) for r in rounds)
     long_s, short_s = q["drift_windows_s"]
     return blocks(
-        f"""Real `ragheat serve` processes over the SciFact index under {num(q['rate'], 0)} requests/s each of SciFact's
-own claims, one Prometheus scraping every second and evaluating the rules with every window divided by {divisor}
-(the test profile: the drift alert's {long_s // 60} and {short_s // 60} minutes become {long_s // divisor} and
-{short_s // divisor} seconds, the fast burn's hour a minute). The broken generations serve from the start of the load;
-the healthy service's questions switch to HotpotQA's after a healthy stretch. Detection: from the fault's start to
-the first quality page's `activeAt`, over {len(rounds)} rounds. The production column multiplies by {divisor}: the
+        f"""Three `ragheat serve` processes over copies of the SciFact index under {num(q['rate'], 0)} requests/s each
+of SciFact's own claims, one Prometheus scraping every second and evaluating the rules with every window divided by
+{divisor} (the test profile: the drift alert's {long_s // 60} and {short_s // 60} minutes become {long_s // divisor}
+and {short_s // divisor} seconds, the fast burn's hour a minute). After a healthy stretch, a broken generation is
+published into two of the index folders as ingest publishes one (each service hot-swaps to it on a one-second reload
+poll), and the third service's questions switch to HotpotQA's. Detection: from the faults' start to the first
+quality page's `activeAt`, over {len(rounds)} rounds. The production column multiplies by {divisor}: the
 rules' windows scale with the profile but the scrape interval does not, and a second's scrape is a larger share of a
 test window than fifteen seconds are of a production one, so it is an upper estimate.""",
         table(["fault", "paged", "detected after, s (test profile)", "production estimate, min", "first page",
-               "answers judged no_good_passage, %"], rows, "lrrrlr"),
-        f"""Pages on the healthy service during its healthy stretch: **{healthy_pages}**; latency pages pending or
-firing on any service whenever checked: **{latency_pages}**. A generation bad from its first answer has no healthy
-history, so its budget burns as fast as its median drifts and either page may come first; shuffled vectors leave
-every verdict good and page on the retriever agreement's drift alone.""")
+               "answers since the fault judged no_good_passage, %"], rows, "lrrrlr"),
+        f"""Pages on any service at the end of the healthy stretch: **{healthy_pages}**; latency pages pending or
+firing on any service whenever checked: **{latency_pages}**. After a healthy past a budget burns over its long window
+(the fast page needs 72 % of an hour's answers bad), so the drift page comes first; shuffled vectors leave the
+verdicts as they were and page on the retriever agreement's drift alone.""")
