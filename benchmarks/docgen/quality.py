@@ -414,5 +414,5 @@ test window than fifteen seconds are of a production one, so it is an upper esti
                "answers since the fault judged no_good_passage, %"], rows, "lrrrlr"),
         f"""Pages on any service at the end of the healthy stretch: **{healthy_pages}**; latency pages pending or
 firing on any service whenever checked: **{latency_pages}**. After a healthy past a budget burns over its long window
-(the fast page needs 72 % of an hour's answers bad), so the drift page comes first; shuffled vectors leave the
+(the fast page needs most of an hour's answers bad), so the drift page comes first; shuffled vectors leave the
 verdicts as they were and page on the retriever agreement's drift alone.""")
