@@ -9,8 +9,8 @@ import pytest
 from prometheus_client.utils import floatToGoString
 
 from dashboards import contract, quality
-from promtool_kit import promtool_test
 from telemetry.buckets import UNIT_SCORES
+from tests.dashboards.promtool_kit import promtool_test
 
 JOB = "ragheat"
 PER_MINUTE = 600  # answers a minute (10/s), each observing every signal

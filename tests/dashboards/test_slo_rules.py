@@ -13,10 +13,10 @@ import yaml
 from prometheus_client.utils import floatToGoString
 
 from dashboards import contract, render, slo, yamlout
-from promtool_kit import ALERTMANAGER, promtool_test, run, tool
 from rag.stages import DEFAULT_STAGES, STAGES
 from telemetry.buckets import UNIT_SCORES
 from telemetry.metrics import ROUTES
+from tests.dashboards.promtool_kit import ALERTMANAGER, promtool_test, run, tool
 
 
 @pytest.mark.parametrize("profile", list(slo.PROFILES))
