@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Mapping, Protocol, Sequence
 
 from rag.errors import ConfigurationError
+from rag.tally import Tally
 
 REJECTION_REASONS = ("unauthenticated", "forbidden", "rate_limited", "body_too_large", "headers_too_large",
                      "request_timeout")
@@ -249,24 +250,11 @@ class TokenBucketLimit:
 
 # -- policy ----------------------------------------------------------------------------------------------------
 
-class Rejections:
+class Rejections(Tally):
     """Refusals counted by reason (``REJECTION_REASONS``); ``listeners`` (telemetry) hear each as it happens."""
 
     def __init__(self) -> None:
-        self.counts = dict.fromkeys(REJECTION_REASONS, 0)
-        self.listeners: list[Callable[[str], None]] = []
-        self._lock = threading.Lock()
-
-    def count(self, reason: str) -> None:
-        if reason not in self.counts:
-            raise ValueError(f"unknown rejection reason {reason!r}: add it to REJECTION_REASONS")
-        with self._lock:
-            self.counts[reason] += 1
-        for listener in self.listeners:
-            try:
-                listener(reason)
-            except Exception:  # an observer never fails a request
-                pass
+        super().__init__(REJECTION_REASONS, "rejection reason (add it to REJECTION_REASONS)")
 
 
 UNAUTHENTICATED_HEADERS = (("WWW-Authenticate", 'Bearer realm="ragheat"'),)

@@ -23,13 +23,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import math
-import threading
 import time
 from dataclasses import dataclass
-from typing import Callable
 
 from rag.deadline import Deadline, ServiceTimes
 from rag.slo import SLO_MS
+from rag.tally import Tally
 
 SHED_REASONS = ("queue_full", "deadline", "expired")
 """Why a query was shed (closed set; each is also the error kind of its 503)."""
@@ -125,9 +124,8 @@ class AdmissionController:
         self.in_flight = 0
         self._waiting: collections.deque[asyncio.Future] = collections.deque()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.counts = dict.fromkeys(SHED_REASONS, 0)
-        self.listeners: list[Callable[[str], None]] = []
-        self._lock = threading.Lock()
+        self.shed_tally = Tally(SHED_REASONS, "shed reason (SHED_REASONS)")
+        self.counts, self.listeners = self.shed_tally.counts, self.shed_tally.listeners
 
     @classmethod
     def from_settings(cls, admission) -> "AdmissionController":
@@ -171,13 +169,7 @@ class AdmissionController:
         return wait + self.least_service_s()
 
     def _shed(self, reason: str, sentence: str, wait_s: float, arrival: float) -> Shed:
-        with self._lock:
-            self.counts[reason] += 1
-        for listener in self.listeners:
-            try:
-                listener(reason)
-            except Exception:  # an observer never fails a request
-                pass
+        self.shed_tally.count(reason)
         return Shed(reason, sentence, max(1, math.ceil(wait_s)), time.perf_counter() - arrival)
 
     async def acquire(self, arrival: float, deadline_s: float) -> Slot | Shed:

@@ -22,6 +22,7 @@ from typing import Callable
 from rag.eval.judge import build_messages, parse_label
 from rag.generation.llm import GeneratorUnavailable
 from rag.stages import JUDGE_OUTCOMES
+from rag.tally import Tally
 from rag.types import Chunk
 
 log = logging.getLogger(__name__)
@@ -41,12 +42,11 @@ class SampledJudge:
             raise ValueError(f"the sampled judge needs a rate in 0..1 and a queue of at least 1, got {rate} and "
                              f"{max_pending}")
         self.asker, self.rate, self.prepare = asker, rate, prepare
-        self.listeners: list[Callable[[str], None]] = []
-        self.counts = dict.fromkeys(JUDGE_OUTCOMES, 0)
+        self.outcomes = Tally(JUDGE_OUTCOMES, "judge outcome (JUDGE_OUTCOMES)")
+        self.counts, self.listeners = self.outcomes.counts, self.outcomes.listeners
         self.last_error: str | None = None  # why the latest failed pair failed
         self._random = random.Random(seed)
         self._pending: queue.Queue = queue.Queue(max_pending)
-        self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
         self._thread.start()
 
@@ -57,7 +57,7 @@ class SampledJudge:
         try:
             self._pending.put_nowait((query, passage))
         except queue.Full:
-            self._heard("dropped")
+            self.outcomes.count("dropped")
 
     def _run(self) -> None:
         while True:
@@ -72,24 +72,15 @@ class SampledJudge:
             except GeneratorUnavailable as exc:
                 log.debug("the sampled judge's model is unavailable: %s", exc)
                 self.last_error = str(exc)
-                self._heard("failed")
+                self.outcomes.count("failed")
                 continue
             except Exception as exc:  # a judge never takes the service down with it
                 log.exception("the sampled judge failed on a pair")
                 self.last_error = repr(exc)
-                self._heard("failed")
+                self.outcomes.count("failed")
                 continue
             label = parse_label(reply)
-            self._heard("unparsed" if label is None else "relevant" if label else "not_relevant")
-
-    def _heard(self, outcome: str) -> None:
-        with self._lock:
-            self.counts[outcome] += 1
-        for listener in self.listeners:
-            try:
-                listener(outcome)
-            except Exception:  # an observer never fails the judge
-                log.exception("a judge listener failed")
+            self.outcomes.count("unparsed" if label is None else "relevant" if label else "not_relevant")
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop the thread once the pair it is judging is done (pairs still queued are let go). Idempotent."""

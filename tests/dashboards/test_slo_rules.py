@@ -204,6 +204,11 @@ def traffic(*phases: Phase, job: str = JOB, stages: tuple[str, ...] = STAGES,
                 for resource in ("cpu", "memory", "io"):
                     add(f'{contract.HOST["pressure"]}{{instance="{HOST}", resource="{resource}", scope="some"}}',
                         round(60 * stalled.get(resource, 0.0)))
+    return cumulative(per_minute)
+
+
+def cumulative(per_minute: dict[str, list[int]]) -> list[dict]:
+    """promtool input series from per-minute increments: counters starting at 0, one sample a minute."""
     out = []
     for series, counts in per_minute.items():
         values, running = ["0"], 0
@@ -487,13 +492,7 @@ def answers(*phases: Judged, job: str = JOB, created: tuple[str, ...] = contract
                 within = (low if float(le) >= SIMILARITY["no_good_passage"] else 0) + (
                     scored - low if float(le) >= SIMILARITY["good"] else 0)
                 per_minute.setdefault(f'{similarity}, le="{le}"}}', []).append(within)
-    out = []
-    for series, counts in per_minute.items():
-        values, running = ["0"], 0
-        for n in counts:
-            running += n
-            values.append(str(running))
-        out.append({"series": series, "values": " ".join(values)})
+    out = cumulative(per_minute)
     minutes = sum(p.minutes for p in phases)
     out += [{"series": f'{contract.CALIBRATION}{{job="{job}", signal="{contract.BEST_SIMILARITY}", point="{point}"}}',
              "values": f"{value}+0x{minutes}"} for point, value in CALIBRATED.items()]

@@ -74,7 +74,7 @@ def test_calibration_takes_the_flag_rate_quantile_and_round_trips(tmp_path):
         calibrate({"best_similarity": values}, flag_rate=1.5)
 
 
-def test_the_shipped_calibration_is_what_the_command_writes():
+def test_the_shipped_calibration_names_its_sets_and_the_command_that_wrote_it():
     shipped = Calibration.load(DEFAULT_CALIBRATION)
     assert 0.0 < shipped.flag_rate < 0.1 and 0.0 < shipped.min_similarity < shipped.reference["best_similarity"]["0.5"]
     assert {s["beir"] for s in shipped.sources if "beir" in s} == {"scifact", "hotpotqa-dev"}
