@@ -56,6 +56,7 @@ TUNE_REAL_ARGS=(--max-num-seqs 1,4 --max-model-len 1024,2048 --block-size 32 --r
                 --prompt-tokens 300 --max-tokens 96 --slo-ttft-ms 2000 --slo-e2e-ms 6000)
 CACHE_ARGS=(--rates 40,60,80,100,120,140,160,200,240 --duration 6 --warmup 2 --zipf 1.1)
 CAPACITY_ARGS=(--rates 50:400:50 --duration 10 --warmup 2 --burst 3 --rounds 3)
+STEERING_ARGS=(--rates 60:200:20 --knee-duration 10 --duration 10 --warmup 8)  # knee on shed, 4 steady multiples x 3, the burst x 3, the ramp
 BATCHING_ARGS=()  # bench_batching.py's defaults: off and windows 0/2 ms x 1/2 run slots, side by side
 EMBEDDING_ARGS=()  # bench_embedding.py's defaults: 4 schemes, 3 rounds, 300 chunks, no nDCG (the eval steps have it)
 TTFT_ARGS=(--queries 40)
@@ -93,6 +94,8 @@ if [ "${SMOKE:-0}" = 1 ]; then
   BOARDS_LLM_ARGS=(--rates 1 --duration 2 --warmup 0 --timeout 60)
   BOARDS_LLM_OUT=$LOGS/boards-llm
   CAPACITY_ARGS=(--rates 5,10 --duration 1 --warmup 0.5 --burst 1 --rounds 1)
+  STEERING_ARGS=(--rates 5,10 --knee-duration 1 --knee-warmup 0.5 --duration 1 --warmup 1 --burst-base 1 --burst 2
+                 --burst-after 2 --ramp 2 --settle-timeout 5 --drain-timeout 20)
   BATCHING_ARGS=(--rates 5,10 --duration 1 --warmup 0.5 --c1-duration 1 --c1-rounds 1 --windows off,0 --runs 2)
   TUNE_ARGS=(--max-num-seqs 1,4 --max-model-len 256 --block-size 32 --rate 5 --duration 2
              --prompt-tokens 32 --max-tokens 8 --slo-ttft-ms 500 --slo-e2e-ms 2000)
@@ -208,6 +211,8 @@ step_cache() { "$PY" benchmarks/bench_cache.py --beir "$BEIR" --split "$SPLIT" -
                  --json "$RESULTS/cache.json"; }
 step_capacity() { "$PY" benchmarks/bench_capacity.py --index "$INDEX" --queries "$BEIR" "${CAPACITY_ARGS[@]}" \
                     --results-file "$RESULTS/capacity.json"; }
+step_steering() { "$PY" benchmarks/bench_steering.py --index "$INDEX" --queries "$BEIR" "${STEERING_ARGS[@]}" --work "$LOGS/steering" \
+                    --results-file "$RESULTS/steering.json"; }
 step_batching() { "$PY" benchmarks/bench_batching.py --index "$INDEX" --queries "$BEIR/queries.jsonl" \
                     "${BATCHING_ARGS[@]}" --results-file "$RESULTS/batching.json"; }
 step_replicas() { "$PY" benchmarks/bench_replicas.py --index "$INDEX" --queries "$BEIR/queries.jsonl" \
@@ -242,7 +247,7 @@ step_render() {
 }
 
 ALL=(ingest eval eval-fp32 fusion query quiet-case quality-signals quality-drill telemetry telemetry-recording observe loadgen knee examples explain explain-cold-cache explain-example ann probes
-     tune-vllm tune-vllm-real boards-llm embedding graph vllm-ttft rerank rerank-latency cache capacity batching replicas answers hyde judge render)
+     tune-vllm tune-vllm-real boards-llm embedding graph vllm-ttft rerank rerank-latency cache capacity steering batching replicas answers hyde judge render)
 if [ "${1:-}" = --list ]; then printf '%s\n' "${ALL[@]}"; exit 0; fi
 steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=("${ALL[@]}")

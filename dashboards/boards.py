@@ -243,11 +243,58 @@ def _slo_panels(slo: Slo, profile: Profile, **options) -> list[Panel]:
     ]
 
 
+def _quality_level_panels() -> list[Panel]:
+    """What the load controller (steering.enabled) traded to keep the objectives: the rung of the quality ladder it
+    serves, the answers by the rung that served them, its steps, and the queries answered and refused by priority.
+    Only ragheat's own pipeline steers."""
+    job = f"{{{{{JOB}}}}}"
+    levels = " > ".join(contract.LEVELS)
+    answered = f'quality_level!="{contract.NOT_ANSWERED}"'
+    return [
+        Panel("Quality level now", "gauge",
+              (Query(f"max by ({JOB}) ({contract.QUALITY_LEVEL}{{{ON_JOB}}})", job, (contract.QUALITY_LEVEL,)),),
+              unit="none", mappings=tuple(enumerate(contract.LEVELS)), thresholds=(1,), width=6, pipeline_only=True,
+              description=f"The quality ladder's rung the load controller serves new queries at, best first: "
+                          f"{levels}. Each rung down drops one more cost (the hypothetical passage, the language "
+                          "model, the knowledge graph, reranker depth, the reranker, dense retrieval) so the cores "
+                          "keep up before admission control has to refuse anyone. Several worker processes or "
+                          "replicas each step on their own: the gauge shows the cheapest rung any of them serves. "
+                          "Full while steering is off."),
+        Panel("Answers by quality level", "timeseries",
+              (Query(f"sum by (quality_level) ({_rate(contract.count(contract.REQUEST_DURATION), answered)})",
+                     "{{quality_level}}", (contract.REQUEST_DURATION,)),),
+              unit="reqps", stacked=True, width=6, pipeline_only=True,
+              description="Answered requests per second by the rung that answered them, stacked: the top of the "
+                          "stack is every answer, the part under full what the controller traded for latency. "
+                          f"Requests the pipeline did not answer (level {contract.NOT_ANSWERED}: refused, failed) "
+                          "are left out: they are on Request rate and Requests shed. Read off the scraped "
+                          "histogram's counts whatever $source says: the native histograms carry no level."),
+        Panel("Quality level changes", "timeseries",
+              (Query(f"60 * sum by (direction) ({_rate(contract.QUALITY_LEVEL_CHANGES)})", "{{direction}}",
+                     (contract.QUALITY_LEVEL_CHANGES,)),),
+              unit="opm", width=6, pipeline_only=True,
+              description="The controller's steps per minute, down (cheaper answers) and up (back toward full), "
+                          "over every worker process; one step down may skip several rungs in a burst. A burst "
+                          "shows as downs, then ups once the load falls; downs and ups taking turns at a steady "
+                          "load are a controller hunting between two rungs."),
+        Panel("Queries by priority", "timeseries",
+              (Query(f"sum by (priority, outcome) ({_rate(contract.PRIORITY_REQUESTS)})", "{{priority}} {{outcome}}",
+                     (contract.PRIORITY_REQUESTS,)),),
+              unit="reqps", width=6, pipeline_only=True,
+              description="Queries per second by X-Request-Priority (high, normal, low), answered or refused by "
+                          "admission control (shed). Once the controller has stepped down, low queries are answered "
+                          "a rung below it and high ones a rung above, and low ones are refused first: in a burst "
+                          "the low shed line rises while high answered holds."),
+    ]
+
+
 def slo_board(profile: Profile) -> Board:
-    """SLO: each objective every service has, its SLI, remaining error budget and burn rates. The latency SLO's
-    panels read the recorded ratios of the scraped histograms or compute the same from the native ones, as
-    ``$source`` says. The quality SLO, which only ragheat's pipeline feeds, is on the Quality board."""
+    """SLO: each objective every service has, its SLI, remaining error budget and burn rates; the quality level the
+    load controller traded for them; why the tail grew. The latency SLO's panels read the recorded ratios of the
+    scraped histograms or compute the same from the native ones, as ``$source`` says. The quality SLO, which only
+    ragheat's pipeline feeds, is on the Quality board."""
     panels = [panel for slo in SERVICE_SLOS for panel in _slo_panels(slo, profile)]
+    panels += _quality_level_panels()
     job = f"{{{{{JOB}}}}}"
     names = why_names(profile)
     panels.append(Panel(
@@ -262,7 +309,8 @@ def slo_board(profile: Profile) -> Board:
                     "grown beyond noise. The latency page names the top one (annotation `cause`). For the whole "
                     "evidence (the stages before and now, the slowest traces, what the kernel probes saw) run "
                     f"`ragheat explain --prometheus URL --job JOB --window {names.window}`."))
-    return Board("ragheat-slo", "SLO", f"Latency and availability objectives, budgets and burn rates ({profile.name} windows).",
+    return Board("ragheat-slo", "SLO", f"Latency and availability objectives, budgets and burn rates, the quality "
+                 f"level traded for them ({profile.name} windows).",
                  tuple(panels), (_job_variable(contract.count(contract.REQUEST_DURATION)), SOURCE_CHOICE))
 
 

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from rag.stages import BAD_VERDICTS, QUALITY_VERDICTS
+from rag.stages import BAD_VERDICTS, QUALITY_LEVELS, QUALITY_VERDICTS
 from telemetry.metrics import (GENERATION_METRICS, HOST_METRICS, KERNEL_METRICS, QUALITY_METRICS, QUALITY_POINTS,
                                SERVICE_METRICS, VLLM_METRICS, VLLM_NATIVE_METRICS)
 from telemetry.otlp_metrics import REQUEST_DURATION as OTLP_REQUEST_DURATION
@@ -26,6 +26,15 @@ SHED = SERVICE["shed"]
 CACHE_REQUESTS = SERVICE["cache_requests"]
 CACHE_ENTRIES = SERVICE["cache_entries"]
 CACHE_BYTES = SERVICE["cache_bytes"]
+QUALITY_LEVEL = SERVICE["quality_level"]
+QUALITY_LEVEL_CHANGES = SERVICE["quality_level_changes"]
+PRIORITY_REQUESTS = SERVICE["priority_requests"]
+
+# The load controller's label values, from the closed sets rag.stages declares.
+LEVELS = QUALITY_LEVELS
+"""The quality ladder's rungs, best first: ``QUALITY_LEVEL``'s value is a rung's place here."""
+NOT_ANSWERED = "none"
+"""The ``quality_level`` of a request the pipeline did not answer (refused, failed)."""
 
 # The same two latencies pushed over OTLP as exponential histograms and remote-written by the OTel Collector: native
 # histograms, one series each, named as the collector's prometheusremotewrite exporter names them.
@@ -63,10 +72,11 @@ LIBRARY = (STAGE_DURATION, REQUEST_DURATION, REQUESTS, IN_FLIGHT, QPS, STAGE_ERR
 ragheat's own service: what the boards may ask of a library-only service."""
 PIPELINE_ONLY = frozenset({*(SERVICE[role] for role in (
     "retrieved", "retrieval_routes", "stage_skipped", "stage_device", "rejected", "shed", "index_reloads",
-    "cache_requests", "cache_entries", "cache_bytes")), *GENERATION.values(), *QUALITY.values()})
-"""Families only ragheat's own service feeds (its retrievers, router, admission, reloads, answer cache, its
-language model's client side, and its answers' quality). vLLM's and the probes' families are not here: those exporters
-run beside any service, or not at all."""
+    "cache_requests", "cache_entries", "cache_bytes", "quality_level", "quality_level_changes", "priority_requests")),
+    *GENERATION.values(), *QUALITY.values()})
+"""Families only ragheat's own service feeds (its retrievers, router, admission, load controller, reloads, answer
+cache, its language model's client side, and its answers' quality). vLLM's and the probes' families are not here:
+those exporters run beside any service, or not at all."""
 
 
 def bucket(family: str) -> str:

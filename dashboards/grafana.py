@@ -42,6 +42,28 @@ class RankedBars(g.Panel):
         })
 
 
+@attr.s
+class MappedGauge(g.Panel):
+    """A gauge of each series' latest value, spanning ``mappings``' values and showing each value as its text
+    (Grafana >= 8 options and value mappings: a place in an ordered set reads as its name)."""
+
+    unit = attr.ib(default="none")
+    mappings = attr.ib(default=())
+
+    def to_json_data(self):
+        values = [value for value, _ in self.mappings]
+        words = {str(value): {"text": text, "index": i} for i, (value, text) in enumerate(self.mappings)}
+        return self.panel_json({
+            "type": "gauge",
+            "options": {"orientation": "auto", "showThresholdMarkers": True, "showThresholdLabels": False,
+                        "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}},
+            "fieldConfig": {"defaults": {"unit": self.unit, "decimals": 0, "min": min(values, default=0),
+                                         "max": max(values, default=1),
+                                         "mappings": [{"type": "value", "options": words}] if words else []},
+                            "overrides": []},
+        })
+
+
 def _targets(panel: Panel) -> list[PromTarget]:
     # Classic buckets need format "heatmap" (one series per le, de-accumulated by Grafana); a native histogram
     # result is drawn by the heatmap panel from its own buckets, as a plain time series query returns it.
@@ -75,6 +97,9 @@ def _panel(panel: Panel, grid: g.GridPos) -> g.Panel:
                          yAxis=g.YAxis(format=panel.unit, logBase=2 if panel.log_y else 1), **common)
     if panel.kind == "bargauge":
         return RankedBars(unit=panel.unit, thresholds=_threshold_steps(panel.thresholds), **common)
+    if panel.kind == "gauge":
+        return MappedGauge(unit=panel.unit, mappings=panel.mappings, thresholds=_threshold_steps(panel.thresholds),
+                           **common)
     if panel.kind == "stat":
         return g.Stat(format=panel.unit, reduceCalc="lastNotNull", graphMode="none",
                       thresholds=_threshold_steps(panel.thresholds), **common)

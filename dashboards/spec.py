@@ -71,7 +71,7 @@ class Panel:
     """One panel: title, kind, queries and display options."""
 
     title: str
-    kind: Literal["heatmap", "timeseries", "stat", "bargauge"]
+    kind: Literal["heatmap", "timeseries", "stat", "bargauge", "gauge"]
     queries: tuple[Query, ...]
     unit: str = "s"
     description: str = ""
@@ -84,6 +84,9 @@ class Panel:
     log_y: bool = False
     stacked: bool = False
     """Time series drawn on top of each other (shares of one whole, such as answers by verdict)."""
+    mappings: tuple[tuple[int, str], ...] = ()
+    """Values shown as words, ``(value, text)``: a gauge of a place in an ordered set (a rung of the quality ladder)
+    shows the name; a gauge spans its mappings' values."""
     pipeline_only: bool = False
     """Only ragheat's own pipeline feeds it (families of ``contract.PIPELINE_ONLY``, or stages only ragheat runs):
     a service with nothing of ragheat but the instrumentation library leaves it empty, and checks do not ask it."""

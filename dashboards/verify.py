@@ -26,6 +26,8 @@ Status = Literal["ok", "empty", "error", "absent", "skipped"]
 RAGHEAT, LIBRARY = "ragheat", "library"
 SERVICE_KINDS = (RAGHEAT, LIBRARY)
 SERIES_SUFFIXES = ("", "_bucket", "_count", "_sum", "_total")
+SHARED_NAMES = frozenset({contract.NATIVE_STAGE_DURATION, contract.NATIVE_REQUEST_DURATION})
+"""Families whose name the collector's native histograms share: their bare series is the native histogram."""
 
 
 @dataclass(frozen=True)
@@ -45,9 +47,11 @@ class QueryCheck:
         return f"{self.board} / {self.panel}" + (f" [{self.legend}]" if self.legend else "")
 
 
-def family_present(family: str, names: set[str]) -> bool:
-    """True when Prometheus has any series of ``family``."""
-    return any(family + suffix in names for suffix in SERIES_SUFFIXES)
+def family_present(family: str, names: set[str], classic: bool = False) -> bool:
+    """True when Prometheus has any series of ``family``; with ``classic``, a native histogram of the same name does
+    not count (a query reading the scraped counts whatever ``$source`` says finds nothing in it)."""
+    suffixes = SERIES_SUFFIXES[1:] if classic and family in SHARED_NAMES else SERIES_SUFFIXES
+    return any(family + suffix in names for suffix in suffixes)
 
 
 def selected(query: Query, source: str) -> bool:
@@ -90,7 +94,9 @@ def check_boards(api: PrometheusApi, boards: Iterable[Board], rate_window: str, 
                 if not applies(panel, service):
                     checks.append(replace(base, status="skipped", detail="only ragheat's own pipeline feeds it"))
                     continue
-                missing = [s for s in query.sources if not family_present(s, names)]
+                # A query no source gates reads a histogram family's scraped series (never the native one); a
+                # gated one's missing series are the wrong source chosen: empty, not absent.
+                missing = [s for s in query.sources if not family_present(s, names, classic=query.histograms is None)]
                 if query.sources and len(missing) == len(query.sources):
                     detail = "no series of " + ", ".join(missing) + (f" in job {job}" if job is not None else "")
                     checks.append(replace(base, status="empty", detail=f"{detail}, which the library exports")

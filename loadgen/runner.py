@@ -42,6 +42,7 @@ class Outcome:
     server_ms: float | None = None  # a shed query: the service's own time to refuse it (its Server-Timing header)
     cache: str | None = None  # the response's "cache" field (hit, miss, off), when stages were asked for
     error: str | None = None  # why a request that is neither an answer nor shed failed (HttpTarget.failure)
+    level: str | None = None  # the response's "quality_level" (the steering ladder's rung), when stages were asked for
 
 
 @dataclass
@@ -71,9 +72,9 @@ async def _send(session: aiohttp.ClientSession, url: str, target: HttpTarget, he
         return Outcome(intended, sent, done, False, None, error=error)
     if not want_stages or not isinstance(document, dict):
         return Outcome(intended, sent, done, True, None)
-    cache = document.get("cache")
+    cache, level = document.get("cache"), document.get("quality_level")
     return Outcome(intended, sent, done, True, _stage_timings(document.get("stages")),
-                   cache=cache if cache in CACHE_RESULTS else None)
+                   cache=cache if cache in CACHE_RESULTS else None, level=level if isinstance(level, str) else None)
 
 
 def _parse(payload: bytes):
@@ -241,18 +242,25 @@ async def open_loop(url: str, queries: Sequence[str], rate: float, duration_s: f
                     seed: int = 0, timeout_s: float = 10.0, top_k: int = 5, want_stages: bool = True,
                     progress: Callable[[float], None] | None = None, slo_ms: float = SLO_MS,
                     zipf_s: float | None = None, cpu: CpuWindow | None = None,
-                    target: HttpTarget | None = None) -> LoadStep:
+                    target: HttpTarget | None = None, offsets: Sequence[float] | None = None,
+                    outcomes: list | None = None) -> LoadStep:
     """Poisson arrivals at ``rate`` for ``warmup_s + duration_s``; only the last ``duration_s`` counts. Queries are
     sent in order, cycling, or with ``zipf_s`` drawn from a Zipf law over them (``zipf_picks``, seeded by ``seed``).
     ``cpu``: started as the measured part begins and stopped once its requests are back (``loadgen.cpu``).
     ``url`` is the whole address; ``target`` says how to send to it and what an answer is (default: ragheat's
     body with ``top_k``).
 
+    ``offsets``: intended send times of a schedule of the caller's own (seconds from the start, ascending, within
+    ``warmup_s + duration_s``; a rate that changes over the step) in place of the Poisson draw; ``rate`` is then only
+    what the step reports as offered. ``outcomes``: a list every request's ``Outcome`` is appended to, warm-up
+    included, in schedule order (the ``i``-th is ``offsets[i]``'s), for a caller that cuts windows of its own
+    (``window``).
+
     Cancelled (Ctrl-C, see StopSignals), it stops sending, waits for the requests in flight and returns what was
     measured, marked interrupted; cancelled again while it waits, it drops those requests (they count nowhere).
     """
     rng = np.random.default_rng(seed)
-    offsets = poisson_offsets(rate, warmup_s + duration_s, rng)
+    offsets = poisson_offsets(rate, warmup_s + duration_s, rng) if offsets is None else np.asarray(offsets, float)
     target = _target(target, top_k)
     bodies, headers = [target.body_for(q) for q in queries], target.request_headers()
     picks = zipf_picks(len(bodies), zipf_s, len(offsets), seed) if zipf_s else range(len(offsets))
@@ -281,12 +289,22 @@ async def open_loop(url: str, queries: Sequence[str], rate: float, duration_s: f
             cpu.stop()
     finally:
         await _close(session)
-    outcomes = [task.result() for task in tasks if not task.cancelled()]
-    measured = [o for o in outcomes if o.intended >= start + warmup_s]
+    done = [task.result() for task in tasks if not task.cancelled()]
+    if outcomes is not None:
+        outcomes.extend(done)
+    measured = [o for o in done if o.intended >= start + warmup_s]
     if interrupted:  # the step ran short: rates are over the time actually measured
-        duration_s = max(0.0, (max((o.intended for o in outcomes), default=start) - start) - warmup_s) or duration_s
+        duration_s = max(0.0, (max((o.intended for o in done), default=start) - start) - warmup_s) or duration_s
     return _summarise("open", measured, duration_s, rate, None, interrupted, slo_ms, cpu,
                       _unix(start + warmup_s, duration_s))
+
+
+def window(outcomes: Sequence[Outcome], start: float, end: float, rate: float | None = None,
+           slo_ms: float = SLO_MS) -> LoadStep:
+    """The open-loop summary of the ``outcomes`` whose intended send time (``perf_counter`` seconds, as
+    ``Outcome.intended``) falls in ``[start, end)``: a part of a step (a burst within a schedule) measured alone."""
+    inside = [o for o in outcomes if start <= o.intended < end]
+    return _summarise("open", inside, end - start, rate, None, False, slo_ms)
 
 
 async def closed_loop(url: str, queries: Sequence[str], concurrency: int, duration_s: float, warmup_s: float, *,
@@ -385,6 +403,7 @@ def _summarise(mode: str, outcomes: list[Outcome], duration_s: float, rate: floa
         expired_ms=percentiles_ms([o.done - o.sent for o in shed if o.shed == "expired"]),
         goodput_qps=(sum((o.done - o.intended) * 1000 <= slo_ms for o in ok) / duration_s) if duration_s else 0.0,
         cache={result: n for result in CACHE_RESULTS if (n := sum(o.cache == result for o in ok))},
+        levels=dict(sorted(Counter(o.level for o in ok if o.level is not None).items())),
         # Latency from the intended send time; errors count in the error rate, not in the latency.
         latency_ms=percentiles_ms([o.done - o.intended for o in ok]),
         send_error_ms=percentiles_ms([o.sent - o.intended for o in outcomes]) if mode == "open" else {},

@@ -66,6 +66,8 @@ class StepResult:
     goodput_qps: float = 0.0
     # The semantic answer cache: answered queries by the response's "cache" field (hit, miss, off).
     cache: dict = field(default_factory=dict)
+    # Steering: answered queries by the response's "quality_level" (the quality ladder's rung that served them).
+    levels: dict = field(default_factory=dict)
     # CPU ms per answer of the service's processes and of the generator in the measured window, and the rate ceiling
     # that sets on the shared cores (loadgen.cpu; empty unless the service's pid was given).
     cpu_ms_per_answer: dict = field(default_factory=dict)

@@ -49,6 +49,7 @@ from rag.retrieval.lexical import LexicalAnalyzer
 from rag.retrieval.retrievers import BM25Retriever, DenseRetriever
 from rag.routing.names import ROUTED, expand, route_label
 from rag.settings import GenerationSettings, RagheatSettings
+from rag.stages import LEVEL_BY_NAME, QUALITY_LEVELS, TOP_LEVEL
 from rag.types import (UNSUPPORTED_MARK, CacheKey, CacheStats, Chunk, GenerationResult, GenerationStats, Hit,
                        PipelineDescription, QueryResult, RetrievalResult, Source)
 
@@ -247,17 +248,18 @@ class RagPipeline:
     def query(self, query: str, top_k: int, retrievers: Sequence[str] | None = None, *,
               on_sources: Callable[[list[Source]], None] | None = None,
               on_token: Callable[[str], None] | None = None, arrival: float | None = None,
-              deadline: Deadline | None = None) -> QueryResult:
+              deadline: Deadline | None = None, level: str = TOP_LEVEL) -> QueryResult:
         """Answer ``query``. ``on_sources`` is called once retrieval is done and ``on_token`` with each piece
         of a streamed answer as it arrives (both on this thread), for ``/v1/query/stream``. ``arrival``: when the
         request arrived (``time.perf_counter()``): the wait until now is its ``queue`` stage. ``deadline``
         (``rag.deadline``): optional stages it cannot hold are skipped and listed in ``skipped``. With the answer
         cache (``cache.enabled``) the query is embedded and looked up first (stage ``cache_lookup``): a hit is the
         stored answer with this request's stages; a miss retrieves with that embedding and stores a non-degraded
-        answer."""
-        context = self._context(query, top_k, retrievers, deadline=deadline, arrival=arrival)
+        answer. ``level``: the quality ladder's rung to serve it at (``rag.stages.QUALITY_LEVELS``; ``rag.steering``
+        picks it under load); a level that never embeds skips the cache."""
+        context = self._context(query, top_k, retrievers, deadline=deadline, arrival=arrival, level=level)
         try:
-            hit = self._look_up(context) if self.cache is not None else None
+            hit = self._look_up(context) if self.cache is not None and context.level.dense else None
             if hit is not None:
                 if on_sources is not None:
                     on_sources(hit.sources)
@@ -283,20 +285,21 @@ class RagPipeline:
         return result
 
     def retrieve(self, query: str, k: int, retrievers: Sequence[str] | None = None, *, rerank: bool | None = None,
-                 hyde: bool | None = None, deadline: Deadline | None = None) -> QueryContext:
+                 hyde: bool | None = None, deadline: Deadline | None = None, level: str = TOP_LEVEL) -> QueryContext:
         """Retrieval alone, as ``query()`` runs it (for evaluation, training and benchmarks): the request's context,
         whose ``hits`` are the fused top ``k`` and whose ``stages``, ``route``, ``retrieved`` and ``skipped`` say
         what ran. ``retrievers``: names as ``rag.routing.names.expand`` reads them (``dense``, ``hybrid+graph``,
         ``routed``, ...). ``rerank``: rescore the top ``rerank.candidates`` (None = when the reranker is loaded,
         i.e. ``rerank.enabled``). ``hyde``: a hypothetical passage's dense run fused into the dense one (None =
-        ``hyde.enabled``; only when dense runs)."""
-        context = self._context(query, k, retrievers, rerank=rerank, hyde=hyde, deadline=deadline)
+        ``hyde.enabled``; only when dense runs). ``level``: the quality ladder's rung (cuts what ``rerank``, ``hyde``
+        and ``retrievers`` ask for)."""
+        context = self._context(query, k, retrievers, rerank=rerank, hyde=hyde, deadline=deadline, level=level)
         self._retrieve(context)
         return context
 
     def _context(self, query: str, top_k: int, retrievers: Sequence[str] | None, *, rerank: bool | None = None,
                  hyde: bool | None = None, deadline: Deadline | None = None,
-                 arrival: float | None = None) -> QueryContext:
+                 arrival: float | None = None, level: str = TOP_LEVEL) -> QueryContext:
         if not self.ready:
             raise RuntimeError("RagPipeline.warm_up() has not run")
         rerank = self.reranker is not None if rerank is None else rerank
@@ -305,8 +308,15 @@ class RagPipeline:
         hyde = self.settings.hyde.enabled if hyde is None else hyde
         if hyde and self.hyde is None:
             raise ValueError("hyde needs a language model: set generation.generator to openai or vllm")
+        if level not in LEVEL_BY_NAME:
+            raise ValueError(f"level: {level!r} is not one of {', '.join(QUALITY_LEVELS)}")
+        rung = LEVEL_BY_NAME[level]
+        depth = min(self.reranker.candidates, rung.rerank_candidates or self.reranker.candidates) if rerank else 0
         names = expand(retrievers or self.settings.retrieval.retrievers)
-        context = QueryContext(query, top_k, names, rerank, hyde, deadline, self._stage_options)
+        context = QueryContext(query, top_k, names, rerank and rung.rerank_candidates != 0, hyde and rung.hyde,
+                               deadline, self._stage_options, level=rung, rerank_depth=depth)
+        if names != (ROUTED,):
+            context.names = context.cut_by_level(names)
         if arrival is not None:
             context.add_wait(arrival, time.perf_counter() - arrival)
         return context
@@ -355,6 +365,8 @@ class RagPipeline:
             with context.stage("route"):
                 route = self.router.route(context.query, context.linked)
             context.names, context.route, context.fuser = route.retrievers, route.name, self._route_fusers[route.name]
+            if (cut := context.cut_by_level(route.retrievers)) != route.retrievers:  # the arm, less what the level cuts
+                context.names, context.route = cut, route_label(cut)
             return
         if "graph" in names and self.graph_retriever is None:
             raise ValueError(self.check_retrievers(names))
@@ -364,7 +376,7 @@ class RagPipeline:
 
     def _candidates(self, context: QueryContext) -> int:
         """How many fused hits go on: the reranker's candidates when reranking, else the answer's top k."""
-        return max(context.top_k, self.reranker.candidates) if context.rerank else context.top_k
+        return max(context.top_k, context.rerank_depth) if context.rerank else context.top_k
 
     def _run_retrievers(self, context: QueryContext) -> None:
         """Stages ``hyde`` and ``retrieve_<name>``: each retriever's list, in ``context.results``."""
@@ -429,7 +441,9 @@ class RagPipeline:
             return
         with context.stage("rerank"):
             first_stage = RerankQuery(context.token_states, {r.retriever: r.hits for r in results})
-            context.hits = context.reranked = self.reranker.rerank(first_stage, fused, context.top_k).hits
+            depth = context.rerank_depth  # the level's depth; the candidates past it keep their fused order
+            reranked = self.reranker.rerank(first_stage, fused[:depth], context.top_k).hits
+            context.hits = context.reranked = reranked + fused[depth:][:context.top_k - len(reranked)]
 
     def _answer(self, context: QueryContext, passages: list[Chunk],
                 on_token: Callable[[str], None] | None) -> GenerationResult:
@@ -437,9 +451,10 @@ class RagPipeline:
         ``generate``), flagged degraded, when the model is down or slow, or none of its sentences is supported by the
         passages, or the request's deadline cannot hold it (then also listed in ``context.skipped``)."""
         written = None
-        if self.llm is not None and not context.fits("generate_prefill"):
+        llm = self.llm if context.level.language_model else None  # a level without it: the extractive answer
+        if llm is not None and not context.fits("generate_prefill"):
             reason, detail = "slow", context.skipped["generate_prefill"]
-        elif self.llm is not None:
+        elif llm is not None:
             try:
                 written = self._write(context, passages, on_token)
             except StageError as exc:
@@ -455,7 +470,7 @@ class RagPipeline:
                           f"it cites" if written.support else "the written answer has no sentence to check")
         with context.stage("generate"):
             generation = self.generator.generate(context.query, passages)
-        if self.llm is None:
+        if llm is None:
             return generation
         # The model's timing and its checked sentences stay: it did answer, and both are measured and counted.
         return dataclasses.replace(generation, degraded_reason=reason, degraded_detail=detail,

@@ -17,7 +17,7 @@ import numpy as np
 from rag.deadline import Deadline
 from rag.errors import StageError
 from rag.protocols import Fuser
-from rag.stages import still_to_run
+from rag.stages import LEVEL_BY_NAME, TOP_LEVEL, QualityLevel, still_to_run
 from rag.threadnames import original_name, set_name, stage_comm
 from rag.types import (NO_ENTITIES, CacheKey, GenerationResult, Hit, LinkedEntities, QueryResult, RetrievalResult,
                        Source, StageTiming)
@@ -78,6 +78,8 @@ class QueryContext:
     hyde: bool = False
     deadline: Deadline | None = None
     options: StageOptions = StageOptions()
+    level: QualityLevel = LEVEL_BY_NAME[TOP_LEVEL]  # the quality ladder's rung it is served at (rag.steering)
+    rerank_depth: int = 0  # fused candidates the reranker rescores, when reranking
     stages: list[StageTiming] = field(default_factory=list)
     route: str = "none"  # a closed label (rag.stages.RETRIEVAL_ROUTES)
     linked: LinkedEntities = NO_ENTITIES
@@ -91,6 +93,11 @@ class QueryContext:
     cache_key: CacheKey | None = None  # set when the answer cache was asked
     best_similarity: float | None = None  # the question's own dense search: its closest passage's score
     reranked: list[Hit] | None = None  # the reranker's top hits with its scores, when it ran
+
+    def cut_by_level(self, names: tuple[str, ...]) -> tuple[str, ...]:
+        """``names`` without the retrievers this request's level leaves out (BM25 stays whatever the level)."""
+        kept = tuple(n for n in names if (n != "graph" or self.level.graph) and (n != "dense" or self.level.dense))
+        return kept or ("bm25",)
 
     def stage(self, name: str) -> StageTimer:
         """``with context.stage("fuse"): ...`` times the block as that stage of this request."""
@@ -130,4 +137,5 @@ class QueryContext:
         return QueryResult(generation.answer, generation.generator, sources, self.stages, generation.sentences,
                            self.retrieved, generation.stats, generation.support, generation.degraded_reason,
                            generation.degraded_detail, generation.unsupported_policy, route=self.route,
-                           skipped=self.skipped, cache="off" if self.cache_key is None else "miss")
+                           skipped=self.skipped, cache="off" if self.cache_key is None else "miss",
+                           level=self.level.name)

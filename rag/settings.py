@@ -18,7 +18,7 @@ from pydantic import (BaseModel, ConfigDict, Field, SecretStr, ValidationError, 
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from rag.slo import SLO_MS
-from rag.stages import RETRIEVER_CHOICES, STAGES
+from rag.stages import QUALITY_LEVELS, RETRIEVER_CHOICES, STAGES
 
 RetrieverName = Literal["dense", "bm25", "graph", "routed"]
 IndexKind = Literal["flat", "hnsw", "ivfpq"]
@@ -438,6 +438,36 @@ class AdmissionSettings(_Section):
         return self
 
 
+class SteeringSettings(_Section):
+    """Steering under load (rag/steering, rag/api/steering.py): a controller steps the quality ladder down (cheaper
+    answers: no rerank, BM25 alone, ...) before admission control has to refuse anyone, and back up when the load
+    falls. Each answer says the rung that served it (``quality_level``)."""
+
+    enabled: bool = Field(False, description="run the controller (off: every query is served at the top rung)")
+    floor: Literal[QUALITY_LEVELS] = Field("bm25_only", description="the lowest rung the controller may step down "
+                                                                    "to; below it, admission control refuses")
+    ladder: Path | None = Field(None, description="measured cost per rung (`ragheat measure-ladder`); unset = the one "
+                                                  "shipped in rag/steering/ladder.json")
+    interval_s: float = Field(1.0, gt=0, le=60, description="how often the controller reads the load")
+    hold_s: float = Field(5.0, ge=0, le=600, description="least time without pressure before a step up (doubled "
+                                                         "after a step up that did not hold)")
+    window_s: float = Field(5.0, gt=0, le=600, description="the arrival rate is averaged over this")
+    down_at: float = Field(0.9, gt=0, le=2, description="step down when the arrivals would keep this share of the "
+                                                        "cores busy at the current rung")
+    settle_at: float = Field(0.75, gt=0, le=2, description="a step down goes to the best rung whose demand is under "
+                                                           "this share")
+    up_at: float = Field(0.6, gt=0, le=2, description="step up when the rung above would need less than this share")
+    pressure_share: float = Field(0.5, gt=0, le=1, description="step down when a query arriving now is predicted to "
+                                                               "finish after this share of its deadline")
+
+    @model_validator(mode="after")
+    def _check(self) -> "SteeringSettings":
+        if not self.up_at < self.settle_at < self.down_at:
+            raise ValueError(f"steering needs up_at < settle_at < down_at, got {self.up_at:g}, {self.settle_at:g}, "
+                             f"{self.down_at:g}")
+        return self
+
+
 class HydeSettings(_Section):
     """HyDE (stage ``hyde``): the language model writes a short hypothetical passage for the question; its embedding
     drives dense retrieval beside the question's own (fused). Skipped, and said so, when the model is slow or down."""
@@ -487,6 +517,7 @@ class RagheatSettings(BaseSettings):
     rerank: RerankSettings = Field(default_factory=RerankSettings)
     cache: CacheSettings = Field(default_factory=CacheSettings)
     admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
+    steering: SteeringSettings = Field(default_factory=SteeringSettings)
     quality: QualitySettings = Field(default_factory=QualitySettings)
     hyde: HydeSettings = Field(default_factory=HydeSettings)
     generation: GenerationSettings = Field(default_factory=GenerationSettings)

@@ -135,3 +135,46 @@ JUDGE_OUTCOMES = ("relevant", "not_relevant", "unparsed", "failed", "dropped")
 CACHE_OUTCOMES = ("hit", "miss", "off")
 """What the semantic answer cache did for a query (``rag.types.CacheOutcome``): served a stored answer, looked and
 stored the new one, or was not consulted. The ``result`` label of ``ragheat_cache_requests_total``."""
+
+
+@dataclass(frozen=True)
+class QualityLevel:
+    """One rung of the quality ladder: what a request runs at this level, of what the service is configured to run
+    (a knob the service does not use changes nothing). Each rung keeps the cuts of the rungs above it.
+
+    ``rerank_candidates``: None = ``rerank.candidates``; a number caps it; 0 = no rerank."""
+
+    name: str
+    summary: str
+    hyde: bool = True
+    language_model: bool = True
+    graph: bool = True
+    rerank_candidates: int | None = None
+    dense: bool = True
+
+
+LEVEL_TABLE: tuple[QualityLevel, ...] = (
+    QualityLevel("full", "everything the service is configured to run"),
+    QualityLevel("no_hyde", "without the hypothetical passage (HyDE)", hyde=False),
+    QualityLevel("extractive", "the extractive answer instead of the language model's", hyde=False,
+                 language_model=False),
+    QualityLevel("no_graph", "without the knowledge graph's expansion", hyde=False, language_model=False, graph=False),
+    QualityLevel("shallow_rerank", "the reranker rescores 20 candidates", hyde=False, language_model=False, graph=False,
+                 rerank_candidates=20),
+    QualityLevel("no_rerank", "the fused lists without reranking", hyde=False, language_model=False, graph=False,
+                 rerank_candidates=0),
+    QualityLevel("bm25_only", "BM25 alone: the query is never embedded", hyde=False, language_model=False,
+                 graph=False, rerank_candidates=0, dense=False),
+)
+LEVEL_BY_NAME = {level.name: level for level in LEVEL_TABLE}
+QUALITY_LEVELS = tuple(level.name for level in LEVEL_TABLE)
+"""The quality ladder's rungs, best first (``rag.steering``); with ``none`` (not answered by the pipeline) the
+``quality_level`` label of ``ragheat_request_duration_seconds``."""
+TOP_LEVEL = QUALITY_LEVELS[0]
+LEVEL_LABELS = QUALITY_LEVELS + ("none",)
+LEVEL_DIRECTIONS = ("down", "up")
+"""The ``direction`` label of ``ragheat_quality_level_changes_total``."""
+PRIORITIES = ("high", "normal", "low")
+"""A request's priority (``X-Request-Priority``): low-priority requests are served a lower level, and refused,
+first."""
+PRIORITY_OUTCOMES = ("answered", "shed")

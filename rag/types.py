@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Literal, Mapping, get_args
 import numpy as np
 
 from rag.errors import StageError
-from rag.stages import CACHE_OUTCOMES, DEGRADED_REASONS, QUALITY_SIGNALS, QUALITY_VERDICTS
+from rag.stages import CACHE_OUTCOMES, DEGRADED_REASONS, QUALITY_SIGNALS, QUALITY_VERDICTS, TOP_LEVEL
 
 if TYPE_CHECKING:
     from rag.devicetime import DeviceTiming
@@ -211,6 +211,7 @@ class QueryResult:
     skipped: dict[str, str] = field(default_factory=dict)  # stage -> why it did not run (backend down, deadline)
     cache: CacheOutcome = "off"  # the semantic answer cache: hit (a stored answer), miss (looked, stored), off
     quality: QualitySignals | None = None  # label-free quality signals and verdict (rag.quality); None when off
+    level: str = TOP_LEVEL  # the quality ladder's rung that served it (rag.stages.QUALITY_LEVELS)
 
     @property
     def fell_back(self) -> bool:
@@ -219,8 +220,9 @@ class QueryResult:
 
     @property
     def degraded(self) -> bool:
-        """Less than the full answer: the model's fallback, or a stage skipped (``skipped`` says which and why)."""
-        return self.fell_back or bool(self.skipped)
+        """Less than the full answer: the model's fallback, a stage skipped (``skipped`` says which and why), or served
+        below the quality ladder's top rung (``level``)."""
+        return self.fell_back or bool(self.skipped) or self.level != TOP_LEVEL
 
     @property
     def unsupported_sentences(self) -> int:

@@ -10,7 +10,7 @@ import sys
 import typer
 
 from ragheat.commands import (bench, dashboards, demo, evaluate, explain, index, judge, keys, probes, quality, serve,
-                              stack, train)
+                              stack, steering, train)
 
 app = typer.Typer(help="ragheat: observability-first RAG on embedded defaults.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
@@ -23,6 +23,7 @@ app.command("train-router")(train.train_router)
 app.command("train-reranker")(train.train_reranker)
 app.command("judge")(judge.judge)
 app.command("calibrate-quality")(quality.calibrate_quality)
+app.command("measure-ladder")(steering.measure_ladder)
 app.command()(bench.bench)
 app.command("ann-bench")(bench.ann_bench)
 app.command("tune-vllm")(bench.tune_vllm)

@@ -20,6 +20,7 @@ from rag.api.app import create_app
 from rag.index_generations import IndexGenerationSwitch
 from rag.pipeline import RagPipeline
 from rag.settings import RagheatSettings
+from rag.stages import QUALITY_LEVELS
 
 if TYPE_CHECKING:
     import uvicorn
@@ -147,7 +148,14 @@ def _observe(service: Service) -> None:
     spans' data source; its answer cache's size is read at each scrape)."""
     telemetry, switch = service.telemetry, service.generations
     service.app.state.access.rejections.listeners.append(telemetry.rejected)
-    service.app.state.admission.listeners.append(telemetry.shed)
+    admission = service.app.state.admission
+    admission.listeners.append(telemetry.shed)
+    admission.answered.listeners.append(lambda priority: telemetry.prioritized(priority, "answered"))
+    admission.refused.listeners.append(lambda priority: telemetry.prioritized(priority, "shed"))
+    if (steering := service.app.state.steering) is not None:
+        steering.listeners.append(telemetry.level_changed)
+        if telemetry.metrics:  # the rung now, from the first scrape
+            telemetry.metrics.quality_level.set(QUALITY_LEVELS.index(steering.level))
     switch.on_reload.append(telemetry.reloaded)
     telemetry.watch_cache(lambda: switch.current.cache_stats())  # the served generation's cache, at scrape time
 

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from rag.api.steering import WORKERS_ENV
 from rag.childproc import ChildProcess
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -75,7 +76,7 @@ def supervise(argv: Sequence[str], workers: int, log_dir: Path | None = None, mi
     from prometheus_client.multiprocess import mark_process_dead
 
     folder = Path(tempfile.mkdtemp(prefix="ragheat-metrics-"))
-    env = {**os.environ, MULTIPROC_ENV: str(folder)}
+    env = {**os.environ, MULTIPROC_ENV: str(folder), WORKERS_ENV: str(workers)}
     ragheat = str(Path(sys.executable).parent / "ragheat")
 
     def worker(i: int) -> ChildProcess:

@@ -17,9 +17,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from rag.api.access import REJECTION_REASONS
 from rag.api.admission import SHED_REASONS
-from rag.stages import (CACHE_OUTCOMES, CONDITIONAL_STAGES, DEGRADED_REASONS, JUDGE_OUTCOMES, OPTIONAL_STAGES,
-                        QUALITY_VERDICTS, RELOAD_OUTCOMES, RERANK_SIGNALS, RETRIEVAL_ROUTES, RETRIEVERS,
-                        SKIPPABLE_STAGES, STAGES, UNIT_SIGNALS)
+from rag.stages import (CACHE_OUTCOMES, CONDITIONAL_STAGES, DEGRADED_REASONS, JUDGE_OUTCOMES, LEVEL_DIRECTIONS,
+                        OPTIONAL_STAGES, PRIORITIES, PRIORITY_OUTCOMES, QUALITY_VERDICTS, RELOAD_OUTCOMES,
+                        RERANK_SIGNALS, RETRIEVAL_ROUTES, RETRIEVERS, SKIPPABLE_STAGES, STAGES, UNIT_SIGNALS)
 from telemetry.buckets import (KERNEL_LOG2_SECONDS, LATENCY_SECONDS, RERANK_SCORES, RETRIEVED_DOCUMENTS, UNIT_SCORES,
                                VLLM_STEP_BLOCKS, VLLM_STEP_TOKENS)
 
@@ -85,8 +85,9 @@ METRICS: tuple[MetricSpec, ...] = (
                "Time one RAG pipeline stage took for one request, by stage, load level at request start and outcome.",
                ("stage", "qps_bucket", "outcome"), LATENCY_SECONDS),
     MetricSpec("service", "request_duration", "ragheat_request_duration_seconds", "histogram",
-               "End-to-end time of one API request as the server saw it, by route, load level and outcome.",
-               ("route", "qps_bucket", "outcome"), LATENCY_SECONDS),
+               "End-to-end time of one API request as the server saw it, by route, load level, outcome and the "
+               "quality ladder's rung that answered it (none: not answered by the pipeline).",
+               ("route", "qps_bucket", "outcome", "quality_level"), LATENCY_SECONDS),
     MetricSpec("service", "requests", "ragheat_requests_total", "counter",
                "API requests by route and HTTP status class.", ("route", "status_class")),
     MetricSpec("service", "in_flight", "ragheat_requests_in_flight", "gauge",
@@ -121,6 +122,15 @@ METRICS: tuple[MetricSpec, ...] = (
                "Queries refused by admission control (503 with Retry-After), by reason: the queue was full, the "
                "query would have finished after its deadline (predicted at arrival), or its deadline passed while "
                "it waited for a slot (expired).", ("reason",)),
+    MetricSpec("service", "quality_level", "ragheat_quality_level", "gauge",
+               "The quality ladder's rung the load controller serves new queries at (steering.enabled), as its "
+               "place in the ladder: 0 = full, then no_hyde, extractive, no_graph, shallow_rerank, no_rerank, "
+               "6 = bm25_only."),
+    MetricSpec("service", "quality_level_changes", "ragheat_quality_level_changes_total", "counter",
+               "Steps of the load controller down (cheaper answers) or up the quality ladder.", ("direction",)),
+    MetricSpec("service", "priority_requests", "ragheat_requests_priority_total", "counter",
+               "Queries by X-Request-Priority (high, normal, low) and whether they were answered or refused by "
+               "admission control (shed).", ("priority", "outcome")),
     MetricSpec("service", "index_reloads", "ragheat_index_reloads_total", "counter",
                "Attempts to serve a newer index generation without a restart, by outcome: swapped, unchanged (the "
                "served one was the newest), failed (it could not be loaded; the old one kept serving).", ("outcome",)),
@@ -268,6 +278,9 @@ class PrometheusMetrics:
         self.rejected = create_metric(service["rejected"], registry)
         self.shed = create_metric(service["shed"], registry)
         self.index_reloads = create_metric(service["index_reloads"], registry)
+        self.quality_level = create_metric(service["quality_level"], registry, multiprocess_mode="liveall")
+        self.quality_level_changes = create_metric(service["quality_level_changes"], registry)
+        self.priority_requests = create_metric(service["priority_requests"], registry)
         self.cache_requests = create_metric(service["cache_requests"], registry)
         self.cache_entries = create_metric(service["cache_entries"], registry)
         self.cache_bytes = create_metric(service["cache_bytes"], registry)
@@ -310,6 +323,11 @@ class PrometheusMetrics:
             self.shed.labels(reason)
         for outcome in RELOAD_OUTCOMES:
             self.index_reloads.labels(outcome)
+        for direction in LEVEL_DIRECTIONS:
+            self.quality_level_changes.labels(direction)
+        for priority in PRIORITIES:
+            for outcome in PRIORITY_OUTCOMES:
+                self.priority_requests.labels(priority, outcome)
         for result in CACHE_OUTCOMES:
             self.cache_requests.labels(result)
         for verdict in QUALITY_VERDICTS:  # the quality SLI divides by them: present from the first scrape

@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry
 from rag import __version__
 from rag.quality.calibration import Calibration
 from rag.settings import TelemetrySettings
-from rag.stages import QUALITY_SIGNALS, RERANK_SIGNALS
+from rag.stages import QUALITY_LEVELS, QUALITY_SIGNALS, RERANK_SIGNALS
 from rag.types import CacheStats, RequestRecord, StageTiming
 from telemetry.host import HostCollector
 from telemetry.metrics import QUALITY_POINTS, ROUTES, PrometheusMetrics, request_outcome, status_class
@@ -117,6 +117,17 @@ class Telemetry:
         """A query refused by admission control (``rag.api.admission.AdmissionController`` calls this)."""
         if self.metrics:
             self.metrics.child(self.metrics.shed, reason).inc()
+
+    def level_changed(self, change) -> None:
+        """The load controller stepped the quality ladder (``rag.api.steering.Steering`` calls this)."""
+        if self.metrics:
+            self.metrics.child(self.metrics.quality_level_changes, change.direction).inc()
+            self.metrics.quality_level.set(QUALITY_LEVELS.index(change.after))
+
+    def prioritized(self, priority: str, outcome: str) -> None:
+        """A query of ``priority`` was answered or refused (admission control's tallies call this)."""
+        if self.metrics:
+            self.metrics.child(self.metrics.priority_requests, priority, outcome).inc()
 
     def reloaded(self, outcome: str) -> None:
         """An index reload attempt ended (``rag.index_generations.IndexGenerationSwitch.on_reload`` calls this)."""
@@ -214,7 +225,8 @@ class Telemetry:
             m = self.metrics
             m.child(m.in_flight, scope.route).dec()
             m.child(m.requests, scope.route, status_class(status)).inc()
-            m.child(m.request_duration, scope.route, scope.qps_bucket, outcome).observe(seconds, exemplar)
+            level = record.result.level if record.result is not None else "none"
+            m.child(m.request_duration, scope.route, scope.qps_bucket, outcome, level).observe(seconds, exemplar)
             for stage in stages:
                 stage_outcome = "error" if stage.name == failed else "ok"
                 m.child(m.stage_duration, stage.name, scope.qps_bucket, stage_outcome).observe(stage.seconds, exemplar)

@@ -13,7 +13,7 @@ from typing import Callable, Mapping
 
 from loadgen.resultsfile import load
 
-from . import capacity, explain, latency, llm, quality
+from . import capacity, explain, latency, llm, quality, steering
 from .stats import duration, table
 
 RESULTS_DIR = Path("benchmarks/results")
@@ -89,6 +89,7 @@ PAGE: list[str | Section] = [
     Section("examples", "### The knees of services ragheat did not write (`examples/`)", ("examples",),
             capacity.examples),
     Section("capacity", "### Capacity and admission control", ("capacity",), capacity.capacity),
+    Section("steering", "### Steering under load", ("steering",), steering.steering),
     Section("batching", "### Micro-batched query embedding", ("batching",), capacity.batching),
     Section("replicas", "### Replicas behind nginx", ("replicas",), capacity.replicas),
     "## Explaining a slow P99 (`ragheat explain`)",

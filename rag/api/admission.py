@@ -10,6 +10,12 @@ work even when every worker is busy:
   query holds a slot, per slot; plus its own least time) lies past its deadline (less ``admission.headroom``);
 - ``expired``: it was admitted to the queue but its deadline came before a slot (the prediction was wrong).
 
+A low-priority query (``X-Request-Priority: low``) is refused first: once half the queue is taken, or when its
+predicted completion passes half its time left. With steering on (``rag.api.steering``), a queue's predicted wait is
+priced at the ladder's floor (``steer_scale``: the floor's recent service time over the current rung's, once the
+floor has been measured): the controller steps down before the queue's turn comes, so a query is refused only when
+even the cheapest rung could not answer it in time.
+
 Each is a 503 with ``Retry-After`` (the per-key rate limit stays a 429, ``rag.api.access``) and counted by reason
 (``SHED_REASONS``, exported as ``ragheat_requests_shed_total{reason}``). A deadline is ``admission.deadline_ms`` (the
 SLO) from the request's arrival, or tighter: the body's ``timeout_ms`` or the ``X-Request-Timeout-Ms`` header.
@@ -28,6 +34,7 @@ from dataclasses import dataclass
 
 from rag.deadline import Deadline, ServiceTimes
 from rag.slo import SLO_MS
+from rag.stages import PRIORITIES
 from rag.tally import Tally
 
 SHED_REASONS = ("queue_full", "deadline", "expired")
@@ -36,6 +43,17 @@ ARRIVAL_KEY = "arrival_perf"
 """Where ``ArrivalMiddleware`` leaves the request's arrival (a ``time.perf_counter()`` reading) in the ASGI scope's
 ``state``; an outer layer that stamped it first (the connection layer) wins."""
 TIMEOUT_HEADER = "x-request-timeout-ms"
+PRIORITY_HEADER = "x-request-priority"
+
+
+def parse_priority_header(value: str | None) -> str:
+    """``X-Request-Priority``: high, normal (absent) or low; ``ValueError`` with a sentence otherwise."""
+    if value is None:
+        return "normal"
+    text = value.strip().lower()
+    if text not in PRIORITIES:
+        raise ValueError(f"X-Request-Priority: {value.strip()[:32]!r} is not one of {', '.join(PRIORITIES)}")
+    return text
 
 
 class ArrivalMiddleware:
@@ -126,6 +144,12 @@ class AdmissionController:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.shed_tally = Tally(SHED_REASONS, "shed reason (SHED_REASONS)")
         self.counts, self.listeners = self.shed_tally.counts, self.shed_tally.listeners
+        # By priority (PRIORITIES): queries answered, and refused; with the arrivals, what steering reads.
+        self.answered = Tally(PRIORITIES, "priority (PRIORITIES)")
+        self.refused = Tally(PRIORITIES, "priority (PRIORITIES)")
+        self.arrived = 0
+        self.steer_scale = None  # steering: a callable giving the floor's service time over the current rung's
+        self.level_service_s: dict[str, float] = {}  # recent service time by rung of the quality ladder
 
     @classmethod
     def from_settings(cls, admission) -> "AdmissionController":
@@ -145,9 +169,14 @@ class AdmissionController:
             asked = timeout_ms if asked is None else min(asked, timeout_ms)
         return (self.deadline_ms if asked is None else asked) / 1000.0
 
-    def observe(self, stages, service_s: float) -> None:
-        """A finished query's stage timings and service time (its worker's, queue excluded)."""
+    def observe(self, stages, service_s: float, priority: str = "normal", level: str | None = None) -> None:
+        """A finished query's stage timings and service time (its worker's, queue excluded), its priority and the
+        rung that answered it."""
         self.times.observe(stages, service_s)
+        self.answered.count(priority)
+        if level is not None:
+            old = self.level_service_s.get(level)
+            self.level_service_s[level] = service_s if old is None else old + self.times.alpha * (service_s - old)
 
     @property
     def waiting(self) -> int:
@@ -160,21 +189,24 @@ class AdmissionController:
         optional = max(0.0, (self.times.service_s or 0.0) - (self.times.core_s or 0.0))
         return max(self.times.core_s or 0.0, hold - optional)
 
-    def predicted_s(self, ahead: int) -> float:
+    def predicted_s(self, ahead: int, scale: float = 1.0) -> float:
         """Seconds until a query with ``ahead`` queries waiting before it would finish: a slot frees every
         ``hold / max_in_flight`` on average (hold: the recent time a query held its slot, which counts what the
-        worker's own timing misses: encoding, the hops to and from the event loop), then its own time."""
-        hold = self.slot_hold_s or self.times.service_s or 0.0
+        worker's own timing misses: encoding, the hops to and from the event loop), then its own time. ``scale``
+        prices the queue's wait at a cheaper rung of the quality ladder."""
+        hold = (self.slot_hold_s or self.times.service_s or 0.0) * scale
         wait = 0.0 if self.in_flight < self.max_in_flight and ahead == 0 else (ahead + 1) * hold / self.max_in_flight
         return wait + self.least_service_s()
 
-    def _shed(self, reason: str, sentence: str, wait_s: float, arrival: float) -> Shed:
+    def _shed(self, reason: str, sentence: str, wait_s: float, arrival: float, priority: str = "normal") -> Shed:
         self.shed_tally.count(reason)
+        self.refused.count(priority)
         return Shed(reason, sentence, max(1, math.ceil(wait_s)), time.perf_counter() - arrival)
 
-    async def acquire(self, arrival: float, deadline_s: float) -> Slot | Shed:
+    async def acquire(self, arrival: float, deadline_s: float, priority: str = "normal") -> Slot | Shed:
         """A slot for a query that arrived at ``arrival`` (perf_counter) with ``deadline_s`` to finish, or why not.
         Returns at once, except while the query waits in the queue."""
+        self.arrived += 1
         if not self.enabled:
             return Slot(None)
         self._loop = self._loop or asyncio.get_running_loop()
@@ -189,12 +221,14 @@ class AdmissionController:
             self.in_flight += 1
             return Slot(self)
         ahead = len(self._waiting)
-        predicted = self.predicted_s(ahead)
-        if ahead >= self.max_queue:
+        predicted = self.predicted_s(ahead, self.steer_scale() if self.steer_scale else 1.0)
+        low = priority == "low"
+        if ahead >= (self.max_queue // 2 if low else self.max_queue):
+            bound = "half of admission.max_queue, for low priority" if low else "admission.max_queue"
             return self._shed("queue_full", f"overloaded: {self.in_flight} queries in flight and {ahead} waiting "
-                                            f"(admission.max_queue); retry later", predicted, arrival)
-        if predicted > left:
-            return self._shed("deadline", self._deadline_sentence(left, ahead), predicted, arrival)
+                                            f"({bound}); retry later", predicted, arrival, priority)
+        if predicted > (left / 2 if low else left):
+            return self._shed("deadline", self._deadline_sentence(left, ahead, low), predicted, arrival, priority)
         waiter = self._loop.create_future()
         self._waiting.append(waiter)
         try:
@@ -206,7 +240,7 @@ class AdmissionController:
             waiter.cancel()
             return self._shed("expired", f"overloaded: the deadline of {deadline_s * 1000:.0f} ms passed while "
                                          f"the query waited for a slot; retry later",
-                              self.predicted_s(len(self._waiting)), arrival)
+                              self.predicted_s(len(self._waiting)), arrival, priority)
         except BaseException:  # cancelled (the client left): give the slot on if it was granted meanwhile
             if waiter.done() and not waiter.cancelled():
                 self._release()
@@ -215,10 +249,11 @@ class AdmissionController:
             raise
         return Slot(self)
 
-    def _deadline_sentence(self, left: float, ahead: int) -> str:
+    def _deadline_sentence(self, left: float, ahead: int, low: bool = False) -> str:
         service = (self.slot_hold_s or self.times.service_s or 0.0) * 1000
+        bound = "half of its deadline, for low priority" if low else "its deadline"
         return (f"overloaded: {ahead} queries are waiting for {self.max_in_flight} slots at ~{service:.0f} ms each, so "
-                f"this one would finish after its deadline ({max(left, 0.0) * 1000:.0f} ms left); retry later")
+                f"this one would finish after {bound} ({max(left, 0.0) * 1000:.0f} ms left); retry later")
 
     def _release(self, granted: float | None = None) -> None:
         """On the event loop: hand the slot to the first query still waiting, or free it."""

@@ -21,6 +21,7 @@ from rag.api.errors import install_error_handlers
 from rag.api.middleware import AccessMiddleware, BodyLimitMiddleware, IndexGenerationMiddleware
 from rag.api.openapi import install_openapi
 from rag.api.routes import router
+from rag.api.steering import Steering
 from rag.index_generations import IndexGenerationSwitch
 from rag.pipeline import RagPipeline
 from rag.settings import RagheatSettings
@@ -44,7 +45,11 @@ async def lifespan(app: FastAPI):
     described = switch.current.describe()
     log.info("index %s loaded: %s chunks", described.index_folder, described.chunks)
     switch.watch(app.state.server.reload_poll_s)
+    if app.state.steering is not None:
+        app.state.steering.start()
     yield
+    if app.state.steering is not None:
+        await app.state.steering.stop()
     switch.close()  # every generation: the model client's connections or in-process engine, graph store children
 
 
@@ -57,6 +62,7 @@ def create_app(settings: RagheatSettings, index_dir: Path | None = None,
     access = AccessPolicy.from_settings(settings.server)  # a bad keys file fails here, before anything binds
     app.state.generations, app.state.access, app.state.server = switch, access, settings.server
     app.state.admission = AdmissionController.from_settings(settings.admission)
+    app.state.steering = Steering.from_settings(settings, app.state.admission) if settings.steering.enabled else None
     # Starlette runs the last added outermost: access (before any body is read), body limit, generation lease.
     app.add_middleware(IndexGenerationMiddleware, switch=switch)
     app.add_middleware(BodyLimitMiddleware, limit=settings.server.max_body_bytes, rejections=access.rejections)

@@ -13,7 +13,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from fastapi.concurrency import run_in_threadpool
 
-from rag.api.admission import TIMEOUT_HEADER, AdmissionController, Shed, Slot, arrival_of
+from rag.api.admission import (PRIORITY_HEADER, TIMEOUT_HEADER, AdmissionController, Shed, Slot, arrival_of,
+                                parse_priority_header)
 from rag.api.errors import ApiError
 from rag.errors import ConfigurationError
 from rag.api.middleware import LEASE_KEY
@@ -23,6 +24,7 @@ from rag.api.streaming import QueryStream
 from rag.index_generations import IndexGenerationSwitch, ReloadError
 from rag.pipeline import RagPipeline
 from rag.settings import ServerSettings
+from rag.stages import TOP_LEVEL
 from rag.types import REQUEST_RECORD_KEY, QueryResult, RequestRecord
 
 # Every status a query can get (408 and 431 come from the connection layer, rag.api.connections).
@@ -69,10 +71,11 @@ async def _admit(request: QueryRequest, http: Request) -> tuple[Slot, float, flo
     admission: AdmissionController = http.app.state.admission
     try:
         deadline_s = admission.deadline_s(request.timeout_ms, http.headers.get(TIMEOUT_HEADER))
+        priority = parse_priority_header(http.headers.get(PRIORITY_HEADER))
     except ValueError as exc:
         raise ApiError("invalid_request", str(exc)) from None
     arrival = arrival_of(http.state)
-    outcome = await admission.acquire(arrival, deadline_s)
+    outcome = await admission.acquire(arrival, deadline_s, priority)
     if isinstance(outcome, Shed):
         raise ApiError(outcome.reason, outcome.sentence, outcome.headers)
     return outcome, arrival, deadline_s
@@ -85,9 +88,12 @@ def _run(request: QueryRequest, http: Request, record: RequestRecord, arrival: f
     admission: AdmissionController = http.app.state.admission
     lower_this_thread(admission.worker_nice)
     start = time.perf_counter()
+    priority = parse_priority_header(http.headers.get(PRIORITY_HEADER))  # checked by _admit
+    steering = http.app.state.steering
+    level = TOP_LEVEL if steering is None else steering.level_for(priority)  # the rung when it starts, not arrives
     record.result = _pipeline(http).query(record.query, record.top_k, request.retrievers, arrival=arrival,
-                                          deadline=admission.deadline(arrival, deadline_s), **callbacks)
-    admission.observe(record.result.stages, time.perf_counter() - start)
+                                          deadline=admission.deadline(arrival, deadline_s), level=level, **callbacks)
+    admission.observe(record.result.stages, time.perf_counter() - start, priority, record.result.level)
     return record.result
 
 

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rag.routing.names import expand
+from rag.stages import QUALITY_LEVELS
 from rag.types import QueryResult
 
 MAX_RETRIEVER_NAMES = 4
@@ -156,8 +157,12 @@ class QueryResponse(BaseModel):
     generator: str
     degraded: bool = Field(False, description="true when the answer is the extractive fallback (the language model "
                                               "was down or slow, or none of its sentences was supported: "
-                                              "degraded_reason says which), or when a stage was skipped because its "
-                                              "backend was unavailable (skipped_stages names it)")
+                                              "degraded_reason says which), when a stage was skipped because its "
+                                              "backend was unavailable (skipped_stages names it), or when it was "
+                                              "served below the quality ladder's top rung (quality_level)")
+    quality_level: Literal[QUALITY_LEVELS] = Field("full", description="the quality ladder's rung that served it: full, or a cheaper one "
+                                                   "the load controller stepped down to (steering.enabled): no_hyde, "
+                                                   "extractive, no_graph, shallow_rerank, no_rerank, bm25_only")
     degraded_reason: Literal["unavailable", "slow", "unsupported"] | None = Field(
         None, description="why it is degraded: unavailable (down, refusing, erroring), slow (no token within "
                           "generation.first_token_timeout_s or not done by deadline_s), unsupported (no written "
@@ -193,6 +198,7 @@ class QueryResponse(BaseModel):
             citations=[citation(s) for s in result.sources],
             stages=[StageTimingOut(name=t.name, ms=round(t.ms, 3)) for t in result.stages],
             degraded=result.degraded,
+            quality_level=result.level,
             degraded_reason=result.degraded_reason,
             degraded_detail=result.degraded_detail,
             unsupported_sentences=result.unsupported_sentences,

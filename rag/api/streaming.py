@@ -108,7 +108,7 @@ def final_events(result: QueryResult, tokens_sent: int):
     # the answer degraded too, while the ``degraded`` event above is only about discarding streamed tokens.
     yield sse("done", {"generator": result.generator,
                        "stages": [{"name": t.name, "ms": round(t.ms, 3)} for t in result.stages],
-                       "route": result.route,
+                       "route": result.route, "quality_level": result.level,
                        "skipped_stages": [SkippedStageOut(stage=stage, reason=reason).model_dump()
                                           for stage, reason in result.skipped.items()],
                        "degraded": result.degraded, "degraded_reason": result.degraded_reason,

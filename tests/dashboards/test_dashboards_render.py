@@ -16,7 +16,7 @@ from dashboards import contract, grafana, quality, render, slo
 from dashboards.boards import GRAPH_STAGES, OWN_HEATMAP_STAGES, SIGNAL_HEATMAPS, all_boards
 from dashboards.snapshot import heatmap_from_result
 from dashboards.spec import JOB, NATIVE, ON_JOB, SCRAPED, SOURCE, Choice, Variable, expand, regex_literal
-from dashboards.verify import selected
+from dashboards.verify import family_present, selected
 from telemetry.metrics import EXPECTED_METRICS, METRICS, QUALITY_POINTS, PrometheusMetrics
 
 DASHBOARDS = Path(__file__).resolve().parents[2] / "dashboards"
@@ -70,7 +70,8 @@ def test_boards_read_every_kernel_and_vllm_family_they_promise():
 def test_slo_bucket_label_is_what_the_service_exposes():
     registry = CollectorRegistry()
     metrics = PrometheusMetrics(registry, qps_labels=("0-1",))
-    metrics.request_duration.labels("/v1/query", "0-1", "ok").observe(0.1)
+    metrics.request_duration.labels(route="/v1/query", qps_bucket="0-1", outcome="ok",
+                                    quality_level=contract.LEVELS[0]).observe(0.1)
     les = {s.labels["le"] for family in text_string_to_metric_families(generate_latest(registry).decode())
            for s in family.samples if s.name == contract.bucket(contract.REQUEST_DURATION)}
     assert slo.SLO_LE in les
@@ -201,6 +202,68 @@ def test_quality_board_reads_the_quality_families_with_exemplars():
     assert specs[contract.CALIBRATION].labels == ("signal", "point")
 
 
+QUALITY_LEVEL_PANELS = ("Quality level now", "Answers by quality level", "Quality level changes",
+                        "Queries by priority")
+
+
+def test_slo_board_shows_the_quality_level_the_controller_serves():
+    """The SLO board's load-controller panels: the rung now (the cheapest any worker serves, per job) as a gauge whose
+    values read as the ladder's names in its order; the answers by the rung that served them, stacked, without the
+    requests the pipeline did not answer; the steps per minute by direction; the queries by priority and outcome.
+    Every family is a service family of ``METRICS``, grouped by the labels a scrape carries."""
+    from rag.stages import LEVEL_DIRECTIONS, LEVEL_LABELS, PRIORITIES, PRIORITY_OUTCOMES, QUALITY_LEVELS
+
+    assert contract.LEVELS == QUALITY_LEVELS and contract.LEVELS[0] == "full" and contract.LEVELS[-1] == "bm25_only"
+    assert contract.NOT_ANSWERED in LEVEL_LABELS and contract.NOT_ANSWERED not in contract.LEVELS
+    board = next(b for b in all_boards(slo.PRODUCTION) if b.slug == "slo")
+    by_title = {p.title: p for p in board.panels}
+    panels = [by_title[title] for title in QUALITY_LEVEL_PANELS]
+    assert all(p.pipeline_only and p.description for p in panels)
+    assert sum(p.width for p in panels) == 24  # one row
+    specs = {m.name: m for m in METRICS}
+    [[now], [mix], [changes], [priority]] = [p.queries for p in panels]
+
+    assert panels[0].kind == "gauge" and now.sources == (contract.QUALITY_LEVEL,)
+    assert now.expr.startswith(f"max by ({JOB}) ({contract.QUALITY_LEVEL}{{")  # per job, over its workers' pids
+    assert panels[0].mappings == tuple(enumerate(QUALITY_LEVELS))
+    assert mix.sources == (contract.REQUEST_DURATION,) and mix.histograms is None and panels[1].stacked
+    assert f'{contract.count(contract.REQUEST_DURATION)}{{{ON_JOB}, quality_level!="none"}}' in mix.expr
+    assert mix.expr.startswith("sum by (quality_level) (") and mix.legend == "{{quality_level}}"
+    assert changes.sources == (contract.QUALITY_LEVEL_CHANGES,) and changes.expr.startswith("60 * sum by (direction)")
+    assert panels[2].unit == "opm"  # the expression is per second times 60
+    assert priority.sources == (contract.PRIORITY_REQUESTS,) and "sum by (priority, outcome)" in priority.expr
+    assert {specs[q.sources[0]].group for q in (now, mix, changes, priority)} == {"service"}
+    assert specs[contract.QUALITY_LEVEL].kind == "gauge"
+    controller = {contract.QUALITY_LEVEL, contract.QUALITY_LEVEL_CHANGES, contract.PRIORITY_REQUESTS}
+    assert controller <= contract.PIPELINE_ONLY
+
+    # The labels grouped by and matched are the ones a scrape carries (directions and priorities at zero at start).
+    registry = CollectorRegistry()
+    metrics = PrometheusMetrics(registry, qps_labels=("0-1",))
+    metrics.request_duration.labels(route="/v1/query", qps_bucket="0-1", outcome="ok",
+                                    quality_level=QUALITY_LEVELS[3]).observe(0.1)
+    samples = [s for family in text_string_to_metric_families(generate_latest(registry).decode())
+               for s in family.samples]
+    labels = {s.name: set(s.labels) for s in samples}
+    assert "quality_level" in labels[contract.count(contract.REQUEST_DURATION)]
+    assert labels[contract.QUALITY_LEVEL] == set()
+    assert labels[contract.QUALITY_LEVEL_CHANGES] == {"direction"}
+    assert labels[contract.PRIORITY_REQUESTS] == {"priority", "outcome"}
+    assert {s.labels["direction"] for s in samples if s.name == contract.QUALITY_LEVEL_CHANGES} == set(LEVEL_DIRECTIONS)
+    assert {(s.labels["priority"], s.labels["outcome"]) for s in samples if s.name == contract.PRIORITY_REQUESTS} == {
+        (p, o) for p in PRIORITIES for o in PRIORITY_OUTCOMES}
+
+    data = {p["title"]: p for p in json.loads(grafana.dashboard_json(board))["panels"]}
+    gauge = data["Quality level now"]
+    assert gauge["type"] == "gauge" and gauge["options"]["reduceOptions"]["calcs"] == ["lastNotNull"]
+    defaults = gauge["fieldConfig"]["defaults"]
+    assert (defaults["min"], defaults["max"]) == (0, len(QUALITY_LEVELS) - 1)
+    [mapping] = defaults["mappings"]
+    assert mapping["type"] == "value"
+    assert {int(v): m["text"] for v, m in mapping["options"].items()} == dict(enumerate(QUALITY_LEVELS))
+    assert data["Answers by quality level"]["fieldConfig"]["defaults"]["custom"]["stacking"]["mode"] == "normal"
+
+
 def test_the_quality_slo_counts_scored_answers_and_names_the_verdict():
     """Bad = the closed set's bad verdicts, the denominator every verdict but unscored, a missing bad series reads 0;
     each quality alert names the verdict and the drift, with queries of its own job only."""
@@ -286,7 +349,8 @@ def test_heatmap_from_cumulative_buckets():
 @pytest.mark.parametrize("slug", ["latency", "slo"])
 def test_latency_panels_read_either_source(slug):
     """Every panel of the latency and SLO boards that reads a latency histogram has a scraped query and a native one,
-    each gated by $source; panels reading counters or gauges run whatever the choice."""
+    each gated by $source; panels reading counters, gauges or a histogram's counts alone (a request rate, no
+    latency) run whatever the choice."""
     board = next(b for b in all_boards(slo.PRODUCTION) if b.slug == slug)
     assert any(isinstance(v, Choice) and v.name == SOURCE for v in board.variables)
     histogram_families = {contract.STAGE_DURATION, contract.REQUEST_DURATION}
@@ -296,7 +360,8 @@ def test_latency_panels_read_either_source(slug):
         # The causes' ranking is recorded from the scraped buckets alone: it runs whatever the choice.
         ranked = all(q.expr.startswith(f"sort_desc({slo.why_names(slo.PRODUCTION).score}")
                      for q in panel.queries)
-        if any(set(q.sources) & histogram_families for q in panel.queries) and not ranked:
+        counted = all(n.endswith("_count") for q in panel.queries for n in METRIC_TOKEN.findall(q.expr))
+        if any(set(q.sources) & histogram_families for q in panel.queries) and not ranked and not counted:
             assert kinds.count(SCRAPED) == kinds.count(NATIVE) > 0, (panel.title, kinds)
             sourced += 1
         for q in panel.queries:
@@ -309,6 +374,17 @@ def test_latency_panels_read_either_source(slug):
                 assert q.expr.endswith("and on() (vector($source) == 1)")
                 assert names and names <= {contract.NATIVE_STAGE_DURATION, contract.NATIVE_REQUEST_DURATION}, names
     assert sourced >= (3 if slug == "slo" else 4)
+
+
+def test_a_query_no_source_gates_finds_its_histogram_only_in_the_scraped_series():
+    """In a Prometheus holding only the native histograms, a count read whatever $source says (answers by quality
+    level) has no series of its family: absent, while a gated query's missing classic buckets stay the wrong source
+    chosen (checked empty)."""
+    native_only = {contract.NATIVE_REQUEST_DURATION}
+    assert family_present(contract.REQUEST_DURATION, native_only)
+    assert not family_present(contract.REQUEST_DURATION, native_only, classic=True)
+    assert family_present(contract.REQUEST_DURATION, {contract.count(contract.REQUEST_DURATION)}, classic=True)
+    assert family_present(contract.QPS, {contract.QPS}, classic=True)  # a gauge's own name is its series
 
 
 def test_native_histograms_are_named_as_the_collector_writes_them():
@@ -395,7 +471,7 @@ def test_the_library_families_are_the_service_families_any_service_emits():
 def test_panels_only_the_pipeline_feeds_are_marked(board):
     """A panel reading only pipeline-only families is marked pipeline_only (checks skip it for a library-only
     service); a marked one reads nothing but those families or ragheat's own stages; the SLOs apply to every
-    service."""
+    service, the load controller's panels beside them to ragheat's alone."""
     for panel in board.panels:
         sources = {s for q in panel.queries for s in q.sources}
         if sources <= contract.PIPELINE_ONLY:
@@ -403,7 +479,7 @@ def test_panels_only_the_pipeline_feeds_are_marked(board):
         if panel.pipeline_only:
             assert sources <= contract.PIPELINE_ONLY | set(contract.LIBRARY), panel.title
     if board.slug == "slo":
-        assert not any(p.pipeline_only for p in board.panels)
+        assert [p.title for p in board.panels if p.pipeline_only] == list(QUALITY_LEVEL_PANELS)
     if board.slug == "latency":
         marked = {p.title.rpartition(": ")[2] for p in board.panels if p.pipeline_only and p.kind == "heatmap"}
         assert marked == {*GRAPH_STAGES, *OWN_HEATMAP_STAGES}

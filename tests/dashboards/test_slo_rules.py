@@ -164,26 +164,29 @@ def _stage_buckets(stage: str, phase: Phase, answered: int, always: tuple[str, .
 
 
 def traffic(*phases: Phase, job: str = JOB, stages: tuple[str, ...] = STAGES,
-            always: tuple[str, ...] = DEFAULT_STAGES, route: str = ROUTES[0], host: bool = False) -> list[dict]:
+            always: tuple[str, ...] = DEFAULT_STAGES, route: str = ROUTES[0], host: bool = False,
+            level: str | None = None) -> list[dict]:
     """promtool input series of one scrape job for ``phases``, one after another, at one sample a minute; with
-    ``host``, the host's CPU (HOST_CORES) and pressure stalls too."""
+    ``host``, the host's CPU (HOST_CORES) and pressure stalls too; with ``level``, the end-to-end histogram's series
+    carry that ``quality_level`` (the quality ladder's rung that answered)."""
     per_minute: dict[str, list[int]] = {}
 
     def add(series: str, n: int) -> None:
         per_minute.setdefault(series.replace("{", f'{{job="{job}", ', 1), []).append(n)
 
     route, load = f'route="{route}"', 'qps_bucket="10-50"'
+    ok = 'outcome="ok"' + (f', quality_level="{level}"' if level else "")
     for phase in phases:
         for _ in range(phase.minutes):
             offered = round(PER_MINUTE * phase.load)
             failed = round(offered * phase.failed)
             answered, slow = offered - failed, round(offered * phase.slow)
-            add(f'{contract.count(contract.REQUEST_DURATION)}{{{route}, {load}, outcome="ok"}}', answered)
+            add(f'{contract.count(contract.REQUEST_DURATION)}{{{route}, {load}, {ok}}}', answered)
             # A fast answer takes its stages' few milliseconds, a slow one just over the objective: the buckets
             # the SLI reads (0.42) and enough others for a P99 to move.
             for le in EDGES:
                 within = answered - slow if float(le) < REQUEST_SLOW_S else answered
-                add(f'{contract.bucket(contract.REQUEST_DURATION)}{{{route}, {load}, outcome="ok", le="{le}"}}',
+                add(f'{contract.bucket(contract.REQUEST_DURATION)}{{{route}, {load}, {ok}, le="{le}"}}',
                     within if float(le) >= REQUEST_FAST_S else 0)
             add(f'{contract.REQUESTS}{{{route}, status_class="2xx"}}', answered)
             add(f'{contract.REQUESTS}{{{route}, status_class="5xx"}}', failed)
@@ -217,6 +220,18 @@ def cumulative(per_minute: dict[str, list[int]]) -> list[dict]:
             values.append(str(running))
         out.append({"series": series, "values": " ".join(values)})
     return out
+
+
+def merged(*parts: list[dict]) -> list[dict]:
+    """Several ``traffic`` parts of one job as one input: a series in more than one part is their sum, sample by
+    sample (the stages and the request counter, which carry no ``quality_level``)."""
+    sums: dict[str, list[int]] = {}
+    for part in parts:
+        for s in part:
+            values = [int(v) for v in s["values"].split()]
+            total = sums.setdefault(s["series"], [0] * len(values))
+            sums[s["series"]] = [a + b for a, b in zip(total, values, strict=True)]
+    return [{"series": series, "values": " ".join(map(str, values))} for series, values in sums.items()]
 
 
 LABELS = {
@@ -564,6 +579,56 @@ QUALITY_SCENARIOS = {
           "exp_samples": [{"labels": f'{slo.sli_error_record(w)}{{job="{JOB}", slo="quality"}}', "value": 0}]}
          for w in ("5m", "6h")]),
 }
+
+
+# Answers at two rungs of the quality ladder (the load controller serves half the traffic at a cheaper rung): every
+# minute 300 answers at full, 12 of them slower than 420 ms, and 300 at bm25_only, all fast. Summed over
+# quality_level, 12 of 600 are bad: 2 % (full alone 4 %, bm25_only 0), a 2x burn that opens the ticket (on the short
+# synthetic history) and pages nobody; 10 answers/s; the P99 in (420, 500] ms at 0.42 + 0.08 x (594 - 588) / 12 =
+# 460 ms (full's alone would be 480 ms). Any rule that kept the level would record two series for the job.
+TWO_LEVELS = merged(traffic(Phase(40, slow=0.04, load=0.5), level="full"),
+                    traffic(Phase(40, load=0.5), level="bm25_only"))
+SUMMED_OVER_LEVELS = [
+    *({"expr": f'round(1000 * {slo.sli_error_record(w)}{{slo="latency"}})', "eval_time": "30m",
+       "exp_samples": [{"labels": f'{{job="{JOB}", slo="latency"}}', "value": 20}]} for w in ("5m", "1h", "6h")),
+    {"expr": "round(ragheat:why_answered_per_s:5m)", "eval_time": "30m",
+     "exp_samples": [{"labels": f'{{job="{JOB}"}}', "value": 10}]},
+    {"expr": "round(ragheat:why_p99_ms:5m)", "eval_time": "30m",
+     "exp_samples": [{"labels": f'{{job="{JOB}"}}', "value": 460}]},
+    {"expr": f'count by ({slo.KEPT}, burn) (ALERTS{{alertname="{ALERT["latency"]}", alertstate="firing"}})',
+     "eval_time": "30m", "exp_samples": [{"labels": f'{{burn="slow", job="{JOB}"}}', "value": 1}]},
+]
+
+
+def test_the_latency_rules_sum_over_the_quality_level(tmp_path):
+    """The end-to-end histogram's series carry the rung that answered (``quality_level``): the latency SLI, the
+    answered rate and the P99 the causes read are the job's, one series summed over every rung, and the ticket fires
+    once for the job."""
+    assert len({s["series"] for s in TWO_LEVELS}) == len(TWO_LEVELS)
+    assert sum('quality_level="' in s["series"] for s in TWO_LEVELS) == 2 * (1 + len(EDGES))
+    result = promtool_test(tmp_path, "two quality levels", TWO_LEVELS, [], SUMMED_OVER_LEVELS)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
+
+
+def test_rules_that_kept_the_quality_level_apart_would_fail(tmp_path, monkeypatch):
+    """The test above can fail: the same SLI grouping by ``quality_level`` records one bad share per rung (4 % and 0)
+    instead of the job's 2 %."""
+    import sys
+
+    kit = sys.modules[promtool_test.__module__]  # the module whose RULES promtool_test copies
+    rules = tmp_path / "per-level.yml"
+    text = kit.RULES.read_text()
+    # The latency SLI's lines only (the one bucket they read): the causes' records stay as they are.
+    rules.write_text("\n".join(line.replace("sum by (job) (", "sum by (job, quality_level) (")
+                               if f'le="{slo.SLO_LE}"' in line and contract.REQUEST_DURATION in line else line
+                               for line in text.split("\n")))
+    assert rules.read_text().count("sum by (job, quality_level) (") == 2 * len(slo.SLI_WINDOWS_S)
+    monkeypatch.setattr(kit, "RULES", rules)
+    (tmp_path / "run").mkdir()
+    result = promtool_test(tmp_path / "run", "two quality levels", TWO_LEVELS, [], SUMMED_OVER_LEVELS[:1])
+    assert result.returncode != 0
+    assert "quality_level" in result.stdout + result.stderr
 
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))

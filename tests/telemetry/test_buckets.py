@@ -112,7 +112,7 @@ def test_scraped_histograms_use_exactly_these_edges():
     labels = QpsBuckets([1.0, 10.0, 50.0, 200.0]).labels
     metrics = PrometheusMetrics(registry, labels)
     metrics.stage_duration.labels("embed", labels[0], "ok").observe(0.42)
-    metrics.request_duration.labels("/v1/query", labels[0], "ok").observe(0.0004)
+    metrics.request_duration.labels("/v1/query", labels[0], "ok", "full").observe(0.0004)
     metrics.retrieved.labels("bm25").observe(0)
     text = generate_latest(registry).decode()
 

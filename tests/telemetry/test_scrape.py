@@ -12,7 +12,7 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from rag.stages import DEFAULT_STAGES, RETRIEVERS, STAGES
+from rag.stages import DEFAULT_STAGES, LEVEL_LABELS, RETRIEVERS, STAGES
 from telemetry.buckets import LATENCY_SECONDS, RETRIEVED_DOCUMENTS
 from telemetry.metrics import DROP_REASONS, EXPECTED_METRICS, REQUEST_OUTCOMES, ROUTES, SIGNALS, STAGE_OUTCOMES
 from telemetry_testkit import (QUERIES, children, request_spans, samples, scrape, serve, total, trace_id, wait_for,
@@ -62,9 +62,9 @@ def test_label_values_come_from_closed_sets(svc):
     closed = {
         "stage": set(STAGES), "qps_bucket": qps, "route": set(ROUTES), "retriever": set(RETRIEVERS),
         "status_class": {"1xx", "2xx", "3xx", "4xx", "5xx", "other"}, "signal": set(SIGNALS),
-        "reason": set(DROP_REASONS),
+        "reason": set(DROP_REASONS), "quality_level": set(LEVEL_LABELS),
     }
-    keys = {STAGE_H: {"stage", "qps_bucket", "outcome"}, REQUEST_H: {"route", "qps_bucket", "outcome"},
+    keys = {STAGE_H: {"stage", "qps_bucket", "outcome"}, REQUEST_H: {"route", "qps_bucket", "outcome", "quality_level"},
             "ragheat_requests": {"route", "status_class"}, "ragheat_requests_in_flight": {"route"},
             "ragheat_qps": set(), "ragheat_retrieved_documents": {"retriever"},
             "ragheat_stage_errors": {"stage"}, "ragheat_telemetry_dropped": {"signal", "reason"}}

@@ -1,0 +1,182 @@
+"""The level controller: every tick it reads the load and keeps, steps down or steps up the quality ladder's rung
+the service answers at. Pure logic over readings (``Reading``), with its own clock: the API feeds it
+(``rag.api.steering``), tests and benchmarks drive it directly.
+
+Demand is what the answers would cost at a rung: the recent arrival rate (refused requests included: they asked)
+times that rung's CPU seconds per answer, over the cores the process may use. Each rung's cost is learned live,
+per answer, while the service runs at it; a rung not yet seen is priced from the measured ladder (``Ladder``): the
+current rung's live cost plus the measured difference between the two.
+
+- Step down when the service is under pressure: more than one request and ``SHED_SHARE`` of a tick's arrivals were
+  refused, the queue's predicted completion passed ``pressure_share`` of the deadline in two readings running, or
+  the demand at the current rung is above ``down_at``. It steps to the best
+  rung whose demand fits under ``settle_at`` (several rungs at once in a burst), at least one rung.
+- Step up one rung when there was no pressure for ``hold_s`` and the demand at the rung above would be under
+  ``up_at``. ``up_at`` < ``settle_at`` < ``down_at`` is the hysteresis: a rung it steps up to is one it would not
+  leave at the same load. A step down soon after a step up doubles ``hold_s`` (up to ``MAX_HOLD_S``); a step up
+  that holds for two holds resets it.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+MAX_HOLD_S = 120.0
+LEARN_ALPHA = 0.2
+MIN_ANSWERS = 3  # answers in a tick before its CPU per answer teaches the rung's cost
+SHED_SHARE = 0.01  # refusals above this share of a tick's arrivals (and more than one) are pressure
+MIN_COST_SHARE = 0.2  # a rung priced from the ladder costs at least this share of the current rung's live cost
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One tick of the service: counts since the previous reading, and the queue now."""
+
+    seconds: float  # since the previous reading
+    arrived: int  # requests that asked admission for a slot (admitted or refused)
+    answered: int  # answered at the current rung
+    shed: int  # refused by admission control
+    cpu_s: float  # the process's CPU seconds
+    waiting: int  # queries in the queue now
+    predicted_s: float  # admission's predicted completion of a query arriving now
+    deadline_s: float  # the default deadline
+
+
+@dataclass(frozen=True)
+class Change:
+    """A step of the controller: from one rung to another, and why."""
+
+    before: str
+    after: str
+    direction: str  # rag.stages.LEVEL_DIRECTIONS
+    why: str
+
+
+class LevelController:
+    """Picks the rung (of ``levels``, best first; the last is the floor) from ``Reading``s. ``prior_ms``: measured CPU
+    ms per answer by rung (``Ladder.cpu_ms``); ``cores``: CPUs the process may use."""
+
+    def __init__(self, levels: Sequence[str], prior_ms: Mapping[str, float], cores: float, *, hold_s: float = 5.0,
+                 window_s: float = 5.0, down_at: float = 0.9, settle_at: float = 0.75, up_at: float = 0.6,
+                 pressure_share: float = 0.5, clock: Callable[[], float] = time.monotonic) -> None:
+        if not levels:
+            raise ValueError("the ladder needs at least one level")
+        if not 0 < up_at < settle_at < down_at:
+            raise ValueError(f"steering needs 0 < up_at < settle_at < down_at, got {up_at}, {settle_at}, {down_at}")
+        self.levels, self.prior_ms, self.cores = tuple(levels), dict(prior_ms), max(cores, 0.1)
+        self.base_hold_s = self.hold_s = hold_s
+        self.window_s, self.down_at, self.settle_at, self.up_at = window_s, down_at, settle_at, up_at
+        self.pressure_share, self.clock = pressure_share, clock
+        self.index = 0
+        self.learned_s: dict[str, float] = {}
+        self._window: collections.deque[tuple[float, Reading]] = collections.deque()
+        self._last_change = self._last_pressure = clock() - hold_s
+        self._last_up: float | None = None
+        self._queued = False  # the previous reading's queue was pressure
+
+    @property
+    def level(self) -> str:
+        return self.levels[self.index]
+
+    def cost_s(self, level: str) -> float | None:
+        """CPU seconds per answer at ``level``: learned live, else the current rung's live cost plus the measured
+        ladder's difference between the two (what a rung adds or saves is pipeline work; the rest of an answer's
+        cost, the HTTP exchange and its bookkeeping, is the same at every rung)."""
+        if level in self.learned_s:
+            return self.learned_s[level]
+        prior = self.prior_ms.get(level)
+        if prior is None:
+            return None
+        here, here_prior = self.learned_s.get(self.level), self.prior_ms.get(self.level)
+        if here is None or here_prior is None:
+            return prior / 1000
+        return max(here + (prior - here_prior) / 1000, MIN_COST_SHARE * here)
+
+    def arrival_rate(self, rising: bool = False) -> float:
+        """Arrivals per second over the window; with ``rising``, the latest tick's rate when higher (a burst is
+        met at once, a step up waits for the whole window)."""
+        span = sum(r.seconds for _, r in self._window)
+        rate = sum(r.arrived for _, r in self._window) / span if span > 0 else 0.0
+        if rising and self._window and self._window[-1][1].seconds > 0:
+            latest = self._window[-1][1]
+            rate = max(rate, latest.arrived / latest.seconds)
+        return rate
+
+    def demand(self, level: str, rising: bool = False) -> float | None:
+        """The share of the cores the recent arrivals would keep busy at ``level`` (None: its cost is unknown)."""
+        cost = self.cost_s(level)
+        return None if cost is None else self.arrival_rate(rising) * cost / self.cores
+
+    def tick(self, reading: Reading) -> Change | None:
+        now = self.clock()
+        self._window.append((now, reading))
+        while self._window and now - self._window[0][0] > self.window_s:
+            self._window.popleft()
+        if reading.answered >= MIN_ANSWERS and reading.cpu_s > 0:
+            per_answer = reading.cpu_s / reading.answered
+            old = self.learned_s.get(self.level)
+            self.learned_s[self.level] = per_answer if old is None else old + LEARN_ALPHA * (per_answer - old)
+        why = self._pressure(reading)
+        if why is not None:
+            self._last_pressure = now
+            return self._step_down(now, why)
+        if self._last_up is not None and now - self._last_up >= 2 * self.hold_s:
+            self.hold_s, self._last_up = self.base_hold_s, None  # the last step up held: the next waits as usual
+        if self.index == 0:
+            return None
+        if now - max(self._last_change, self._last_pressure) < self.hold_s or reading.waiting:
+            return None
+        upper = self.levels[self.index - 1]
+        demand = self.demand(upper)
+        here = self.demand(self.level)
+        if demand is None:  # never measured: priced at twice this rung
+            demand = None if here is None else 2 * here
+        if demand is None or demand > self.up_at:
+            return None
+        return self._move(now, self.index - 1, f"demand at {upper} {demand:.0%} of the cores (< {self.up_at:.0%})")
+
+    def _pressure(self, reading: Reading) -> str | None:
+        if reading.shed > max(1.0, SHED_SHARE * reading.arrived):
+            return f"{reading.shed} of {reading.arrived} requests refused"
+        queued = reading.waiting > 0 and reading.predicted_s > self.pressure_share * reading.deadline_s
+        was_queued, self._queued = self._queued, queued
+        if queued and was_queued:  # two readings running: a queue that lasts, not one that a tick's burst left
+            return (f"{reading.waiting} waiting, a new request would finish in {reading.predicted_s * 1000:.0f} ms "
+                    f"of its {reading.deadline_s * 1000:.0f}")
+        demand = self.demand(self.level, rising=True)
+        if demand is not None and demand > self.down_at:
+            return f"demand at {self.level} {demand:.0%} of the cores (> {self.down_at:.0%})"
+        return None
+
+    def _step_down(self, now: float, why: str) -> Change | None:
+        last = len(self.levels) - 1
+        if self.index == last:
+            return None
+        target = next((i for i in range(self.index + 1, last + 1)
+                       if (d := self.demand(self.levels[i], rising=True)) is not None and d <= self.settle_at), last)
+        here = self.demand(self.level, rising=True)
+        if here is not None and here <= self.settle_at:
+            target = self.index + 1  # the pressure is the queue's, not the rate's: one rung
+        if self._last_up is not None and now - self._last_up < 2 * self.hold_s:
+            self.hold_s = min(MAX_HOLD_S, 2 * self.hold_s)  # it stepped up too soon: wait longer next time
+        return self._move(now, target, why)
+
+    def _move(self, now: float, index: int, why: str) -> Change:
+        before = self.level
+        direction = "down" if index > self.index else "up"
+        self.index, self._last_change = index, now
+        if direction == "up":
+            self._last_up = now
+        return Change(before, self.level, direction, why)
+
+    def level_for(self, priority: str) -> str:
+        """The rung a request of ``priority`` is served at: low one below the controller's once it has stepped
+        down, high one above it."""
+        if priority == "low" and self.index > 0:
+            return self.levels[min(self.index + 1, len(self.levels) - 1)]
+        if priority == "high":
+            return self.levels[max(self.index - 1, 0)]
+        return self.level

@@ -1,0 +1,155 @@
+"""The level controller (rag/steering/controller.py) driven by readings on a clock of the test's own: it steps down
+under pressure (as far as the demand needs), holds at steady load, steps back up once the load falls, and backs off
+a step up that did not hold."""
+
+from __future__ import annotations
+
+import pytest
+
+from rag.steering.controller import LevelController, Reading
+
+LEVELS = ("full", "shallow_rerank", "no_rerank", "bm25_only")
+PRIOR_MS = {"full": 6.0, "shallow_rerank": 5.0, "no_rerank": 4.0, "bm25_only": 0.3}
+OVERHEAD_S = 0.010  # what every answer costs besides the pipeline (HTTP, bookkeeping)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def cost_s(level: str) -> float:
+    return OVERHEAD_S + PRIOR_MS[level] / 1000
+
+
+def make(**options) -> tuple[LevelController, Clock]:
+    clock = Clock()
+    return LevelController(LEVELS, PRIOR_MS, cores=2.0, clock=clock, **options), clock
+
+
+def load(controller: LevelController, clock: Clock, rate: float, seconds: int, cores: float = 2.0,
+         shed_when_over: bool = True) -> list:
+    """``seconds`` one-second ticks of ``rate`` arrivals per second; answered at the current rung's cost up to the
+    cores, the rest refused (with ``shed_when_over``)."""
+    changes = []
+    for _ in range(seconds):
+        clock.now += 1.0
+        cost = cost_s(controller.level)
+        capacity = cores / cost
+        answered = min(rate, capacity)
+        shed = int(rate - answered) if shed_when_over else 0
+        reading = Reading(seconds=1.0, arrived=int(rate), answered=int(answered), shed=shed,
+                          cpu_s=answered * cost, waiting=0, predicted_s=0.0, deadline_s=0.42)
+        if (change := controller.tick(reading)) is not None:
+            changes.append(change)
+    return changes
+
+
+def test_steady_load_under_capacity_changes_nothing():
+    controller, clock = make()
+    capacity = 2.0 / cost_s("full")
+    assert load(controller, clock, 0.5 * capacity, 120) == []
+    assert controller.level == "full"
+
+
+def test_overload_steps_down_as_far_as_the_demand_needs_and_holds_there():
+    controller, clock = make()
+    full_capacity = 2.0 / cost_s("full")
+    load(controller, clock, 0.3 * full_capacity, 10)  # learns the top rung's live cost
+    changes = load(controller, clock, 1.5 * full_capacity, 60)
+    assert changes and changes[0].direction == "down"
+    # 1.5x of full's capacity is more than every reranked rung can answer; BM25 alone holds it
+    assert controller.level == "bm25_only"
+    assert len(changes) <= 2, changes  # no oscillation at steady load
+    assert all(c.direction == "down" for c in changes)
+
+
+def test_a_queue_predicted_past_half_the_deadline_for_two_readings_is_pressure_even_without_refusals():
+    controller, clock = make()
+    queued = Reading(1.0, 10, 10, 0, 0.1, waiting=30, predicted_s=0.3, deadline_s=0.42)
+    clock.now += 10
+    assert controller.tick(queued) is None, "one reading's queue may be a burst the next tick has drained"
+    clock.now += 1
+    change = controller.tick(queued)
+    assert change is not None and change.direction == "down" and "waiting" in change.why
+
+
+def test_one_refusal_in_a_busy_tick_is_not_pressure():
+    controller, clock = make()
+    clock.now += 10
+    assert controller.tick(Reading(1.0, 150, 149, 1, 1.5, 0, 0.0, 0.42)) is None
+    clock.now += 1
+    assert controller.tick(Reading(1.0, 150, 140, 10, 1.5, 0, 0.0, 0.42)) is not None
+
+
+def test_steps_back_up_to_full_once_the_load_falls():
+    controller, clock = make(hold_s=5.0)
+    full_capacity = 2.0 / cost_s("full")
+    load(controller, clock, 0.3 * full_capacity, 10)
+    load(controller, clock, 2.0 * full_capacity, 20)
+    assert controller.level != "full"
+    changes = load(controller, clock, 0.3 * full_capacity, 40)
+    assert controller.level == "full"
+    assert [c.direction for c in changes] == ["up"] * len(changes)
+    # one rung per hold: back within (rungs x hold) plus a tick each
+    assert len(changes) <= len(LEVELS) - 1
+
+
+def test_near_the_knee_it_settles_instead_of_flapping():
+    controller, clock = make(hold_s=5.0)
+    full_capacity = 2.0 / cost_s("full")
+    load(controller, clock, 0.3 * full_capacity, 10)
+    changes = load(controller, clock, 0.95 * full_capacity, 300)
+    per_minute = len(changes) / 5
+    assert per_minute <= 2, changes
+
+
+def test_a_step_up_that_does_not_hold_doubles_the_wait_before_the_next():
+    controller, clock = make(hold_s=5.0)
+    full_capacity = 2.0 / cost_s("full")
+    load(controller, clock, 0.3 * full_capacity, 10)
+    load(controller, clock, 2.0 * full_capacity, 10)
+    up = load(controller, clock, 0.3 * full_capacity, 7)
+    assert up and up[-1].direction == "up"
+    down = load(controller, clock, 2.0 * full_capacity, 2)  # the load came back at once
+    assert down and down[0].direction == "down"
+    assert controller.hold_s == pytest.approx(10.0)
+
+
+def test_load_episodes_apart_each_start_from_the_usual_hold():
+    """A step up that held resets the hold: separate bursts are not read as one flapping load."""
+    controller, clock = make(hold_s=5.0)
+    full_capacity = 2.0 / cost_s("full")
+    load(controller, clock, 0.3 * full_capacity, 10)
+    for _ in range(4):
+        load(controller, clock, 2.0 * full_capacity, 15)
+        assert controller.level != "full"
+        back = load(controller, clock, 0.2 * full_capacity, 30)
+        assert controller.level == "full", back
+        assert controller.hold_s == 5.0
+
+
+def test_priority_low_is_served_one_rung_below_once_stepped_down_and_high_one_above():
+    controller, clock = make()
+    assert controller.level_for("low") == "full"  # nothing to save at full load-free service
+    controller.index = 1
+    assert controller.level_for("normal") == "shallow_rerank"
+    assert controller.level_for("low") == "no_rerank"
+    assert controller.level_for("high") == "full"
+    controller.index = len(LEVELS) - 1
+    assert controller.level_for("low") == "bm25_only"
+
+
+def test_an_unmeasured_rung_is_priced_from_the_ladder_by_difference():
+    controller, clock = make()
+    controller.learned_s["full"] = 0.016
+    assert controller.cost_s("no_rerank") == pytest.approx(0.016 - 0.002)
+    assert controller.cost_s("bm25_only") == pytest.approx(0.016 - 0.0057)
+
+
+def test_bad_thresholds_are_refused_with_a_sentence():
+    with pytest.raises(ValueError, match="up_at < settle_at < down_at"):
+        LevelController(LEVELS, PRIOR_MS, 2.0, up_at=0.9, settle_at=0.8, down_at=0.95)

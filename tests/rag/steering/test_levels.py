@@ -1,0 +1,95 @@
+"""The quality ladder's rungs on a real pipeline (rag/stages.py LEVEL_TABLE, RagPipeline.query/retrieve ``level``),
+and the ladder as a service's settings run it (rag/steering/ladder.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rag.errors import ConfigurationError
+from rag.settings import RagheatSettings
+from rag.stages import LEVEL_TABLE, QUALITY_LEVELS
+from rag.steering.ladder import DEFAULT_LADDER, Ladder, distinct_levels
+
+QUERY = "0-dimensional biomaterials lack inductive properties."
+
+
+def _stages(result) -> list[str]:
+    return [s.name for s in result.stages]
+
+
+def test_each_rung_runs_what_it_says_and_says_so(pipeline):
+    full = pipeline.query(QUERY, 5)
+    assert full.level == "full" and not full.degraded and "rerank" in _stages(full)
+    shallow = pipeline.retrieve(QUERY, 5, level="shallow_rerank")
+    assert shallow.rerank and shallow.rerank_depth == 20
+    no_rerank = pipeline.query(QUERY, 5, level="no_rerank")
+    assert "rerank" not in _stages(no_rerank) and "embed" in _stages(no_rerank)
+    assert no_rerank.level == "no_rerank" and no_rerank.degraded and not no_rerank.skipped
+    bm25 = pipeline.query(QUERY, 5, level="bm25_only")
+    assert _stages(bm25) == ["retrieve_bm25", "generate"], "BM25 alone never embeds the query"
+    assert bm25.route == "bm25" and bm25.sources
+    assert bm25.quality is not None and bm25.quality.verdict == "unscored"
+
+
+def test_a_shallow_rerank_rescores_only_its_depth(pipeline):
+    deep = pipeline.retrieve(QUERY, 30)
+    shallow = pipeline.retrieve(QUERY, 30, level="shallow_rerank")
+    unranked = pipeline.retrieve(QUERY, 30, level="no_rerank")
+    # past the rung's depth the fused order is kept: the tails are the no-rerank ranking's
+    assert [h.chunk_id for h in shallow.hits[20:]] == [h.chunk_id for h in unranked.hits[20:30]]
+    assert {h.chunk_id for h in shallow.hits[:20]} == {h.chunk_id for h in unranked.hits[:20]}
+    assert len(deep.hits) == len(shallow.hits) == 30
+
+
+def test_an_unknown_rung_is_refused_with_the_list(pipeline):
+    with pytest.raises(ValueError, match="bm25_only"):
+        pipeline.query(QUERY, 5, level="cheap")
+
+
+def test_rungs_that_cut_only_what_the_service_does_not_run_are_left_out():
+    assert distinct_levels(RagheatSettings()) == ("full", "shallow_rerank", "no_rerank", "bm25_only")
+    routed_with_model = RagheatSettings(retrieval={"retrievers": ["routed"]}, generation={"generator": "openai"},
+                                        hyde={"enabled": True})
+    assert distinct_levels(routed_with_model) == QUALITY_LEVELS
+    bm25_only = RagheatSettings(retrieval={"retrievers": ["bm25"]}, rerank={"enabled": False})
+    assert distinct_levels(bm25_only) == ("full",)
+
+
+def test_the_shipped_ladder_is_measured_for_every_rung_of_the_default_service_and_is_a_frontier():
+    ladder = Ladder.load()
+    served = distinct_levels(RagheatSettings())
+    assert set(served) <= set(ladder.cpu_ms), "measure-ladder measured every rung the default service runs"
+    assert ladder.frontier(served) == served, "each rung costs less than the one above it"
+    costs = [ladder.cpu_ms[name] for name in served]
+    assert costs == sorted(costs, reverse=True)
+    source = json.loads(DEFAULT_LADDER.read_text())["source"]
+    assert source["command"].startswith("ragheat measure-ladder")
+
+
+def test_a_rung_that_saves_nothing_is_not_a_step(tmp_path):
+    levels = {"full": {"cpu_ms": 6.0}, "shallow_rerank": {"cpu_ms": 5.9}, "no_rerank": {"cpu_ms": 4.0}}
+    (tmp_path / "ladder.json").write_text(json.dumps({"levels": levels}))
+    ladder = Ladder.load(tmp_path / "ladder.json")
+    assert ladder.frontier(("full", "shallow_rerank", "no_rerank", "bm25_only")) == ("full", "no_rerank", "bm25_only")
+
+
+@pytest.mark.parametrize("content, match", [("{", "not a ladder file"), ('{"levels": {"cheap": {"cpu_ms": 1}}}',
+                                                                         "do not exist")])
+def test_a_bad_ladder_file_names_itself(tmp_path, content, match):
+    path = tmp_path / "ladder.json"
+    path.write_text(content)
+    with pytest.raises(ConfigurationError, match=match):
+        Ladder.load(path)
+
+
+def test_the_level_table_is_cumulative():
+    """Each rung keeps the cuts of the rungs above it: a step down never brings a stage back."""
+    fields = ("hyde", "language_model", "graph", "dense")
+    for upper, lower in zip(LEVEL_TABLE, LEVEL_TABLE[1:]):
+        for name in fields:
+            assert getattr(upper, name) or not getattr(lower, name), (upper.name, lower.name, name)
+        upper_depth = 10**6 if upper.rerank_candidates is None else upper.rerank_candidates
+        lower_depth = 10**6 if lower.rerank_candidates is None else lower.rerank_candidates
+        assert lower_depth <= upper_depth
