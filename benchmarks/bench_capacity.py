@@ -44,8 +44,10 @@ from loadgen.runner import StopSignals, open_loop, run, shuffled  # noqa: E402
 from loadgen.stats import find_knee  # noqa: E402
 from stack.servers import ServeFleet  # noqa: E402
 
-CONFIGS = {"on": {}, "on-nice-0": {"RAGHEAT_ADMISSION__WORKER_NICE": "0"},
-           "off": {"RAGHEAT_ADMISSION__ENABLED": "false", "RAGHEAT_ADMISSION__DEGRADE": "false"}}
+# Admission control alone: steering (on by default) is measured against it in bench_steering.py.
+STEERING_OFF = {"RAGHEAT_STEERING__ENABLED": "false"}
+CONFIGS = {"on": STEERING_OFF, "on-nice-0": {**STEERING_OFF, "RAGHEAT_ADMISSION__WORKER_NICE": "0"},
+           "off": {**STEERING_OFF, "RAGHEAT_ADMISSION__ENABLED": "false", "RAGHEAT_ADMISSION__DEGRADE": "false"}}
 SATURATED = 0.10  # past this share of errors or shed queries a configuration is not offered higher knee rates
 
 

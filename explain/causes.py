@@ -4,7 +4,9 @@ The currency is milliseconds of stage P99 growth. The end-to-end P99 grew; each 
 each stage's growth is charged to what the evidence says slowed it:
 
 - ``queue`` time is waiting for a worker: charged to **overload**, with the offered load against the baseline's
-  (and the knee, when known) and the share shed as evidence.
+  (and the knee, when known), the share shed and the share of answers served below full quality as evidence.
+  With the load controller on (rag/steering), an overload may not slow anything: it steps the quality ladder down
+  instead, and more answers below full quality is then overload by itself, as more refusals are.
 - A stage that slowed far more than the others (its P99 ratio ``STANDS_OUT`` times theirs) has a cause of its own:
   its dependency (the language model, the graph store) or, when the kernel probes report it, what its threads
   waited on (a lock, the disk, the network); otherwise the stage itself, unless a machine-wide source moved (below):
@@ -18,8 +20,8 @@ each stage's growth is charged to what the evidence says slowed it:
 
 Nothing is wrong when the P99 did not grow beyond ``NOISE_MS`` and ``NOISE_SHARE`` of the baseline (or grew with
 fewer than ``TAIL_SHARE`` of the window's requests slower than the baseline's P99, or no more of them than the
-baseline's own rate above that bound explains by chance: an outlier), nothing more was shed, and no more answers
-fell back: then the explanation says so and names no cause.
+baseline's own rate above that bound explains by chance: an outlier), nothing more was shed, no more answers fell back
+and no more were served below full quality: then the explanation says so and names no cause.
 """
 
 from __future__ import annotations
@@ -169,15 +171,17 @@ def explain(evidence: Evidence, knee_qps: float | None = None) -> Explanation:
     shed_more = _share(now.shed_per_s, _offered(now)) - _share(before.shed_per_s, _offered(before))
     degraded_more = (_share(sum(now.degraded_per_s.values()), now.answered_per_s)
                      - _share(sum(before.degraded_per_s.values()), before.answered_per_s))
+    stepped_more = _share(now.below_full_per_s, now.answered_per_s) - _share(before.below_full_per_s,
+                                                                               before.answered_per_s)
     slower = (growth > max(NOISE_MS, NOISE_SHARE * before.p99_ms)
               and not evidence.tail_share < TAIL_SHARE and evidence.tail_requests >= TAIL_REQUESTS
               and not _tail_by_chance(evidence))
-    if not (slower or shed_more > SHARE_NOISE or degraded_more > SHARE_NOISE):
+    if not (slower or shed_more > SHARE_NOISE or degraded_more > SHARE_NOISE or stepped_more > SHARE_NOISE):
         result.headline = (f"nothing is wrong: P99 {_ms(now.p99_ms)} against {_ms(before.p99_ms)} in the baseline "
                            f"(within noise), nothing more shed or degraded")
         return result
     result.verdict = "slower"
-    causes = _causes(evidence, stages, knee_qps, shed_more, degraded_more)
+    causes = _causes(evidence, stages, knee_qps, max(shed_more, stepped_more), degraded_more)
     causes.sort(key=lambda c: c.ms, reverse=True)
     result.causes = causes
     top = causes[0].headline if causes else "no stage's P99 grew: the time is outside the stages ragheat sees"
@@ -187,6 +191,7 @@ def explain(evidence: Evidence, knee_qps: float | None = None) -> Explanation:
 
 def _causes(evidence: Evidence, stages: list[StageChange], knee_qps: float | None, shed_more: float,
             degraded_more: float) -> list[Cause]:
+    """``shed_more``: how much more of the load was refused, or answered below full quality (the larger)."""
     now, before = evidence.now, evidence.before
     causes: dict[str, Cause] = {}
 
@@ -199,10 +204,17 @@ def _causes(evidence: Evidence, stages: list[StageChange], knee_qps: float | Non
     load_ratio = _share(_offered(now), _offered(before))
     overload_line = (f"overload: {_offered(now):.1f} req/s offered against {_offered(before):.1f} in the baseline"
                      + (f" and a knee of {knee_qps:g}" if knee_qps else "")
-                     + (f"; shed {_share(now.shed_per_s, _offered(now)):.0%}" if now.shed_per_s else ""))
+                     + (f"; shed {_share(now.shed_per_s, _offered(now)):.0%}" if now.shed_per_s else "")
+                     + (f"; {_share(now.below_full_per_s, now.answered_per_s):.0%} of answers below full quality"
+                        if now.below_full_per_s else ""))
     overload_evidence = [f"offered {_offered(before):.2f} -> {_offered(now):.2f} req/s ({load_ratio:.2f}x)",
                          f"shed {_share(before.shed_per_s, _offered(before)):.1%} -> "
                          f"{_share(now.shed_per_s, _offered(now)):.1%} of offered requests"]
+    if now.below_full_per_s or before.below_full_per_s:  # the load controller traded quality for capacity
+        below_before = _share(before.below_full_per_s, before.answered_per_s)
+        below_now = _share(now.below_full_per_s, now.answered_per_s)
+        overload_evidence.append(f"answers below full quality {below_before:.1%} -> {below_now:.1%} (the load "
+                                 f"controller stepped the quality ladder down)")
     weights = _machine_weights(now, before)
     total = sum(weights.values())
     ordinary = [c.ratio for c in stages if c.growth_ms > 0 and c.stage not in WAIT_STAGES

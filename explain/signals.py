@@ -54,6 +54,8 @@ class Side:
     stage_p99_ms: dict[str, float] = field(default_factory=dict)
     stage_ms_per_request: dict[str, float] = field(default_factory=dict)
     shed_per_s: float = 0.0
+    below_full_per_s: float = 0.0
+    """Answers served below the quality ladder's top rung: the load controller stepped down (rag/steering)."""
     degraded_per_s: dict[str, float] = field(default_factory=dict)
     skipped_per_s: dict[str, float] = field(default_factory=dict)
     process_cores: float = math.nan
@@ -131,6 +133,8 @@ class Reader:
         side.stage_ms_per_request = {s: 1e3 * v for s, v in self.by("stage", (
             f"sum by (stage) (rate({stage}_sum{ok}{r})) {per_request}")).items()}
         side.shed_per_s = _or(self.scalar(f'sum(rate({SERVICE_METRICS["shed"]}{every}{r}))'), 0.0)
+        below = _selector(self.job, 'outcome="ok"', 'quality_level!~"full|none"')
+        side.below_full_per_s = _or(self.scalar(f"sum(rate({request}_count{below}{r}))"), 0.0)
         side.degraded_per_s = self.by("reason", f'sum by (reason) (rate({GENERATION_METRICS["degraded"]}{every}{r}))')
         side.skipped_per_s = self.by("stage", f'sum by (stage) (rate({SERVICE_METRICS["stage_skipped"]}{every}{r}))')
         # One service may run several processes (workers, replicas) on one host: the host is counted once.

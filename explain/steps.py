@@ -33,13 +33,20 @@ def not_explained(results: dict, reason: str) -> None:
     results["explained"] = {"source": None, "job": None, "baseline_qps": None, "reason": reason}
 
 
+def knee_of(results: dict) -> float | None:
+    """The sweep's knee: where answers stopped being full ones when a load controller stepped the quality ladder
+    down below the latency knee (its steps past that point are overload it absorbed), else the latency knee."""
+    knees = [k for k in (results.get("knee_qps"), results.get("full_quality_knee_qps")) if k is not None]
+    return min(knees) if knees else None
+
+
 def baseline_step(results: dict) -> dict | None:
     """The last step at or below the knee; the lowest step when none met the SLO; None in a closed-loop sweep."""
     steps = sorted((s for s in results["steps"] if s.get("offered_qps") is not None and s["requests"]),
                    key=lambda s: s["offered_qps"])
     if not steps:
         return None
-    knee = results.get("knee_qps")
+    knee = knee_of(results)
     if knee is None:
         return steps[0]
     below = [s for s in steps if s["offered_qps"] <= knee and not s["interrupted"]]
@@ -48,7 +55,8 @@ def baseline_step(results: dict) -> dict | None:
 
 def steps_past_the_knee(results: dict, baseline: dict) -> list[dict]:
     """The steps above the knee (above the baseline step when there is no knee), in sweep order."""
-    bar = results["knee_qps"] if results.get("knee_qps") is not None else baseline["offered_qps"]
+    knee = knee_of(results)
+    bar = knee if knee is not None else baseline["offered_qps"]
     return [s for s in results["steps"] if s is not baseline and s.get("offered_qps") is not None
             and s["offered_qps"] > bar]
 
@@ -88,7 +96,7 @@ def explain_sweep(results: dict, api: PrometheusApi, *, instance: str, source: s
             continue
         at, window, before = spans(step, baseline)
         try:
-            explanation = explain(gather(api, job, window, before, at=at), knee_qps=results.get("knee_qps"))
+            explanation = explain(gather(api, job, window, before, at=at), knee_qps=knee_of(results))
         except RagheatError as exc:
             step["not_explained"] = f"reading {source} failed: {exc}"
             continue
@@ -101,7 +109,7 @@ def _nothing_to_explain(results: dict, baseline: dict | None, past: list[dict]) 
     if baseline is None:
         return "no step answered a request at an offered rate"
     if not past:
-        return ("every step met the SLO: none is past the knee" if results.get("knee_qps") is not None
+        return ("every step met the SLO: none is past the knee" if knee_of(results) is not None
                 else "no step above the lowest was measured: nothing to compare it with")
     if not baseline.get("measured_unix") or not any(s.get("measured_unix") for s in past):
         return "the steps have no measured times (results written by an older ragheat)"

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from rag.slo import SLO_MS, SLO_SECONDS
-from rag.stages import STAGES
+from rag.stages import QUALITY_LEVELS, STAGES
 from telemetry.buckets import LATENCY_SECONDS
 
 END_TO_END = "end to end"
@@ -172,6 +172,9 @@ def render_report(results_path: Path, out_dir: Path | None = None) -> Path:
     if steps:  # 4. outcomes per offered rate: shed apart from errors and from admitted latency
         images.append(_outcomes_figure(plt, steps, results, out_dir))
 
+    if any(s.get("levels") for s in steps):  # 5. the quality ladder's rungs that answered, per offered rate
+        images.append(_quality_figure(plt, steps, results, out_dir))
+
     page = out_dir / "report.html"
     page.write_text(_html(results, images))
     return page
@@ -201,6 +204,30 @@ def _outcomes_figure(plt, steps: list[dict], results: dict, out_dir: Path) -> tu
     ax.grid(alpha=0.3, axis="y")
     return _save(fig, out_dir / "outcomes_vs_load.png",
                  "Goodput, late answers, shed queries and errors by offered load")
+
+
+def _quality_figure(plt, steps: list[dict], results: dict, out_dir: Path) -> tuple[str, str]:
+    """Per offered rate, stacked: the share of the answers each rung of the quality ladder served (a load controller
+    steps down past the full-quality knee), beside the latency-against-load figure."""
+    rates = [s["offered_qps"] for s in steps]
+    x = np.arange(len(rates))
+    fig, ax = plt.subplots(figsize=(8, 5))
+    bottom = np.zeros(len(rates))
+    colours = plt.get_cmap("viridis")
+    for i, level in enumerate(QUALITY_LEVELS):
+        shares = [s["levels"].get(level, 0) / max(1, sum(s["levels"].values())) for s in steps]
+        if any(shares):
+            ax.bar(x, shares, bottom=bottom, label=level, color=colours(i / max(1, len(QUALITY_LEVELS) - 1)))
+            bottom += np.asarray(shares)
+    full = results.get("full_quality_knee_qps")
+    if full is not None and full in rates:
+        ax.axvline(rates.index(full) + 0.5, color="tab:green", ls=":", label=f"full quality up to {full:g} req/s")
+    ax.set_xticks(x, [f"{r:g}" for r in rates])
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("offered load (req/s, open loop)")
+    ax.set_ylabel("share of the answers")
+    ax.legend(title="quality level", fontsize=8)
+    return _save(fig, out_dir / "quality_vs_load.png", "Quality level of the answers by offered load")
 
 
 def _save(fig, path: Path, title: str) -> tuple[str, str]:

@@ -7,6 +7,8 @@ from typing import Sequence
 
 import numpy as np
 
+from rag.stages import TOP_LEVEL
+
 PERCENTILES = {"p50": 50.0, "p90": 90.0, "p99": 99.0, "p99.9": 99.9}
 
 
@@ -94,16 +96,31 @@ def cache_hit_rate(counts: dict) -> float | None:
     return counts.get("hit", 0) / looked if looked else None
 
 
-def find_knee(steps: Sequence[StepResult], slo_ms: float, max_error_rate: float = 0.001) -> float | None:
+FULL_QUALITY_SHARE = 0.99
+"""A step serves full quality when at least this share of its answers came from the quality ladder's top rung."""
+
+
+def full_quality_share(step: StepResult) -> float | None:
+    """The share of a step's answers served at the quality ladder's top rung; None when the responses say no rung."""
+    answered = sum(step.levels.values())
+    return step.levels.get(TOP_LEVEL, 0) / answered if answered else None
+
+
+def find_knee(steps: Sequence[StepResult], slo_ms: float, max_error_rate: float = 0.001,
+              full_quality: bool = False) -> float | None:
     """The highest offered rate that meets the SLO (P99 <= slo_ms, errors and shed each <= max_error_rate) with every
-    lower offered rate meeting it too: a passing step above a failing one is noise, not capacity."""
+    lower offered rate meeting it too: a passing step above a failing one is noise, not capacity. ``full_quality``:
+    also with ``FULL_QUALITY_SHARE`` of its answers at the quality ladder's top rung (a load controller that steps
+    down keeps the latency within the SLO past the rate the full answers can be served at)."""
     knee = None
     for step in sorted((s for s in steps if s.offered_qps is not None and not s.interrupted),
                        key=lambda s: s.offered_qps):
         p99 = step.latency_ms.get("p99")
+        share = full_quality_share(step)
         # A step that sheds more than the error allowance is not served capacity either.
         if (step.requests == 0 or p99 is None or p99 > slo_ms or step.error_rate > max_error_rate
-                or step.shed_rate > max_error_rate):
+                or step.shed_rate > max_error_rate
+                or (full_quality and share is not None and share < FULL_QUALITY_SHARE)):
             break
         knee = step.offered_qps
     return knee

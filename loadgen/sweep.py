@@ -101,6 +101,10 @@ def run_sweep(url: str, queries: Sequence[str], *, mode: str, levels: Sequence[f
             "duration_s": duration_s, "warmup_s": warmup_s, "started_at": started,
             "interrupted": len(steps) < len(levels) or any(s.interrupted for s in steps),
             "knee_qps": find_knee(steps, slo_ms, max_error_rate) if mode == "open" else None,
+            # With a load controller stepping the quality ladder down, the latency knee is the floor's: the rate
+            # every answer is still a full one is this (None when the responses name no rung).
+            "full_quality_knee_qps": (find_knee(steps, slo_ms, max_error_rate, full_quality=True)
+                                      if mode == "open" and any(s.levels for s in steps) else None),
             "steps": [s.to_json() for s in steps],
             "zipf_s": zipf_s,  # queries drawn from a Zipf law of this exponent (None: in order)
             "notes": list(notes),

@@ -443,7 +443,8 @@ class SteeringSettings(_Section):
     answers: no rerank, BM25 alone, ...) before admission control has to refuse anyone, and back up when the load
     falls. Each answer says the rung that served it (``quality_level``)."""
 
-    enabled: bool = Field(False, description="run the controller (off: every query is served at the top rung)")
+    enabled: bool = Field(True, description="run the controller (off: every query is served at the top rung, and "
+                                            "admission control alone refuses what it cannot answer in time)")
     floor: Literal[QUALITY_LEVELS] = Field("bm25_only", description="the lowest rung the controller may step down "
                                                                     "to; below it, admission control refuses")
     ladder: Path | None = Field(None, description="measured cost per rung (`ragheat measure-ladder`); unset = the one "

@@ -116,6 +116,10 @@ def bench(
     knee = results["knee_qps"]
     if mode == "open":  # a closed loop has no knee: nothing to say of steps past it
         out.print(f"knee: {knee:g} req/s" if knee is not None else "knee: none of the offered rates met the SLO")
+        full = results.get("full_quality_knee_qps")
+        if any(s.get("levels") for s in results["steps"]) and full != knee:
+            out.print(f"at full quality: {'none of the offered rates' if full is None else f'{full:g} req/s'} (the "
+                      f"load controller served cheaper answers above it: the report's quality-against-load figure)")
         for line in explanation_lines(results):
             out.print(escape(line), highlight=False)
     out.print(f"wrote {path} and {report}" + ("  (interrupted: partial results)" if results["interrupted"] else ""))

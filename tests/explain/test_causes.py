@@ -113,6 +113,15 @@ def test_shedding_alone_is_overload():
     assert result.verdict == "slower" and top(result) == "overload"
 
 
+def test_answers_stepped_down_the_quality_ladder_are_overload_even_when_nothing_slowed():
+    """With the load controller on, an overload is absorbed by cheaper answers: the P99 holds, nothing is refused."""
+    stepped = quiet(answered_per_s=30.0, below_full_per_s=27.0)
+    result = explain(evidence(stepped, tail_share=0.01))
+    assert top(result) == "overload" and "90% of answers below full quality" in result.headline
+    assert any("stepped the quality ladder down" in line for line in result.causes[0].evidence)
+    assert explain(evidence(quiet(below_full_per_s=0.05), tail_share=0.01)).verdict == "ok", "noise is not a cause"
+
+
 @pytest.mark.parametrize(("stage", "kind"), [("generate_prefill", "language_model"),
                                              ("retrieve_graph", "graph_store"), ("retrieve_bm25", "stage")])
 def test_a_stage_slowing_on_its_own_is_charged_to_its_dependency_or_itself(stage, kind):

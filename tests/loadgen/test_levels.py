@@ -4,11 +4,14 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import numpy as np
 from aiohttp import web
 
+from loadgen.report import render_report
 from loadgen.runner import Outcome, _summarise, open_loop, window
+from loadgen.stats import StepResult, find_knee
 
 
 def _answer(start: float, latency_s: float, level: str | None) -> Outcome:
@@ -61,3 +64,31 @@ def test_open_loop_follows_a_given_schedule_and_keeps_the_levels_and_every_outco
     origin = outcomes[0].intended - offsets[0]
     assert np.allclose([o.intended - origin for o in outcomes], offsets)
     assert [o.level for o in outcomes].count("full") == 3
+
+
+def _stepped(rate: float, levels: dict[str, int], p99_ms: float = 50.0) -> StepResult:
+    answered = sum(levels.values()) or int(rate * 5)
+    latency = {"p50": p99_ms / 2, "p90": p99_ms, "p99": p99_ms, "p99.9": p99_ms, "max": p99_ms}
+    return StepResult("open", rate, None, 5.0, answered, 0, answered / 5.0, latency, levels=levels)
+
+
+def test_the_full_quality_knee_is_where_the_answers_stopped_being_full_ones():
+    """A controller that steps the ladder down keeps the latency knee past the full answers' capacity."""
+    steps = [_stepped(50, {"full": 250}), _stepped(100, {"full": 498, "shallow_rerank": 2}),
+             _stepped(200, {"full": 100, "bm25_only": 900}), _stepped(400, {"bm25_only": 2000})]
+    assert find_knee(steps, 420.0) == 400
+    assert find_knee(steps, 420.0, full_quality=True) == 100, "1 % of answers a rung below is still full quality"
+    unlabelled = [_stepped(50, {}), _stepped(100, {})]
+    assert find_knee(unlabelled, 420.0, full_quality=True) == 100, "responses that name no rung: latency alone"
+
+
+def test_the_report_draws_the_quality_against_load(tmp_path):
+    steps = [_stepped(50, {"full": 250}), _stepped(200, {"full": 100, "bm25_only": 900})]
+    results = {"url": "http://127.0.0.1:8000", "mode": "open", "slo_ms": 420.0, "max_error_rate": 0.001,
+               "duration_s": 5.0, "warmup_s": 1.0, "interrupted": False, "knee_qps": 200,
+               "full_quality_knee_qps": 50, "steps": [s.to_json() for s in steps]}
+    stored = tmp_path / "results.json"
+    stored.write_text(json.dumps(results))
+    page = render_report(stored, tmp_path / "report")
+    png = tmp_path / "report" / "quality_vs_load.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and 'src="quality_vs_load.png"' in page.read_text()
