@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.serial]  # it compares the latency o
 
 RAGHEAT = Path(sys.executable).parent / "ragheat"
 QUERIES = Path(__file__).resolve().parents[2] / "datasets" / "scifact" / "queries.jsonl"
-QUIET_QPS, OVERLOAD_QPS = 4, 120
+QUIET_QPS, OVERLOAD_QPS = 4, 400  # far past any machine's full-quality capacity on the subset
 
 
 def test_bench_explains_the_step_past_the_knee(subset_index, tmp_path):
