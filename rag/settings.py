@@ -228,8 +228,8 @@ class ServerSettings(_Section):
                                           "serve` allows only on a loopback host or with insecure_no_api_key. "
                                           "Never logged")
     api_keys_file: Path | None = Field(
-        None, description="file of hashed API keys, one `sha256:<64 hex> [name]` a line (`ragheat keys new`); read "
-                          "at start-up and again on every index reload")
+        None, description="file of hashed API keys, one `sha256:<64 hex> [name] [priority=high|normal|low]` a line "
+                          "(`ragheat keys new`); read at start-up and again on every index reload")
     insecure_no_api_key: bool = Field(
         False, description="let `ragheat serve` listen beyond loopback (host not 127.0.0.0/8, ::1 or localhost) "
                            "without any API key: anyone who reaches the port may query it. Off, such a host without "

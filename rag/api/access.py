@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Mapping, Protocol, Sequence
 
 from rag.errors import ConfigurationError
+from rag.stages import PRIORITIES
 from rag.tally import Tally
 
 REJECTION_REASONS = ("unauthenticated", "forbidden", "rate_limited", "body_too_large", "headers_too_large",
@@ -79,22 +80,32 @@ def key_digest(key: str) -> bytes:
     return hashlib.sha256(key.encode("utf-8")).digest()
 
 
-def key_line(key: str, name: str = "") -> str:
-    """The line of ``server.api_keys_file`` that accepts ``key``: ``sha256:<hex> [name]``."""
-    if name and (not name.isprintable() or any(c.isspace() for c in name)):
+PRIORITY_FIELD = "priority="
+KEY_PRIORITY = "key_priority"
+"""Where ``AccessMiddleware`` leaves the identified key's priority in the ASGI scope's ``state``."""
+
+
+def key_line(key: str, name: str = "", priority: str = "normal") -> str:
+    """The line of ``server.api_keys_file`` that accepts ``key``: ``sha256:<hex> [name] [priority=P]``."""
+    if name and (not name.isprintable() or any(c.isspace() for c in name) or name.startswith(PRIORITY_FIELD)):
         raise ValueError(f"a key's name is one word without spaces, got {name!r}")
-    return f"{HASH_SCHEME}:{key_digest(key).hex()}" + (f" {name}" if name else "")
+    if priority not in PRIORITIES:
+        raise ValueError(f"a key's priority is one of {', '.join(PRIORITIES)}, got {priority!r}")
+    return (f"{HASH_SCHEME}:{key_digest(key).hex()}" + (f" {name}" if name else "")
+            + (f" {PRIORITY_FIELD}{priority}" if priority != "normal" else ""))
 
 
 @dataclass(frozen=True)
 class StoredKey:
     digest: bytes
     name: str
+    priority: str = "normal"  # its requests' priority (rag.api.admission): X-Request-Priority may only lower it
 
 
 def read_keys_file(path: Path) -> list[StoredKey]:
-    """The keys of a keys file: one ``sha256:<64 hex digits> [name]`` a line, ``#`` comments and blank lines
-    allowed. ``ConfigurationError`` naming the file and line (never its content) when it is unreadable or wrong."""
+    """The keys of a keys file: one ``sha256:<64 hex digits> [name] [priority=high|normal|low]`` a line, ``#``
+    comments and blank lines allowed. ``ConfigurationError`` naming the file and line (never its content) when it is
+    unreadable or wrong."""
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
@@ -109,10 +120,14 @@ def read_keys_file(path: Path) -> list[StoredKey]:
             raw = bytes.fromhex(digest)
         except ValueError:
             raw = b""
-        if scheme != HASH_SCHEME or len(raw) != 32 or len(fields) > 2:
+        priorities = [f.removeprefix(PRIORITY_FIELD) for f in fields[1:] if f.startswith(PRIORITY_FIELD)]
+        names = [f for f in fields[1:] if not f.startswith(PRIORITY_FIELD)]
+        if (scheme != HASH_SCHEME or len(raw) != 32 or len(names) > 1 or len(priorities) > 1
+                or any(p not in PRIORITIES for p in priorities)):
             raise ConfigurationError(f"server.api_keys_file {path}, line {number}: expected 'sha256:<64 hex digits> "
-                                     f"[name]' (`ragheat keys new` prints one)")
-        keys.append(StoredKey(raw, fields[1] if len(fields) == 2 else f"key-{raw.hex()[:8]}"))
+                                     f"[name] [priority={'|'.join(PRIORITIES)}]' (`ragheat keys new` prints one)")
+        keys.append(StoredKey(raw, names[0] if names else f"key-{raw.hex()[:8]}",
+                              priorities[0] if priorities else "normal"))
     return keys
 
 
@@ -148,13 +163,18 @@ class KeyRing:
             self._keys = self._inline + read_keys_file(self.keys_file)
 
     def identify(self, presented: str) -> str | None:
-        """The name of the key ``presented`` is, or None. Every stored digest is compared, each in constant time, so
-        the time taken says nothing about which key (or how much of one) matched."""
+        """The name of the key ``presented`` is, or None."""
+        found = self.find(presented)
+        return None if found is None else found.name
+
+    def find(self, presented: str) -> StoredKey | None:
+        """The stored key ``presented`` is, or None. Every stored digest is compared, each in constant time, so the
+        time taken says nothing about which key (or how much of one) matched."""
         digest = key_digest(presented)
         found = None
         for stored in self._keys:
             if hmac.compare_digest(digest, stored.digest) and found is None:
-                found = stored.name
+                found = stored
         return found
 
 
@@ -272,7 +292,9 @@ class AccessPolicy:
         gates = [TokenBucketLimit(server.rate_limit_per_s, server.rate_limit_burst)] if server.rate_limit_per_s else []
         return cls(KeyRing.from_settings(server), gates)
 
-    def check(self, path: str, headers: Mapping[bytes, bytes], client_host: str | None) -> Refusal | None:
+    def check(self, path: str, headers: Mapping[bytes, bytes], client_host: str | None,
+              state: dict | None = None) -> Refusal | None:
+        """None admits the request (and leaves its key's priority in ``state[KEY_PRIORITY]``), else why not."""
         if path in OPEN_PATHS:
             return None
         if self.keys.enabled:
@@ -280,9 +302,12 @@ class AccessPolicy:
             if presented is None:
                 return Refusal("unauthenticated", "this API needs a key: send 'Authorization: Bearer KEY' or "
                                                   "'X-API-Key: KEY'", UNAUTHENTICATED_HEADERS)
-            client = self.keys.identify(presented)
-            if client is None:
+            stored = self.keys.find(presented)
+            if stored is None:
                 return Refusal("unauthenticated", "the API key is not valid", UNAUTHENTICATED_HEADERS)
+            client = stored.name
+            if state is not None:
+                state[KEY_PRIORITY] = stored.priority
         else:  # an open API; admin calls are refused by their route (403), after routing has answered a wrong method
             client = f"address {client_host or 'unknown'}"
         for gate in self.gates:

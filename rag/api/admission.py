@@ -46,14 +46,16 @@ TIMEOUT_HEADER = "x-request-timeout-ms"
 PRIORITY_HEADER = "x-request-priority"
 
 
-def parse_priority_header(value: str | None) -> str:
-    """``X-Request-Priority``: high, normal (absent) or low; ``ValueError`` with a sentence otherwise."""
+def parse_priority_header(value: str | None, key_priority: str = "normal") -> str:
+    """A request's priority: ``X-Request-Priority`` (high, normal or low), which may lower its API key's priority
+    (``key_priority``, from the keys file) but never raise it; the key's when absent. ``ValueError`` with a sentence
+    for a value that is none of them."""
     if value is None:
-        return "normal"
+        return key_priority
     text = value.strip().lower()
     if text not in PRIORITIES:
         raise ValueError(f"X-Request-Priority: {value.strip()[:32]!r} is not one of {', '.join(PRIORITIES)}")
-    return text
+    return max(text, key_priority, key=PRIORITIES.index)
 
 
 class ArrivalMiddleware:

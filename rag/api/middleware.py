@@ -24,7 +24,8 @@ class AccessMiddleware:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         client = scope.get("client")
-        refusal = self.policy.check(scope["path"], dict(scope.get("headers") or ()), client[0] if client else None)
+        refusal = self.policy.check(scope["path"], dict(scope.get("headers") or ()), client[0] if client else None,
+                                    scope.setdefault("state", {}))
         if refusal is None:
             return await self.app(scope, receive, send)
         self.policy.rejections.count(refusal.reason)

@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from fastapi.concurrency import run_in_threadpool
 
+from rag.api.access import KEY_PRIORITY
 from rag.api.admission import (PRIORITY_HEADER, TIMEOUT_HEADER, AdmissionController, Shed, Slot, arrival_of,
                                 parse_priority_header)
 from rag.api.errors import ApiError
@@ -71,7 +72,7 @@ async def _admit(request: QueryRequest, http: Request) -> tuple[Slot, float, flo
     admission: AdmissionController = http.app.state.admission
     try:
         deadline_s = admission.deadline_s(request.timeout_ms, http.headers.get(TIMEOUT_HEADER))
-        priority = parse_priority_header(http.headers.get(PRIORITY_HEADER))
+        priority = _priority(http)
     except ValueError as exc:
         raise ApiError("invalid_request", str(exc)) from None
     arrival = arrival_of(http.state)
@@ -81,6 +82,11 @@ async def _admit(request: QueryRequest, http: Request) -> tuple[Slot, float, flo
     return outcome, arrival, deadline_s
 
 
+def _priority(http: Request) -> str:
+    """The request's priority: its header, within its API key's (``rag.api.access``)."""
+    return parse_priority_header(http.headers.get(PRIORITY_HEADER), getattr(http.state, KEY_PRIORITY, "normal"))
+
+
 def _run(request: QueryRequest, http: Request, record: RequestRecord, arrival: float, deadline_s: float,
          **callbacks) -> QueryResult:
     """On the worker thread: the pipeline, timed from its start (the queue stage ends here) for admission's
@@ -88,7 +94,7 @@ def _run(request: QueryRequest, http: Request, record: RequestRecord, arrival: f
     admission: AdmissionController = http.app.state.admission
     lower_this_thread(admission.worker_nice)
     start = time.perf_counter()
-    priority = parse_priority_header(http.headers.get(PRIORITY_HEADER))  # checked by _admit
+    priority = _priority(http)  # checked by _admit
     steering = http.app.state.steering
     level = TOP_LEVEL if steering is None else steering.level_for(priority)  # the rung when it starts, not arrives
     record.result = _pipeline(http).query(record.query, record.top_k, request.retrievers, arrival=arrival,

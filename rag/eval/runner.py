@@ -8,7 +8,8 @@ candidates, from the first stage recorded while ``retrieve`` ran (the query's to
 embed run). ``+hyde`` (``hybrid+hyde``, before ``+rerank``: ``hybrid+hyde+rerank``) runs the ``hyde`` stage: the
 language model's hypothetical passage searched beside the question in the dense run (``rag.generation.hyde``; the
 pipeline needs ``generation.generator`` openai or vllm). Sets without it are scored without HyDE, whatever
-``hyde.enabled`` says.
+``hyde.enabled`` says. ``default`` is what the service serves by default: ``retrieval.retrievers``, with ``+hyde``
+when ``hyde.enabled`` and ``+rerank`` when ``rerank.enabled`` (``default_set``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import numpy as np
 
 from rag.eval.beir import Qrels, score_run
 from rag.pipeline import RagPipeline
-from rag.routing.names import parse_eval_names
+from rag.routing.names import expand, parse_eval_names
 from rag.query_context import QueryContext
 
 DEPTH = 100  # documents per query, enough for recall@100
@@ -31,12 +32,29 @@ HYDE = "hyde"
 """The suffix (``hybrid+hyde``) and the element of a set's retrievers (before ``rerank``) that asks for HyDE."""
 
 
-def parse_retriever_sets(spec: str) -> dict[str, tuple[str, ...]]:
-    """``dense,bm25,hybrid+graph,routed,hybrid+rerank`` -> {name: retrievers (plus ``rerank`` last)}; a sentence
-    naming ``--retrievers`` when invalid."""
+DEFAULT = "default"
+"""The set name that stands for what the service serves by default (``default_set``)."""
+
+
+def default_set(settings) -> tuple[str, ...]:
+    """What ``settings`` serve by default, as a set's retrievers: ``retrieval.retrievers`` (expanded), ``hyde`` when
+    ``hyde.enabled`` and dense runs, ``rerank`` when ``rerank.enabled``."""
+    names = expand(settings.retrieval.retrievers)
+    hyde = settings.hyde.enabled and ("dense" in names or names == ("routed",))
+    return names + ((HYDE,) if hyde else ()) + ((RERANK,) if settings.rerank.enabled else ())
+
+
+def parse_retriever_sets(spec: str, settings=None) -> dict[str, tuple[str, ...]]:
+    """``dense,bm25,hybrid+graph,routed,hybrid+rerank,default`` -> {name: retrievers (plus ``rerank`` last)}; a
+    sentence naming ``--retrievers`` when invalid. ``default`` needs ``settings``."""
     named: dict[str, tuple[str, ...]] = {}
     for name in (n.strip() for n in spec.split(",")):
         if not name:
+            continue
+        if name == DEFAULT:
+            if settings is None:
+                raise ValueError("--retrievers default: what the service serves depends on its settings")
+            named[name] = default_set(settings)
             continue
         base, rerank = (name[: -len(RERANK) - 1], True) if name.endswith(f"+{RERANK}") else (name, False)
         base, hyde = (base[: -len(HYDE) - 1], True) if base.endswith(f"+{HYDE}") else (base, False)

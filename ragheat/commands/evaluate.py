@@ -20,7 +20,8 @@ def evaluate(
     split: str = typer.Option("train", help="qrels split"),
     retrievers: str = typer.Option("dense,bm25,hybrid", help="comma list of dense, bm25, graph, hybrid (= dense+bm25), "
                                                              "any +-joined combination (hybrid+graph), routed; "
-                                                             "+rerank after any of them (hybrid+rerank)"),
+                                                             "+rerank after any of them (hybrid+rerank); default = "
+                                                             "what the service serves by default"),
     json_out: Optional[Path] = typer.Option(None, "--json", help="write the report here"),
     results_file: Optional[Path] = typer.Option(None, "--results-file", help="also write the report as a benchmark "
                                                 "results file (command, commit, machine; benchmarks/README.md)"),
@@ -36,11 +37,11 @@ def evaluate(
 
     run_record = BenchmarkRun(results_file.stem) if results_file else None
 
+    settings = load_settings()
     try:
-        sets = parse_retriever_sets(retrievers)
+        sets = parse_retriever_sets(retrievers, settings)
     except ValueError as exc:
         _fail(str(exc))
-    settings = load_settings()
     if any("graph" in names for names in sets.values()) and not settings.graph.enabled:
         _fail("--retrievers names graph, but graph.enabled is off (RAGHEAT_GRAPH__ENABLED)")
     index = index or Path("data/index") / beir.resolve().name

@@ -24,13 +24,15 @@ def new(
     name: str = typer.Argument("", help="a name for the key (one word), shown instead of the key's digest"),
     file: Optional[Path] = typer.Option(None, "--file", help="append the hashed line to this keys file (made "
                                                              "with mode 600 if missing)"),
+    priority: str = typer.Option("normal", "--priority", help="its requests' priority under load: high, normal, "
+                                                              "low (X-Request-Priority may only lower it)"),
 ) -> None:
     """Make a key: print it (once; store it with the client) and the line that accepts it."""
     from rag.api.access import key_line, new_key
 
     key = new_key()
     try:
-        line = key_line(key, name)
+        line = key_line(key, name, priority)
     except ValueError as exc:
         _fail(str(exc))
     if file is not None:

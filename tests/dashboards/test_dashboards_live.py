@@ -258,8 +258,10 @@ def panels(quiet, subset_index, vllm_server, mixed_bodies, rules, tmp_path_facto
 
 @pytest.fixture(scope="module")
 def alert(quiet, subset_index, queries, rules) -> AlertRun:
-    # Plain queries: the graph never runs, so its store is not started.
-    quiet = quiet.model_copy(update={"graph": quiet.graph.model_copy(update={"enabled": False})})
+    # Plain queries: the graph never runs, so its store is not started. No load controller: it would step down to a
+    # rung without the delayed stage (fuse), and the page this test waits for is the one a slow stage fires.
+    quiet = quiet.model_copy(update={"graph": quiet.graph.model_copy(update={"enabled": False}),
+                                     "steering": quiet.steering.model_copy(update={"enabled": False})})
     healthy = RagPipeline(quiet, subset_index)
     faulty_settings = quiet.model_copy(update={"faults": FaultSettings(delay_stage=DELAYED_STAGE, delay_ms=DELAY_MS)})
     faulty = RagPipeline(faulty_settings, subset_index)

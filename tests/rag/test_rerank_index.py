@@ -87,3 +87,14 @@ def test_train_reranker_end_to_end_on_a_tiny_split(scifact_subset, subset_index,
     result = CliRunner().invoke(app, ["train-reranker", "--beir", str(scifact_subset), "--split", "nope",
                                       "--index", str(subset_index)])
     assert result.exit_code != 0 and "nope.tsv does not exist" in result.output
+
+
+def test_default_is_what_the_service_serves_by_default():
+    from rag.settings import RagheatSettings
+
+    assert parse_retriever_sets("default,hybrid", RagheatSettings()) == {
+        "default": ("dense", "bm25", "rerank"), "hybrid": ("dense", "bm25")}
+    plain = RagheatSettings(retrieval={"retrievers": ["routed"]}, rerank={"enabled": False})
+    assert parse_retriever_sets("default", plain) == {"default": ("routed",)}
+    with pytest.raises(ValueError, match="settings"):
+        parse_retriever_sets("default")

@@ -72,7 +72,10 @@ def faulty_stack(subset_index, tmp_path_factory):
     folder = tmp_path_factory.mktemp("stack-alerts")
     # The fault is the API's own setting; `stack up` passes its environment on to the API.
     env = {**os.environ, "COLUMNS": "200", "RAGHEAT_FAULTS__DELAY_STAGE": DELAYED_STAGE,
-           "RAGHEAT_FAULTS__DELAY_MS": str(DELAY_MS), "RAGHEAT_GENERATION__GENERATOR": "extractive"}
+           "RAGHEAT_FAULTS__DELAY_MS": str(DELAY_MS), "RAGHEAT_GENERATION__GENERATOR": "extractive",
+           # No load controller: it would step down to a rung without the delayed stage, and this test waits for
+           # the page a slow stage fires.
+           "RAGHEAT_STEERING__ENABLED": "false"}
     up = subprocess.run([RAGHEAT, "stack", "up", "--index", str(subset_index), "--folder", str(folder), *FREE_PORTS,
                          "--rules-profile", "test", "--probes", "off"], capture_output=True, text=True, timeout=420,
                         env=env)

@@ -352,6 +352,10 @@ def test_keys_new_prints_a_key_its_file_line_accepts(tmp_path):
     assert KeyRing(keys_file=path).identify(key) == "ci-bot"
     bad = CliRunner().invoke(app, ["keys", "new", "two words"])
     assert bad.exit_code != 0
+    batch = CliRunner().invoke(app, ["keys", "new", "batch", "--priority", "low", "--file", str(path)])
+    assert batch.exit_code == 0, batch.output
+    assert KeyRing(keys_file=path).find(batch.stdout.strip().splitlines()[-1]).priority == "low"
+    assert CliRunner().invoke(app, ["keys", "new", "--priority", "urgent"]).exit_code != 0
 
 
 def test_keys_hash_reads_a_key_on_stdin(tmp_path):
