@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.serial]  # a neighbour's CPU is one 
 
 QUERIES = Path(__file__).resolve().parents[2] / "datasets" / "scifact" / "queries.jsonl"
 PHASE_S = 20
-QUIET_QPS, OVERLOAD_QPS = 6.0, 120.0
+QUIET_QPS, OVERLOAD_QPS = 6.0, 400.0  # far past any machine's full-quality capacity on the subset
 
 
 def explained(prometheus: str, at: float) -> dict:
