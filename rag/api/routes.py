@@ -72,7 +72,7 @@ async def _admit(request: QueryRequest, http: Request) -> tuple[Slot, float, flo
     admission: AdmissionController = http.app.state.admission
     try:
         deadline_s = admission.deadline_s(request.timeout_ms, http.headers.get(TIMEOUT_HEADER))
-        priority = _priority(http)
+        priority = http.state.priority = _priority(http)  # read again by the worker (_run)
     except ValueError as exc:
         raise ApiError("invalid_request", str(exc)) from None
     arrival = arrival_of(http.state)
@@ -94,7 +94,7 @@ def _run(request: QueryRequest, http: Request, record: RequestRecord, arrival: f
     admission: AdmissionController = http.app.state.admission
     lower_this_thread(admission.worker_nice)
     start = time.perf_counter()
-    priority = _priority(http)  # checked by _admit
+    priority = http.state.priority  # parsed and checked by _admit
     steering = http.app.state.steering
     level = TOP_LEVEL if steering is None else steering.level_for(priority)  # the rung when it starts, not arrives
     record.result = _pipeline(http).query(record.query, record.top_k, request.retrievers, arrival=arrival,

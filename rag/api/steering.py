@@ -17,7 +17,7 @@ from typing import Callable
 
 from rag.api.admission import AdmissionController
 from rag.errors import ConfigurationError
-from rag.stages import LEVEL_TABLE
+from rag.stages import QUALITY_LEVELS
 from rag.steering.controller import Change, LevelController, Reading
 from rag.steering.ladder import Ladder, distinct_levels
 
@@ -55,8 +55,7 @@ class Steering:
         workers = workers or int(os.environ.get(WORKERS_ENV, "1") or 1)
         ladder = Ladder.load(s.ladder)
         served = distinct_levels(settings)
-        order = [level.name for level in LEVEL_TABLE]
-        levels = ladder.frontier(tuple(n for n in served if order.index(n) <= order.index(s.floor)))
+        levels = ladder.frontier(tuple(n for n in served if QUALITY_LEVELS.index(n) <= QUALITY_LEVELS.index(s.floor)))
         if not levels:
             raise ConfigurationError(f"steering.floor: {s.floor} leaves no rung of {served}")
         controller = LevelController(levels, ladder.cpu_ms, usable_cores(workers), hold_s=s.hold_s,
