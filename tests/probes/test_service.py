@@ -105,10 +105,13 @@ def test_serve_workers_with_probes_counts_every_worker_and_follows_a_restart(ebp
             children = Path(f"/proc/{parent.pid}/task/{parent.pid}/children").read_text().split()
             return {int(p) for p in children if Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")[2:3] == [b"serve"]}
 
+        # Read again each turn: the probes sidecar starts once the service answers, and between its fork and its exec
+        # it is a child with the parent's command line.
         workers = serving_workers()
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and _probed_pids(log.read_text()) != workers:  # compiled, both probed
             time.sleep(0.5)
+            workers = serving_workers()
         text = log.read_text()
         assert "serving kernel probes for pid " in text and _probed_pids(text) == workers, (workers, text[-3000:])
 
