@@ -57,6 +57,7 @@ TUNE_REAL_ARGS=(--max-num-seqs 1,4 --max-model-len 1024,2048 --block-size 32 --r
 CACHE_ARGS=(--rates 40,60,80,100,120,140,160,200,240 --duration 6 --warmup 2 --zipf 1.1)
 CAPACITY_ARGS=(--rates 50:400:50 --duration 10 --warmup 2 --burst 3 --rounds 3)
 STEERING_ARGS=(--rates 60:200:20 --knee-duration 10 --duration 10 --warmup 8)  # knee on shed, 4 steady multiples x 3, the burst x 3, the ramp
+TUNING_ARGS=(--queries 300 --unlabelled-queries 50 --judge-sample 20)  # ragheat tune: SciFact with and without labels, HotpotQA
 BATCHING_ARGS=()  # bench_batching.py's defaults: off and windows 0/2 ms x 1/2 run slots, side by side
 EMBEDDING_ARGS=()  # bench_embedding.py's defaults: 4 schemes, 3 rounds, 300 chunks, no nDCG (the eval steps have it)
 TTFT_ARGS=(--queries 40)
@@ -94,6 +95,7 @@ if [ "${SMOKE:-0}" = 1 ]; then
   BOARDS_LLM_ARGS=(--rates 1 --duration 2 --warmup 0 --timeout 60)
   BOARDS_LLM_OUT=$LOGS/boards-llm
   CAPACITY_ARGS=(--rates 5,10 --duration 1 --warmup 0.5 --burst 1 --rounds 1)
+  TUNING_ARGS=(--queries 20 --unlabelled-queries 5 --judge-sample 0 --rounds 3 --rates 5,10 --duration 1)
   STEERING_ARGS=(--rates 5,10 --knee-duration 1 --knee-warmup 0.5 --duration 1 --warmup 1 --burst-base 1 --burst 2
                  --burst-after 2 --ramp 2 --settle-timeout 5 --drain-timeout 20)
   BATCHING_ARGS=(--rates 5,10 --duration 1 --warmup 0.5 --c1-duration 1 --c1-rounds 1 --windows off,0 --runs 2)
@@ -218,6 +220,8 @@ step_batching() { "$PY" benchmarks/bench_batching.py --index "$INDEX" --queries 
 step_replicas() { "$PY" benchmarks/bench_replicas.py --index "$INDEX" --queries "$BEIR/queries.jsonl" \
                     "${REPLICAS_ARGS[@]}" --work "$LOGS/replicas" --results-file "$RESULTS/replicas.json"; }
 step_hyde() { "$PY" benchmarks/bench_hyde.py "${HYDE_ARGS[@]}" --json "$RESULTS/hyde.json"; }  # starts vLLM itself
+step_tune() { "$PY" benchmarks/bench_tune.py "${TUNING_ARGS[@]}" --scifact "$BEIR:$SPLIT:$INDEX" \
+                 --hotpot "$HOTPOT:$HOTPOT_SPLIT:$INDEX_ROOT/$(basename "$HOTPOT")" --out "$LOGS/tune" --results "$RESULTS"; }
 step_judge() { "$PY" benchmarks/bench_judge.py "${JUDGE_ARGS[@]}" --json "$RESULTS/judge.json"; }
 step_tune-vllm-real() {  # the same sweep on the real model scripts/install_vllm.sh converts
   "$RH" tune-vllm --model "$MODELS/SmolLM2-135M-Instruct" "${TUNE_REAL_ARGS[@]}" --out "$LOGS/tune-vllm-real" \
@@ -247,7 +251,7 @@ step_render() {
 }
 
 ALL=(ingest eval eval-fp32 fusion query quiet-case quality-signals quality-drill telemetry telemetry-recording observe loadgen knee examples explain explain-cold-cache explain-example ann probes
-     tune-vllm tune-vllm-real boards-llm embedding graph vllm-ttft rerank rerank-latency cache capacity steering batching replicas answers hyde judge render)
+     tune-vllm tune-vllm-real boards-llm embedding graph vllm-ttft rerank rerank-latency cache capacity steering batching replicas answers hyde judge tune render)
 if [ "${1:-}" = --list ]; then printf '%s\n' "${ALL[@]}"; exit 0; fi
 steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=("${ALL[@]}")

@@ -173,13 +173,17 @@ class RagPipeline:
             from rag.rerank.reranker import load_reranker
 
             self.reranker = load_reranker(index.folder, index.manifest, s.rerank.head, s.rerank.candidates)
-            self.reranker.warm_up()  # before the generation is served: its pages and sessions are ready
+            self.reranker.warm_up(s.placement.memory)  # before the generation is served: pages and sessions ready
         if s.cache.enabled:
             from rag.cache import SemanticCache
 
             self.cache = SemanticCache(s.cache)
         self.embedder = embedder
         self.index = index
+        if s.placement.memory == "lock":  # everything this generation mapped, faulted in and kept (rag/placement.py)
+            from rag.placement import lock_mapped_memory
+
+            lock_mapped_memory()
 
     def _warm_up_graph(self, index: LoadedIndex, analyzer: LexicalAnalyzer) -> None:
         """Start the graph store and linker when the index has a graph (and graph.enabled), and load the router."""

@@ -1,7 +1,9 @@
 """The one settings object: a section per concern, every environment variable declared here.
 
 Environment variables use the prefix ``RAGHEAT_`` and ``__`` between section and field, e.g.
-``RAGHEAT_INDEX__KIND=flat`` or ``RAGHEAT_SERVER__PORT=9000``. Command-line flags override them.
+``RAGHEAT_INDEX__KIND=flat`` or ``RAGHEAT_SERVER__PORT=9000``. Command-line flags override them. Below the
+environment, a JSON file of sections and fields named by ``RAGHEAT_SETTINGS_FILE`` (``ragheat serve --settings``;
+``ragheat tune`` writes one), e.g. ``{"placement": {"memory": "lock"}}``.
 Combinations are validated when the object is built, with a sentence naming the setting.
 """
 
@@ -15,7 +17,7 @@ from typing import Literal, Mapping
 
 from pydantic import (BaseModel, ConfigDict, Field, SecretStr, ValidationError, ValidationInfo, field_validator,
                       model_validator)
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, JsonConfigSettingsSource, SettingsConfigDict
 
 from rag.slo import SLO_MS
 from rag.stages import QUALITY_LEVELS, RETRIEVER_CHOICES, STAGES
@@ -484,6 +486,30 @@ class HydeSettings(_Section):
                                                             "the question's own dense run (weight 1)")
 
 
+class PlacementSettings(_Section):
+    """Where the service's work runs and how its index memory is held (rag/placement.py); ``ragheat tune`` measures
+    each knob before it keeps it (docs/tuning.md)."""
+
+    cpus: str = Field("", description="the cores the service's threads run on, as taskset -c lists them (0-3,6); "
+                                      "empty = every core the process may use. A model server on the other cores "
+                                      "then never shares these")
+    math_threads: int = Field(0, ge=0, le=256, description="FAISS's OpenMP threads; 0 = FAISS's default (one per core)")
+    memory: Literal["default", "lock", "hugepages"] = Field(
+        "default", description="default = the token vectors are read into the page cache at warm-up; lock = every "
+        "page mapped once a generation is warm (dense index, token vectors, models) is locked in memory (mlockall: "
+        "needs CAP_IPC_LOCK or ulimit -l); hugepages = the token vectors are copied into memory advised for "
+        "transparent huge pages")
+
+    @field_validator("cpus")
+    @classmethod
+    def _cpu_list(cls, value: str) -> str:
+        if value.strip():
+            from rag.placement import format_cpu_list, parse_cpu_list
+
+            return format_cpu_list(parse_cpu_list(value))
+        return ""
+
+
 class ProbeSettings(_Section):
     """eBPF kernel probes (``ragheat probes``, or in-process with ``ragheat serve --probes``)."""
 
@@ -506,10 +532,39 @@ class FaultSettings(_Section):
         return self
 
 
+SETTINGS_FILE_ENV = "RAGHEAT_SETTINGS_FILE"
+"""The environment variable naming a JSON settings file (below the environment, above the defaults)."""
+
+
+class _SettingsFile(JsonConfigSettingsSource):
+    """The settings file, or a clear error naming it when it is missing or not a JSON object."""
+
+    def __init__(self, settings_cls, path: Path) -> None:
+        if not path.is_file():
+            raise ValueError(f"{SETTINGS_FILE_ENV}={path}: no such file")
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{SETTINGS_FILE_ENV}={path}: not readable JSON ({exc})") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{SETTINGS_FILE_ENV}={path}: a JSON object of sections is needed")
+        super().__init__(settings_cls, json_file=path)
+
+
 class RagheatSettings(BaseSettings):
     """All of ragheat's configuration, one section per concern."""
 
     model_config = SettingsConfigDict(env_prefix="RAGHEAT_", env_nested_delimiter="__", extra="forbid")
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
+                                   file_secret_settings):
+        """Flags, then the environment, then the JSON file ``RAGHEAT_SETTINGS_FILE`` names (``ragheat tune`` writes
+        one; its sections and fields as here), then the defaults."""
+        sources = [init_settings, env_settings]
+        if path := os.environ.get(SETTINGS_FILE_ENV):
+            sources.append(_SettingsFile(settings_cls, Path(path)))
+        return tuple(sources)
 
     embedding: EmbeddingSettings = Field(default_factory=EmbeddingSettings)
     chunking: ChunkingSettings = Field(default_factory=ChunkingSettings)
@@ -526,6 +581,7 @@ class RagheatSettings(BaseSettings):
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
     graph: GraphSettings = Field(default_factory=GraphSettings)
     probes: ProbeSettings = Field(default_factory=ProbeSettings)
+    placement: PlacementSettings = Field(default_factory=PlacementSettings)
     faults: FaultSettings = Field(default_factory=FaultSettings)
 
     @model_validator(mode="after")

@@ -10,7 +10,7 @@ import sys
 import typer
 
 from ragheat.commands import (bench, dashboards, demo, evaluate, explain, index, judge, keys, probes, quality, serve,
-                              stack, steering, train)
+                              stack, steering, train, tune)
 
 app = typer.Typer(help="ragheat: observability-first RAG on embedded defaults.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
@@ -27,6 +27,7 @@ app.command("measure-ladder")(steering.measure_ladder)
 app.command()(bench.bench)
 app.command("ann-bench")(bench.ann_bench)
 app.command("tune-vllm")(bench.tune_vllm)
+app.command("tune")(tune.tune)
 app.command()(demo.demo)
 app.command()(explain.explain)
 app.add_typer(dashboards.app, name="dashboards")

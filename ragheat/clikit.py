@@ -64,6 +64,8 @@ def load_settings(**overrides: dict) -> RagheatSettings:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "settings"
         fail(f"invalid setting {where}: {first['msg'].removeprefix('Value error, ')}")
+    except ValueError as exc:  # the settings file (RAGHEAT_SETTINGS_FILE) is missing or not JSON
+        fail(str(exc))
 
 
 def beir_sets(beir: str, split: str, index: str | None) -> list[tuple[Path, str, Path]]:

@@ -94,6 +94,10 @@ def build_service(settings: RagheatSettings, pipeline: RagPipeline | None = None
     to this process and exports them on telemetry's registry (``probe_ports``: the TCP ports to watch; default
     ``server.port``); without privileges they log why and the service runs without them. ``multiprocess_dir``: this
     is one worker of ``ragheat serve --workers N`` and ``/metrics`` sums every worker's values from that folder."""
+    from rag.placement import apply_process_placement
+
+    # Before the models load: the threads they start inherit the cores (rag/placement.py).
+    apply_process_placement(settings.placement.cpus, settings.placement.math_threads)
     if pipeline is None:
         settings = prepare_vllm_engine(settings)
         pipeline = RagPipeline(settings, settings.server.index_dir)

@@ -43,7 +43,9 @@ HEADER = f"""\
 
 ragheat has one settings object, `RagheatSettings` in [rag/settings.py](../rag/settings.py), with a section per
 concern. Every field below can be set from the environment as `RAGHEAT_<SECTION>__<FIELD>`; a command-line flag
-overrides the environment, which overrides the default. Lists are given as JSON
+overrides the environment, which overrides a settings file (JSON, sections of fields, named by
+`RAGHEAT_SETTINGS_FILE` or `ragheat serve --settings`; `ragheat tune` writes one: [docs/tuning.md](tuning.md)),
+which overrides the default. Lists are given as JSON
 (`RAGHEAT_RETRIEVAL__RETRIEVERS='["routed"]'`). An invalid value, or an invalid combination of values, stops the
 program at start-up with a sentence naming the setting.
 

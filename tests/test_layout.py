@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("rag", "telemetry", "probes", "stack", "loadgen", "dashboards", "explain", "ragheat")
+PACKAGES = ("rag", "telemetry", "probes", "stack", "loadgen", "dashboards", "explain", "tuning", "ragheat")
 MAY_IMPORT = {
     "rag": set(),
     "telemetry": {"rag"},
@@ -20,6 +20,7 @@ MAY_IMPORT = {
     "stack": {"rag"},
     "loadgen": {"rag", "telemetry", "stack"},
     "explain": {"rag", "telemetry", "dashboards"},
+    "tuning": {"rag", "telemetry", "stack", "loadgen"},
     "ragheat": set(PACKAGES) - {"ragheat"},
 }
 """Top-level package -> the other packages of this repository it may import (docs/architecture.md)."""

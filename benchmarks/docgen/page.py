@@ -13,7 +13,7 @@ from typing import Callable, Mapping
 
 from loadgen.resultsfile import load
 
-from . import capacity, explain, latency, llm, quality, steering
+from . import capacity, explain, latency, llm, quality, steering, tuning
 from .stats import duration, table
 
 RESULTS_DIR = Path("benchmarks/results")
@@ -30,7 +30,8 @@ class Section:
     setup: str = ""  # shell lines shown before the recorded commands (what run_all.sh does around them)
 
 
-STEPS = {"eval-scifact": "eval", "eval-scifact-fp32": "eval-fp32", "knee-scifact": "knee"}
+STEPS = {"eval-scifact": "eval", "eval-scifact-fp32": "eval-fp32", "knee-scifact": "knee", "tune-scifact": "tune",
+         "tune-scifact-unlabelled": "tune", "tune-hotpotqa-dev": "tune"}
 """The ``benchmarks/run_all.sh`` step that writes a results file, where it is not named as the file."""
 
 
@@ -108,6 +109,8 @@ PAGE: list[str | Section] = [
     Section("answers", "### Written answers from a real model", ("answers",), llm.answers),
     Section("hyde", "### HyDE (hypothetical-document query expansion)", ("hyde",), llm.hyde),
     Section("judge", "### Relevance labels by an LLM judge (`ragheat judge`)", ("judge",), llm.judge),
+    "## Tuning pipeline (`ragheat tune`)",
+    Section("tune", "", tuning.RUNS, tuning.tuning),
 ]
 SECTIONS = [item for item in PAGE if isinstance(item, Section)]
 

@@ -39,10 +39,13 @@ class LateInteractionReranker:
         self.head, self.vectors, self.candidates = head, vectors, candidates
         self._int8 = Int8MaxSim() if vectors.scales is not None and not float_product else None
 
-    def warm_up(self) -> None:
+    def warm_up(self, memory: str = "default") -> None:
         """Bring the memory-mapped token vectors into memory and run the scoring path once (the head's and the
-        product's ONNX sessions allocate on their first run), so that the first queries do not pay for either."""
-        if not self.vectors.prefault() and self.vectors.codes.nbytes:
+        product's ONNX sessions allocate on their first run), so that the first queries do not pay for either.
+        ``memory``: ``placement.memory``; ``hugepages`` moves the vectors into memory advised for huge pages."""
+        if memory == "hugepages":
+            self.vectors.move_to_huge_pages()
+        elif not self.vectors.prefault() and self.vectors.codes.nbytes:
             log.warning("rerank: the token vectors (%.1f GiB) exceed half the available memory and are not read in "
                         "at warm-up; the first queries will read them from disk", self.vectors.codes.nbytes / 2**30)
         if len(self.vectors):

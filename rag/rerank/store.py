@@ -84,6 +84,14 @@ class TokenVectors:
     def __len__(self) -> int:
         return len(self.offsets) - 1
 
+    def move_to_huge_pages(self) -> None:
+        """The codes copied out of the file's mapping into anonymous memory advised for transparent huge pages
+        (rag/placement.py): this process's own copy, no longer the page cache's shared pages."""
+        from rag.placement import huge_page_copy
+
+        self._array = huge_page_copy(self._array)
+        self.codes = self._array
+
     def prefault(self, chunk_bytes: int = 16 << 20, available_bytes: int | None = None) -> int:
         """Read every page of the memory-mapped vectors once, so that no query pays a page fault for them: each
         query reads its candidates' chunks scattered over the whole file, and on a cold page cache the first reranks

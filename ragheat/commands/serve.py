@@ -47,6 +47,9 @@ def serve(
                                 help="server processes on the one port (SO_REUSEPORT); their metrics are summed in "
                                      "every scrape (ragheat/workers.py)"),
     worker: Optional[int] = typer.Option(None, "--worker", hidden=True, help="set by --workers in each worker"),
+    settings_file: Optional[Path] = typer.Option(None, "--settings", help="a JSON settings file (sections and "
+                                                 "fields as in docs/settings.md; `ragheat tune` writes one): below "
+                                                 "flags and RAGHEAT_* variables, above the defaults"),
 ) -> None:
     """Serve the HTTP API (OpenAPI docs at /docs, metrics at /metrics)."""
     import contextlib
@@ -59,6 +62,10 @@ def serve(
     from rag.slo import SLO_MS
     from ragheat.service import build_service
 
+    if settings_file is not None:  # through the environment: --workers' workers read it too
+        from rag.settings import SETTINGS_FILE_ENV
+
+        os.environ[SETTINGS_FILE_ENV] = str(settings_file.resolve())
     settings = load_settings(server={"host": host, "port": port, "index_dir": index, "api_keys_file": api_keys_file,
                                      "metrics_port": metrics_port, "reload_poll_s": reload_poll_s,
                                      "insecure_no_api_key": insecure_no_api_key or None},

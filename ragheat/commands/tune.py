@@ -1,0 +1,125 @@
+"""``ragheat tune``: the four-step tuning pipeline (tuning/) as one resumable command: labels, the reranker's head,
+the model server's batch limits, hardware-aware placement; a settings file ``ragheat serve --settings`` reads and a
+report of what each step bought."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ragheat.clikit import fail as _fail, guard, load_settings, out, progress_bar
+
+_guard = guard()
+
+
+def _numbers(flag: str, text: str, kind=float) -> tuple:
+    try:
+        values = tuple(kind(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        _fail(f"{flag} takes numbers separated by commas, got {text!r}")
+    if not values or min(values) <= 0:
+        _fail(f"{flag} takes positive numbers, got {text!r}")
+    return values
+
+
+@_guard
+def tune(
+    beir: Path = typer.Option(..., "--beir", help="the corpus and questions: a BEIR folder (corpus.jsonl, "
+                                                  "queries.jsonl; qrels/<split>.tsv when there are relevance labels)"),
+    split: str = typer.Option("train", "--split", help="which qrels split holds the labels (when there are some)"),
+    index: Optional[Path] = typer.Option(None, "--index", help="the service's index of that corpus (default "
+                                                               "data/index/<folder name>; built if absent)"),
+    out_dir: Path = typer.Option(Path("out/tune"), "--out", help="settings.json, the trained artefacts, the report "
+                                                                  "and the run's state go here (re-run to resume)"),
+    labels: str = typer.Option("auto", "--labels", help="auto (the human labels when there are some, else the "
+                                                        "language-model judge), human, or judge"),
+    judge_sample: int = typer.Option(20, "--judge-sample", min=0, help="beside human labels: queries the judge "
+                                     "labels too, to report its agreement (0 = none; needs a model)"),
+    llm_url: Optional[str] = typer.Option(None, "--llm-url", help="the judge's OpenAI-compatible /v1 URL; default: "
+                                          "vLLM started on the installed SmolLM2-135M-Instruct when a judge is needed"),
+    llm_model: Optional[Path] = typer.Option(None, "--llm-model", help="a model folder: step 3 sweeps vLLM's "
+                                             "max_num_seqs x max_model_len on it (skipped without one)"),
+    queries_limit: Optional[int] = typer.Option(None, "--queries", min=3, help="use at most this many queries, "
+                                                "drawn with --seed (default: all)"),
+    rounds: int = typer.Option(5, "--rounds", min=3, max=50, help="concurrency-1 rounds per configuration (a knob is "
+                                "kept when it beats the rounds' spread)"),
+    rates: str = typer.Option("20,40,60,80,100,120", "--rates", help="offered req/s of the knee sweep, comma list"),
+    duration: float = typer.Option(8.0, "--duration", min=0.5, help="measured seconds per sweep step"),
+    target: float = typer.Option(40.0, "--target-qps", min=0.1, help="the rate whose P99 the report shows"),
+    seed: int = typer.Option(0, "--seed", help="the query draw, the held-out split and the training"),
+    epochs: int = typer.Option(6, "--epochs", min=1, max=100, help="the reranker head's passes"),
+    results_file: Optional[Path] = typer.Option(None, "--results-file", help="also write the report as a benchmark "
+                                                "results file (command, commit, machine; benchmarks/README.md)"),
+) -> None:
+    """Tune the service on a corpus and its questions: labels, the reranker's head, the model server's batch
+    limits, placement; each step measured (nDCG@10, stage P50/P99 at concurrency 1, the knee, P99 at a target rate)
+    and kept only when it wins. Writes settings.json (ragheat serve --settings) and report.json/html."""
+    import contextlib
+
+    from rag.pipeline import RagPipeline
+    from rag.ingest.pipeline import ingest as run_ingest
+    from tuning.pipeline import TuneRequest, TuneRun
+    from tuning.report import lines, write_report
+
+    from loadgen.resultsfile import BenchmarkRun
+
+    run_record = BenchmarkRun(results_file.stem) if results_file else None
+    if labels not in ("auto", "human", "judge"):
+        _fail(f"--labels must be auto, human or judge, not {labels!r}")
+    if not (beir / "corpus.jsonl").is_file() or not (beir / "queries.jsonl").is_file():
+        _fail(f"--beir {beir}: corpus.jsonl and queries.jsonl are needed there")
+    if llm_model is not None and not (llm_model / "config.json").is_file():
+        _fail(f"--llm-model {llm_model}: no config.json there (a Hugging Face model folder is needed)")
+    settings = load_settings()
+    index = index or Path("data/index") / beir.resolve().name
+    request = TuneRequest(beir=beir, split=split, index=index, out=out_dir, labels=labels, judge_sample=judge_sample,
+                          queries_limit=queries_limit, llm_model=llm_model, rounds=rounds,
+                          rates=_numbers("--rates", rates), duration_s=duration, target_qps=target, seed=seed,
+                          epochs=epochs)
+
+    def with_sections(sections: dict):
+        return load_settings(**sections) if sections else settings
+
+    def pipeline_factory(at: Path, sections: dict) -> RagPipeline:
+        pipeline = RagPipeline(with_sections(sections), at)
+        pipeline.warm_up()
+        return pipeline
+
+    @contextlib.contextmanager
+    def asker_factory():
+        from ragheat.commands.judge import _judge_model
+
+        with _judge_model(settings, llm_url) as asker:
+            yield asker
+
+    def llm_sweep(req: TuneRequest) -> dict:
+        from loadgen.vllm_tuning import run_tuning
+        from stack.vllm import vllm_python
+
+        seqs, lens = req.llm_grid
+        return run_tuning(req.llm_model, max_num_seqs=seqs, max_model_len=lens, block_sizes=[None], rate=2.0,
+                          duration_s=req.llm_duration_s, prompt_tokens=256, max_tokens=128, slo_ttft_ms=1000.0,
+                          slo_e2e_ms=10000.0, python=vllm_python(settings.generation.vllm_python), cpu=True)
+
+    with progress_bar() as progress:
+        run_ingest(str(beir), index, settings, progress=progress)  # no-op when up to date
+        task = progress.add_task("tune", total=None)
+
+        def ingest(at: Path, sections: dict) -> None:
+            run_ingest(str(beir), at, with_sections(sections), progress=progress)
+
+        try:
+            report = TuneRun(request, pipeline_factory=pipeline_factory, ingest=ingest, asker_factory=asker_factory,
+                             llm_sweep=llm_sweep, log=lambda m: progress.console.print(m, highlight=False),
+                             advance=lambda: progress.advance(task)).run()
+        except ValueError as exc:
+            _fail(str(exc))
+    for line in lines(report):
+        out.print(line, highlight=False)
+    json_path, html_path = write_report(report, out_dir)
+    out.print(f"wrote {report['settings_file']} (ragheat serve --settings {report['settings_file']}), {json_path} "
+              f"and {html_path}")
+    if run_record is not None:
+        out.print(f"wrote {run_record.write(report, results_file)}")

@@ -1,0 +1,89 @@
+"""``ragheat tune`` (in this process; the measured services are real ``ragheat serve`` children) over the SciFact
+subset: every step runs and reports, the settings file it writes is what ``ragheat serve --settings`` reads, and a
+second run with the same inputs reuses every step."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from rag.settings import SETTINGS_FILE_ENV, RagheatSettings
+from test_calibrate_quality_cli import run_cli
+
+VERDICTS = ("kept: ", "not kept: ", "no measurable effect: ")
+
+
+@pytest.mark.slow
+def test_a_tune_run_reports_every_step_and_writes_settings_the_service_reads(scifact_subset, subset_index, tmp_path,
+                                                                            kept_ingest_outputs, monkeypatch):
+    out = tmp_path / "tune"
+    args = ["tune", "--beir", str(scifact_subset), "--split", "train", "--index", str(subset_index), "--out",
+            str(out), "--queries", "30", "--judge-sample", "0", "--rounds", "3", "--rates", "10,20",
+            "--duration", "1", "--target-qps", "10", "--epochs", "2"]
+    result = run_cli(*args, cwd=tmp_path)
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report.json").read_text())
+
+    assert report["labels"]["source"] == "human" and report["labels"]["queries"] == 30
+    baseline = report["baseline"]
+    assert 0 < baseline["ndcg10"] <= 1
+    c1 = baseline["concurrency_1"]
+    assert c1["p99_ms"]["median"] >= c1["p50_ms"]["median"] > 0 and len(c1["p99_ms"]["rounds"]) == 3
+    assert {"embed", "retrieve_dense", "retrieve_bm25", "rerank"} <= set(c1["stages"])
+    assert [s["offered_qps"] for s in baseline["sweep"]][:1] == [10.0] and baseline["target_qps"] == 10.0
+
+    reranker = report["reranker"]
+    held = reranker["held_out_ndcg@10"]
+    assert reranker["ran"] and reranker["held_out_queries"] + reranker["train_queries"] <= 30
+    assert reranker["kept"] == (reranker["gain"] > reranker["gain_standard_error"])
+    assert abs(reranker["gain"] - (held["trained_head"] - held["current_head"])) < 1e-9
+    if reranker["kept"]:
+        assert (out / "artefacts" / "rerank-head.npz").is_file() and reranker["figures"]["index"] == str(out / "index")
+    else:
+        assert reranker["figures"] == baseline and reranker["reason"].startswith("not kept")
+
+    assert not report["model_server"]["ran"] and "--llm-model" in report["model_server"]["reason"]
+    placement = report["placement"]
+    assert placement["knobs"] and all(k["verdict"].startswith(VERDICTS) for k in placement["knobs"])
+    assert all(k["kept"] == k["verdict"].startswith("kept") for k in placement["knobs"])
+    assert "no model server" in placement["skipped"]["separate_cores"]
+
+    # The settings file: what ragheat serve --settings reads, the kept knobs in it.
+    monkeypatch.setenv(SETTINGS_FILE_ENV, report["settings_file"])
+    served = RagheatSettings()
+    assert served.server.index_dir == (out / "index" if reranker["kept"] else subset_index).resolve()
+    for knob in placement["knobs"]:
+        for section, fields in knob["settings"].items():
+            for name, value in fields.items():
+                if knob["kept"]:
+                    assert getattr(getattr(served, section), name) == value, knob["knob"]
+    page = (out / "report.html").read_text()
+    assert "After each step" in page and "4. hardware-aware placement" in page and "separate_cores" in page
+
+    # The same inputs again: every step is reused, nothing is measured anew.
+    finished = {name: step["finished_at"] for name, step in json.loads((out / "state.json").read_text())["steps"]
+                .items()}
+    assert set(finished) == {"labels", "baseline", "reranker", "model_server", "placement"}
+    again = run_cli(*args, cwd=tmp_path)
+    assert again.exit_code == 0, again.output
+    assert "measuring" not in again.output and "step 4" not in again.output
+    state = json.loads((out / "state.json").read_text())["steps"]
+    assert {name: step["finished_at"] for name, step in state.items()} == finished
+    assert json.loads((out / "report.json").read_text())["placement"] == placement
+
+
+@pytest.mark.parametrize("extra, words", [(["--labels", "mixed"], "--labels must be auto, human or judge"),
+                                          (["--rates", "ten"], "--rates takes numbers"),
+                                          (["--rates", "0,10"], "--rates takes positive numbers")])
+def test_bad_flags_exit_2_with_a_sentence(scifact_subset, tmp_path, extra, words):
+    result = run_cli("tune", "--beir", str(scifact_subset), "--out", str(tmp_path / "t"), *extra, cwd=tmp_path)
+    assert result.exit_code == 2 and words in result.output, result.output
+
+
+def test_a_folder_without_the_corpus_is_named(tmp_path):
+    (tmp_path / "queries.jsonl").write_text('{"_id": "1", "text": "q"}\n')
+    result = run_cli("tune", "--beir", str(tmp_path), cwd=tmp_path)
+    assert result.exit_code == 2 and "corpus.jsonl and queries.jsonl are needed" in result.output, result.output
+    assert not os.path.exists(tmp_path / "out")

@@ -1,0 +1,122 @@
+"""tuning/: how each step decides (placement's keep rule and knobs, the held-out split, step 1's choice of labels)
+and how a run resumes (state.json)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tuning.labels import choose_labels
+from tuning.pipeline import TuneState, digest, read_qrels, write_qrels
+from tuning.placement_step import candidate_knobs, decide, merge, tune_placement
+from tuning.reranker_step import MIN_HELD_OUT, split_queries
+
+
+def summary(p50: list[float], p99: list[float]) -> dict:
+    """A side's concurrency-1 summary as tuning.measure.Rounds.summary writes it."""
+    def med(values):
+        ordered = sorted(values)
+        return {"median": ordered[len(ordered) // 2], "spread": max(values) - min(values), "rounds": values}
+    return {"p50_ms": med(p50), "p99_ms": med(p99), "stages": {}}
+
+
+def test_a_knob_is_kept_only_past_the_rounds_spread():
+    base = summary([6.0, 6.2, 6.1], [10.0, 10.6, 10.3])
+    kept, words = decide(base, summary([5.0, 5.1, 5.2], [8.0, 8.3, 8.1]))
+    assert kept and words.startswith("kept: P99 10.30 -> 8.10")
+    kept, words = decide(base, summary([6.1, 6.0, 6.2], [10.2, 10.4, 10.1]))
+    assert not kept and words.startswith("no measurable effect")
+    kept, words = decide(base, summary([7.5, 7.6, 7.4], [12.0, 12.4, 12.1]))
+    assert not kept and words.startswith("not kept")
+    # a lower P99 bought with a P50 worse than the noise is not kept either
+    kept, _ = decide(base, summary([7.5, 7.6, 7.4], [8.0, 8.3, 8.1]))
+    assert not kept
+
+
+def capabilities(**lacks) -> dict:
+    return {"lacks": lacks}
+
+
+def test_knobs_follow_what_the_host_can_do():
+    knobs, skipped = candidate_knobs(capabilities(), model_server=False)
+    names = [k.name for k in knobs]
+    assert names == ["lone_query_threads_1", "faiss_threads_1", "memory_lock", "memory_hugepages"]
+    assert "no model server" in skipped["separate_cores"]
+    knobs, skipped = candidate_knobs(capabilities(huge_pages="THP are never", memory_lock="limit 64 KiB",
+                                                  isolated_cores="none isolated"), model_server=True)
+    names = [k.name for k in knobs]
+    assert "memory_hugepages" not in names and "memory_lock" not in names
+    assert skipped["memory_hugepages"] == "THP are never" and skipped["memory_lock"] == "limit 64 KiB"
+    assert skipped["isolated_cores"] == "none isolated"
+    several = len(__import__("os").sched_getaffinity(0)) >= 2
+    assert "separate_cores" not in names
+    assert ("not measured yet" if several else "a single core") in skipped["separate_cores"]
+
+
+def test_placement_keeps_a_winning_knob_and_measures_the_next_against_it(monkeypatch):
+    import tuning.placement_step as step
+
+    monkeypatch.setattr(step, "host_capabilities", lambda: capabilities())
+    seen = []
+    fast, slow = summary([5.0, 5.1, 5.0], [8.0, 8.1, 8.0]), summary([6.0, 6.1, 6.0], [10.0, 10.1, 10.0])
+
+    def measure_pair(base, candidate):
+        seen.append((base, candidate))
+        wins = candidate.get("placement", {}).get("math_threads") == 1 and "memory" not in candidate.get(
+            "placement", {})
+        return (slow, fast) if wins else (fast, fast)
+
+    result = tune_placement({"rerank": {"candidates": 30}}, measure_pair, model_server=False)
+    assert [k["knob"] for k in result["knobs"] if k["kept"]] == ["faiss_threads_1"]
+    assert result["settings"] == {"rerank": {"candidates": 30}, "placement": {"math_threads": 1}}
+    # the knobs after the kept one are measured on top of it
+    assert seen[2][0] == {"rerank": {"candidates": 30}, "placement": {"math_threads": 1}}
+    assert seen[2][1]["placement"] == {"math_threads": 1, "memory": "lock"}
+    assert merge({"a": {"x": 1}}, {"a": {"y": 2}, "b": {"z": 3}}) == {"a": {"x": 1, "y": 2}, "b": {"z": 3}}
+
+
+def test_the_held_out_split_is_seeded_disjoint_and_large_enough():
+    qids = [f"q{i}" for i in range(100)]
+    train, held = split_queries(qids, 0.25, seed=3)
+    assert train.isdisjoint(held) and train | held == set(qids) and len(held) == 25
+    assert split_queries(list(reversed(qids)), 0.25, seed=3) == (train, held)
+    assert split_queries(qids, 0.25, seed=4)[1] != held
+    assert len(split_queries(qids[:20], 0.1, seed=0)[1]) == MIN_HELD_OUT
+    assert len(split_queries(qids[:6], 0.25, seed=0)[1]) == 2
+
+
+def test_human_labels_are_used_as_they_are_when_no_judge_is_asked_for(tmp_path):
+    human = {"1": {"d1": 1}, "2": {"d2": 1}}
+    labels = choose_labels(human, {"1": "a", "2": "b"}, "auto", pipeline_factory=None, asker_factory=None,
+                           judge_sample=0, seed=0, out_dir=tmp_path)
+    assert labels.source == "human" and labels.qrels == human and labels.to_json()["relevant_pairs"] == 2
+    labels = choose_labels(human, {"1": "a"}, "auto", pipeline_factory=None, asker_factory=None, judge_sample=5,
+                           seed=0, out_dir=tmp_path)
+    assert labels.source == "human" and "no language model" in labels.reason
+
+
+def test_without_labels_or_a_model_step_one_says_what_is_needed(tmp_path):
+    with pytest.raises(ValueError, match="no relevance labels and no language model"):
+        choose_labels(None, {"1": "a"}, "auto", pipeline_factory=None, asker_factory=None, judge_sample=0, seed=0,
+                      out_dir=tmp_path)
+    with pytest.raises(ValueError, match="labels=human, but the query set has no relevance labels"):
+        choose_labels(None, {"1": "a"}, "human", pipeline_factory=None, asker_factory=None, judge_sample=0, seed=0,
+                      out_dir=tmp_path)
+    with pytest.raises(ValueError, match="auto, human or judge"):
+        choose_labels(None, {"1": "a"}, "mixed", pipeline_factory=None, asker_factory=None, judge_sample=0, seed=0,
+                      out_dir=tmp_path)
+
+
+def test_a_finished_step_is_reused_only_for_the_same_inputs(tmp_path):
+    path = tmp_path / "state.json"
+    state = TuneState.load(path)
+    key = digest("labels", ["a", 1])
+    assert state.done("labels", key) is None
+    state.record("labels", key, {"source": "human"})
+    again = TuneState.load(path)
+    assert again.done("labels", key) == {"source": "human"}
+    assert again.done("labels", digest("labels", ["a", 2])) is None
+    path.write_text("{cut sho")  # killed mid-write: started again, not a crash
+    assert TuneState.load(path).steps == {}
+    qrels = {"q1": {"d1": 1, "d2": 0}, "q2": {"d3": 2}}
+    write_qrels(tmp_path / "qrels.tsv", qrels)
+    assert read_qrels(tmp_path / "qrels.tsv") == qrels

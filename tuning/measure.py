@@ -1,0 +1,180 @@
+"""What a configuration of the service delivers, measured over HTTP on real ``ragheat serve`` processes: quality
+(nDCG@10 of the served ranking against the run's labels), each stage's and the whole request's P50/P99 at
+concurrency 1, the knee (the highest offered rate whose P99 meets the SLO) and the P99 at a target rate.
+
+Configurations are JSON settings files (``RAGHEAT_SETTINGS_FILE``), served side by side by one ``ServeFleet`` and
+loaded in turn, one at a time, so that each round of one is next to a round of the other under the same conditions
+of the machine. The answer cache is off and the load controller pinned at full quality in every measured server:
+tuning compares the path a new question takes, and a controller that cut stages under load would move the knee by
+a different mechanism than the one measured.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+import httpx
+import numpy as np
+
+from loadgen.http_target import HttpTarget
+from loadgen.runner import open_loop, run
+from loadgen.stats import find_knee
+from rag.eval.beir import Qrels, score_run
+from rag.settings import SETTINGS_FILE_ENV
+from rag.slo import SLO_MS
+from stack.servers import ServeFleet
+
+MEASURED_ENV = {"RAGHEAT_CACHE__ENABLED": "false", "RAGHEAT_STEERING__ENABLED": "false"}
+"""Every measured server: no answer cache (a repeated question would be a lookup), no load controller."""
+RANKED_DOCS = 10
+RANKED_CHUNKS = 30  # chunks asked for, so that ten distinct documents remain after merging a document's chunks
+
+
+@dataclass
+class Rounds:
+    """Concurrency-1 rounds of one configuration: each round's P50 and P99 of the whole request (client side) and
+    of each stage (the response's own timings), in ms."""
+
+    p50_ms: list[float] = field(default_factory=list)
+    p99_ms: list[float] = field(default_factory=list)
+    stages: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # stage -> {"p50": [...], "p99": [...]}
+
+    def add(self, latencies_ms: Sequence[float], stages_ms: Mapping[str, Sequence[float]]) -> None:
+        self.p50_ms.append(float(np.percentile(latencies_ms, 50)))
+        self.p99_ms.append(float(np.percentile(latencies_ms, 99)))
+        for stage, values in stages_ms.items():
+            entry = self.stages.setdefault(stage, {"p50": [], "p99": []})
+            entry["p50"].append(float(np.percentile(values, 50)))
+            entry["p99"].append(float(np.percentile(values, 99)))
+
+    def summary(self) -> dict:
+        """Median over the rounds, and their spread (max - min), of each figure."""
+        def med(values: Sequence[float]) -> dict:
+            return {"median": float(np.median(values)), "spread": float(max(values) - min(values)),
+                    "rounds": [round(v, 3) for v in values]}
+
+        return {"p50_ms": med(self.p50_ms), "p99_ms": med(self.p99_ms),
+                "stages": {s: {"p50_ms": float(np.median(v["p50"])), "p99_ms": float(np.median(v["p99"]))}
+                           for s, v in self.stages.items()}}
+
+
+@dataclass
+class Figures:
+    """One configuration's figures, as a report shows them after a step."""
+
+    ndcg10: float | None
+    concurrency_1: dict
+    knee_qps: float | None = None
+    knee_is_lower_bound: bool = False  # the highest rate offered met the SLO: the knee lies at or above it
+    target_qps: float | None = None
+    p99_at_target_ms: float | None = None
+    sweep: list = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def write_settings(path: Path, sections: Mapping[str, Mapping]) -> Path:
+    """A settings file (sections -> fields) at ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({k: dict(v) for k, v in sections.items() if v}, indent=2, sort_keys=True))
+    return path
+
+
+def _ask(client: httpx.Client, url: str, text: str, top_k: int) -> tuple[float, dict]:
+    start = time.perf_counter()
+    response = client.post(url + "/v1/query", json={"query": text, "top_k": top_k})
+    elapsed = (time.perf_counter() - start) * 1000
+    if response.status_code != 200:
+        raise RuntimeError(f"the measured service answered {response.status_code}: {response.text[:300]}")
+    return elapsed, response.json()
+
+
+def served_ndcg(url: str, queries: Mapping[str, str], qrels: Qrels) -> float:
+    """nDCG@10 of the documents the service returns, in its order, for every labelled query."""
+    judged = {qid: text for qid, text in queries.items() if qid in qrels}
+    ranked: dict[str, list[str]] = {}
+    with httpx.Client(timeout=60) as client:
+        for qid, text in judged.items():
+            _, body = _ask(client, url, text, RANKED_CHUNKS)
+            docs = list(dict.fromkeys(c["doc_id"] for c in body["citations"]))
+            ranked[qid] = docs[:RANKED_DOCS]
+    return float(score_run(ranked, {q: qrels[q] for q in judged})["ndcg@10"])
+
+
+def one_round(url: str, texts: Sequence[str]) -> tuple[list[float], dict[str, list[float]]]:
+    """Every text once, one at a time: the whole request's ms and each stage's."""
+    latencies, stages = [], {}
+    with httpx.Client(timeout=60) as client:
+        for text in texts:
+            elapsed, body = _ask(client, url, text, 5)
+            latencies.append(elapsed)
+            for stage in body.get("stages", []):
+                stages.setdefault(stage["name"], []).append(float(stage["ms"]))
+    return latencies, stages
+
+
+def side_by_side(fleet_urls: Mapping[str, str], texts: Sequence[str], rounds: int,
+                 advance: Callable[[], None] | None = None) -> dict[str, Rounds]:
+    """``rounds`` concurrency-1 rounds of each configuration, alternating (A B, B A, ...) so that a drift of the
+    machine falls on both; one unmeasured pass each first (connection set-up, lazily built state)."""
+    names = list(fleet_urls)
+    for name in names:
+        one_round(fleet_urls[name], texts[: max(1, len(texts) // 4)])
+    measured = {name: Rounds() for name in names}
+    for r in range(rounds):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            measured[name].add(*one_round(fleet_urls[name], texts))
+            if advance:
+                advance()
+    return measured
+
+
+def knee_sweep(url: str, texts: Sequence[str], rates: Sequence[float], duration_s: float,
+               slo_ms: float = SLO_MS, seed: int = 0) -> tuple[float | None, list]:
+    """Open-loop steps at ``rates`` (rising; stops after the first two steps past the SLO): the knee, and each
+    step's offered rate, achieved rate, P99 and errors."""
+    steps, past, address = [], 0, HttpTarget().url(url)
+    for i, rate in enumerate(sorted(rates)):
+        step = run(open_loop(address, list(texts), rate, duration_s, min(2.0, duration_s / 2), seed=seed + i,
+                             want_stages=False, slo_ms=slo_ms))
+        steps.append(step)
+        if (step.latency_ms.get("p99") or float("inf")) > slo_ms or step.error_rate > 0.001:
+            past += 1
+            if past == 2:
+                break
+    table = [{"offered_qps": s.offered_qps, "achieved_qps": round(s.achieved_qps, 2),
+              "p99_ms": s.latency_ms.get("p99"), "errors": s.errors, "shed": s.shed,
+              "error_reasons": getattr(s, "error_reasons", {})} for s in steps]
+    return find_knee(steps, slo_ms), table
+
+
+def measure(index: Path, settings_file: Path, queries: Mapping[str, str], qrels: Qrels | None, texts: Sequence[str],
+            *, rounds: int, rates: Sequence[float], duration_s: float, target_qps: float, log_dir: Path,
+            advance: Callable[[], None] | None = None) -> Figures:
+    """Every figure of one configuration, on one ``ragheat serve`` of it."""
+    env = {**MEASURED_ENV, SETTINGS_FILE_ENV: str(Path(settings_file).resolve())}
+    with ServeFleet(index, {"measured": ((), env)}, log_dir) as fleet:
+        url = fleet.urls["measured"]
+        ndcg = served_ndcg(url, queries, qrels) if qrels else None
+        c1 = side_by_side({"measured": url}, texts, rounds, advance)["measured"].summary()
+        knee, sweep = knee_sweep(url, texts, rates, duration_s)
+        at_target = run(open_loop(HttpTarget().url(url), list(texts), target_qps, duration_s,
+                                  min(2.0, duration_s / 2), seed=99,
+                                  want_stages=False))
+    return Figures(ndcg, c1, knee, knee is not None and knee >= max(rates), target_qps,
+                   at_target.latency_ms.get("p99"), sweep)
+
+
+def compare(index: Path, settings_files: Mapping[str, Path], texts: Sequence[str], *, rounds: int, log_dir: Path,
+            advance: Callable[[], None] | None = None) -> dict[str, dict]:
+    """Configurations side by side at concurrency 1 (``side_by_side``), each on its own server, all loaded at once."""
+    configs = {name: ((), {**MEASURED_ENV, SETTINGS_FILE_ENV: str(Path(path).resolve())})
+               for name, path in settings_files.items()}
+    with ServeFleet(index, configs, log_dir) as fleet:
+        measured = side_by_side(fleet.urls, texts, rounds, advance)
+    return {name: r.summary() for name, r in measured.items()}

@@ -1,0 +1,267 @@
+"""``ragheat tune``'s four steps as one resumable run: labels, the reranker's head, the model server's batch limits,
+hardware-aware placement; the service's figures after each step beside the ones before it.
+
+Everything lands in one folder: ``state.json`` (each step's inputs digest and result: a re-run with the same inputs
+reuses a finished step, a changed input re-runs that step and the ones after it), ``settings.json`` (what
+``ragheat serve --settings`` reads), ``artefacts/`` (a trained head), ``index/`` (the index ingested anew when a
+new head is kept), ``labels/`` and ``logs/``, and the report (``report.json``, ``report.html``: tuning.report).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, ContextManager
+
+from rag.eval.beir import Qrels, load_qrels, load_queries
+from rag.index.store import read_manifest
+from tuning import measure
+from tuning.labels import Labels, choose_labels
+from tuning.placement_step import merge, tune_placement
+from tuning.reranker_step import train_head
+
+STEPS = ("labels", "baseline", "reranker", "model_server", "placement")
+
+
+@dataclass
+class TuneRequest:
+    """What to tune and how hard to measure it."""
+
+    beir: Path  # corpus.jsonl, queries.jsonl and, when the user has them, qrels/<split>.tsv
+    split: str
+    index: Path
+    out: Path
+    labels: str = "auto"  # auto | human | judge (tuning.labels)
+    judge_sample: int = 20  # beside human labels: queries the judge labels too, to measure it (0 = none)
+    judge_threshold: float = 0.0
+    queries_limit: int | None = None  # at most this many queries (drawn with seed) in every step
+    llm_model: Path | None = None  # a model folder: step 3 sweeps vLLM's batch limits on it
+    llm_grid: tuple[tuple[int, ...], tuple[int, ...]] = ((4, 8, 16), (1024, 2048))
+    llm_duration_s: float = 20.0
+    rounds: int = 5
+    rates: tuple[float, ...] = (20.0, 40.0, 60.0, 80.0, 100.0, 120.0)
+    duration_s: float = 8.0
+    target_qps: float = 40.0
+    seed: int = 0
+    epochs: int = 6
+
+    def to_json(self) -> dict:
+        return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self).items()}
+
+
+@dataclass
+class TuneState:
+    """``state.json``: each finished step's inputs digest and result."""
+
+    path: Path
+    steps: dict = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, path: Path) -> "TuneState":
+        if path.is_file():
+            try:
+                return cls(path, json.loads(path.read_text()).get("steps", {}))
+            except ValueError:  # a run killed mid-write: start again
+                pass
+        return cls(path)
+
+    def done(self, step: str, key: str) -> dict | None:
+        entry = self.steps.get(step)
+        return entry["result"] if entry and entry.get("key") == key else None
+
+    def record(self, step: str, key: str, result: dict) -> None:
+        self.steps[step] = {"key": key, "result": result, "finished_at": time.time()}
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"steps": self.steps}, indent=2, sort_keys=True, default=str))
+        tmp.replace(self.path)
+
+
+def digest(*parts) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def file_digest(path: Path) -> str | None:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.is_file() else None
+
+
+def write_qrels(path: Path, qrels: Qrels) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = ["query-id\tcorpus-id\tscore"] + [f"{q}\t{d}\t{g}" for q, rel in sorted(qrels.items())
+                                              for d, g in sorted(rel.items())]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def read_qrels(path: Path) -> Qrels:
+    qrels: Qrels = {}
+    for line in path.read_text().splitlines()[1:]:
+        q, d, g = line.split("\t")
+        qrels.setdefault(q, {})[d] = int(g)
+    return qrels
+
+
+class TuneRun:
+    """``TuneRun(request, ...).run()`` -> the report (a dict), every step recorded in ``request.out``.
+
+    ``asker_factory``: a context manager factory giving the judge its model (None: no judge);
+    ``pipeline_factory(index, settings_sections)``: an in-process ``RagPipeline`` for labelling and training;
+    ``ingest(index, settings_sections)``: builds ``index`` from ``request.beir`` with those settings;
+    ``llm_sweep(request)``: step 3's sweep results (``loadgen.vllm_tuning.run_tuning``)."""
+
+    def __init__(self, request: TuneRequest, *, pipeline_factory: Callable, ingest: Callable,
+                 asker_factory: Callable[[], ContextManager] | None = None, llm_sweep: Callable | None = None,
+                 log: Callable[[str], None] = print, advance: Callable[[], None] | None = None) -> None:
+        self.request, self.log, self.advance = request, log, advance
+        self.pipeline_factory, self.ingest, self.asker_factory, self.llm_sweep = \
+            pipeline_factory, ingest, asker_factory, llm_sweep
+        request.out.mkdir(parents=True, exist_ok=True)
+        self.state = TuneState.load(request.out / "state.json")
+
+    # -- inputs ---------------------------------------------------------------------------------------------------
+
+    def _inputs(self) -> tuple[dict[str, str], Qrels | None]:
+        r = self.request
+        queries = load_queries(r.beir)
+        qrels_file = r.beir / "qrels" / f"{r.split}.tsv"
+        human = load_qrels(r.beir, r.split) if qrels_file.is_file() else None
+        ids = sorted(q for q in queries if q in human) if human else sorted(queries)
+        if r.queries_limit and r.queries_limit < len(ids):
+            ids = sorted(random.Random(r.seed).sample(ids, r.queries_limit))
+        if not ids:
+            raise ValueError(f"{r.beir}: no query to tune on (queries.jsonl, qrels/{r.split}.tsv)")
+        chosen = {q: queries[q] for q in ids}
+        return chosen, ({q: human[q] for q in ids} if human else None)
+
+    def _measure(self, name: str, index: Path, sections: dict, labels: Qrels | None) -> dict:
+        r = self.request
+        settings_file = measure.write_settings(r.out / "configs" / f"{name}.json", sections)
+        figures = measure.measure(index, settings_file, self.queries, labels, self.texts, rounds=r.rounds,
+                                  rates=r.rates, duration_s=r.duration_s, target_qps=r.target_qps,
+                                  log_dir=r.out / "logs" / name, advance=self.advance)
+        return {"settings": sections, "index": str(index), **figures.to_json()}
+
+    # -- the steps ------------------------------------------------------------------------------------------------
+
+    def run(self) -> dict:
+        r = self.request
+        self.queries, human = self._inputs()
+        self.texts = list(self.queries.values())
+        manifest = read_manifest(r.index)
+        index_key = manifest.get("fingerprint"), manifest.get("generation")
+        data_key = (file_digest(r.beir / "queries.jsonl"), file_digest(r.beir / "qrels" / f"{r.split}.tsv"),
+                    sorted(self.queries))
+        measure_key = (r.rounds, r.rates, r.duration_s, r.target_qps)
+
+        key = digest("labels", data_key, r.labels, r.judge_sample, r.judge_threshold, r.seed, index_key)
+        labels_result = self.state.done("labels", key)
+        qrels_path = r.out / "labels" / "qrels.tsv"
+        if labels_result is None or (labels_result["source"] != "none" and not qrels_path.is_file()):
+            self.log("step 1: relevance labels")
+            labels: Labels = choose_labels(
+                human, self.queries, r.labels, pipeline_factory=lambda: self.pipeline_factory(r.index, {}),
+                asker_factory=self.asker_factory, judge_sample=r.judge_sample, seed=r.seed,
+                out_dir=r.out / "labels", threshold=r.judge_threshold, advance=self.advance)
+            if labels.qrels:
+                write_qrels(qrels_path, labels.qrels)
+            labels_result = labels.to_json()
+            self.state.record("labels", key, labels_result)
+        qrels = read_qrels(qrels_path) if labels_result["source"] != "none" else None
+        self.log(f"labels: {labels_result['reason']}")
+
+        key_base = digest("baseline", key, index_key, measure_key)
+        baseline = self.state.done("baseline", key_base)
+        if baseline is None:
+            self.log("measuring the service as it is")
+            baseline = self._measure("baseline", r.index, {}, qrels)
+            self.state.record("baseline", key_base, baseline)
+
+        key_rr = digest("reranker", key_base, r.epochs)
+        reranker = self.state.done("reranker", key_rr)
+        if reranker is None:
+            reranker = self._reranker_step(qrels, baseline)
+            self.state.record("reranker", key_rr, reranker)
+        index, sections = Path(reranker["figures"]["index"]), reranker["figures"]["settings"]
+
+        key_llm = digest("model_server", key_rr, str(r.llm_model), r.llm_grid, r.llm_duration_s)
+        llm = self.state.done("model_server", key_llm)
+        if llm is None:
+            llm = self._model_server_step(sections)
+            self.state.record("model_server", key_llm, llm)
+        sections = merge(sections, llm.get("settings", {}))
+
+        key_pl = digest("placement", key_llm, sections)
+        placement = self.state.done("placement", key_pl)
+        if placement is None:
+            placement = self._placement_step(index, sections, qrels)
+            self.state.record("placement", key_pl, placement)
+        final = placement["figures"]["settings"]
+        chosen = merge(final, {"server": {"index_dir": str(index.resolve())}})
+        settings_path = measure.write_settings(r.out / "settings.json", chosen)
+        return {"request": r.to_json(), "labels": labels_result, "baseline": baseline, "reranker": reranker,
+                "model_server": llm, "placement": placement, "settings_file": str(settings_path),
+                "settings": chosen}
+
+    def _reranker_step(self, qrels: Qrels | None, baseline: dict) -> dict:
+        r = self.request
+        if not qrels:
+            return {"ran": False, "reason": "no usable relevance labels (step 1): nothing to train on",
+                    "figures": baseline}
+        self.log("step 2: training the reranker's head on the labels")
+        pipeline = self.pipeline_factory(r.index, {})
+        try:
+            head_path = r.out / "artefacts" / "rerank-head.npz"
+            head_path.parent.mkdir(parents=True, exist_ok=True)
+            result = train_head(pipeline, self.queries, qrels, current_head=pipeline.settings.rerank.head,
+                                out_path=head_path, split=r.split, epochs=r.epochs, seed=r.seed, log=self.log,
+                                advance=self.advance)
+        finally:
+            pipeline.close()
+        self.log(f"reranker: {result['reason']}")
+        if not result["kept"]:
+            return {"ran": True, **result, "figures": baseline}
+        sections = {"rerank": {"head": str(head_path.resolve())}}
+        index = r.out / "index"
+        self.log(f"ingesting {r.beir} anew into {index} with the new head's token vectors")
+        self.ingest(index, sections)
+        return {"ran": True, **result, "figures": self._measure("reranker", index, sections, qrels)}
+
+    def _model_server_step(self, sections: dict) -> dict:
+        r = self.request
+        if r.llm_model is None or self.llm_sweep is None:
+            return {"ran": False, "reason": "no model server configured (--llm-model): the batch sweep is skipped"}
+        self.log("step 3: sweeping the model server's batch limits")
+        sweep = self.llm_sweep(r)
+        meeting = [c for c in sweep["cells"] if c.get("meets_slo") and not c.get("failure")]
+        if not meeting:
+            return {"ran": True, "reason": "no cell of the sweep met the model's SLO: the limits are left as they are",
+                    "sweep": sweep}
+        best = max(meeting, key=lambda c: c["tokens_per_s"])
+        return {"ran": True, "sweep": sweep, "chosen": best,
+                "reason": f"max_num_seqs {best['max_num_seqs']} x max_model_len {best['max_model_len']}: the most "
+                          f"tokens/s ({best['tokens_per_s']:.1f}) among the cells meeting the SLO",
+                "settings": {"generation": {"vllm_max_num_seqs": best["max_num_seqs"],
+                                            "vllm_max_model_len": best["max_model_len"]}}}
+
+    def _placement_step(self, index: Path, sections: dict, qrels: Qrels | None) -> dict:
+        r = self.request
+        self.log("step 4: hardware-aware placement")
+        counter = iter(range(1000))
+
+        def measure_pair(base: dict, candidate: dict) -> tuple[dict, dict]:
+            n = next(counter)
+            files = {"without": measure.write_settings(r.out / "configs" / f"placement-{n}-without.json", base),
+                     "with": measure.write_settings(r.out / "configs" / f"placement-{n}-with.json", candidate)}
+            pair = measure.compare(index, files, self.texts, rounds=r.rounds, log_dir=r.out / "logs" / f"placement-{n}",
+                                   advance=self.advance)
+            return pair["without"], pair["with"]
+
+        result = tune_placement(sections, measure_pair, model_server=r.llm_model is not None, log=self.log)
+        before = self.state.steps.get("reranker", {}).get("result", {}).get("figures")
+        if result["settings"] == sections and before is not None:
+            figures = before  # nothing kept: the service is the one measured after the previous step
+        else:
+            figures = self._measure("placement", index, result["settings"], qrels)
+        return {**result, "figures": figures}

@@ -1,0 +1,112 @@
+"""Step 4: hardware-aware placement. Each knob is served side by side with the configuration so far, several
+rounds at concurrency 1, and kept only when it lowers the median P99 by more than the rounds' spread on either side
+without raising the median P50 beyond it; a kept knob is part of the baseline the next one is measured against.
+
+The knobs (rag/placement.py and the embedding settings): the ONNX Runtime threads of a lone query, FAISS's OpenMP
+threads, the index memory locked or on huge pages. A knob the host cannot serve (no transparent huge pages, memory
+it may not lock) is reported with the reason and not measured, as is the service's core set apart from a model
+server's (``placement.cpus``), which needs the model server's load beside the measured service.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+from rag.placement import host_capabilities, usable_cpus
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One candidate change: its name, the settings it adds (section -> fields) and what it does, in words."""
+
+    name: str
+    settings: Mapping[str, Mapping]
+    what: str
+
+
+def candidate_knobs(capabilities: dict, model_server: bool) -> tuple[list[Knob], dict[str, str]]:
+    """The knobs worth measuring on this host, and those that are not, each with the reason."""
+    knobs = [Knob("lone_query_threads_1", {"embedding": {"quiet_query_threads": 1}},
+                  "a query alone in the model runs its encoder on one ONNX Runtime thread instead of every core"),
+             Knob("faiss_threads_1", {"placement": {"math_threads": 1}}, "FAISS searches on one OpenMP thread")]
+    skipped: dict[str, str] = {}
+    lacks = capabilities["lacks"]
+    if "memory_lock" in lacks:
+        skipped["memory_lock"] = lacks["memory_lock"]
+    else:
+        knobs.append(Knob("memory_lock", {"placement": {"memory": "lock"}},
+                          "every page the warm service maps (index, token vectors, models) faulted in and locked"))
+    if "huge_pages" in lacks:
+        skipped["memory_hugepages"] = lacks["huge_pages"]
+    else:
+        knobs.append(Knob("memory_hugepages", {"placement": {"memory": "hugepages"}},
+                          "the token vectors copied into memory advised for transparent huge pages"))
+    if len(usable_cpus()) < 2:
+        skipped["separate_cores"] = "a single core: nothing to keep apart"
+    elif not model_server:
+        skipped["separate_cores"] = ("no model server runs beside the service: its threads already have every core, "
+                                     "and a smaller set would only take cores away")
+    else:
+        # The measured servers answer extractively: the model server's load beside them is not part of the
+        # measurement yet, and a core split measured without it would only show the cores it takes away.
+        skipped["separate_cores"] = ("not measured yet: the measured service does not run the model server beside "
+                                     "it under load, and without that load a core split only takes cores away "
+                                     "(placement.cpus applies it by hand)")
+    for name, reason in lacks.items():
+        if name in ("isolated_cores", "cache_allocation"):
+            skipped[name] = reason
+    return knobs, skipped
+
+
+def merge(base: Mapping[str, Mapping], extra: Mapping[str, Mapping]) -> dict[str, dict]:
+    """Settings sections ``base`` with ``extra``'s fields laid over them."""
+    merged = {k: dict(v) for k, v in base.items()}
+    for section, fields in extra.items():
+        merged.setdefault(section, {}).update(fields)
+    return merged
+
+
+def decide(baseline: dict, candidate: dict) -> tuple[bool, str]:
+    """Whether a knob is kept, from both sides' concurrency-1 summaries (``tuning.measure.Rounds.summary``)."""
+    b99, c99 = baseline["p99_ms"], candidate["p99_ms"]
+    b50, c50 = baseline["p50_ms"], candidate["p50_ms"]
+    noise99 = max(b99["spread"], c99["spread"])
+    noise50 = max(b50["spread"], c50["spread"])
+    gain99, gain50 = b99["median"] - c99["median"], b50["median"] - c50["median"]
+    words = (f"P99 {b99['median']:.2f} -> {c99['median']:.2f} ms (spread {noise99:.2f}), "
+             f"P50 {b50['median']:.2f} -> {c50['median']:.2f} ms (spread {noise50:.2f})")
+    if gain99 > noise99 and gain50 >= -noise50:
+        return True, "kept: " + words
+    if abs(gain99) <= noise99 and abs(gain50) <= noise50:
+        return False, "no measurable effect: " + words
+    return False, "not kept: " + words
+
+
+def tune_placement(base: Mapping[str, Mapping], measure_pair: Callable[[dict, dict], tuple[dict, dict]], *,
+                   model_server: bool, log: Callable[[str], None] = lambda _: None) -> dict:
+    """Every knob in turn against the configuration so far (``measure_pair(base, candidate)`` serves both side by
+    side and returns their summaries); the settings kept and each knob's figures and verdict."""
+    capabilities = host_capabilities()
+    knobs, skipped = candidate_knobs(capabilities, model_server)
+    current = merge(base, {})
+    results = []
+    for knob in knobs:
+        candidate = merge(current, knob.settings)
+        if candidate == current:
+            skipped[knob.name] = "already the configuration's setting"
+            continue
+        baseline_figures, candidate_figures = measure_pair(current, candidate)
+        kept, verdict = decide(baseline_figures, candidate_figures)
+        log(f"placement {knob.name}: {verdict}")
+        results.append({"knob": knob.name, "what": knob.what, "settings": knob.settings, "kept": kept,
+                        "verdict": verdict, "without": baseline_figures, "with": candidate_figures})
+        if kept:
+            current = candidate
+    return {"capabilities": capabilities, "knobs": results, "skipped": skipped, "settings": current}
+
+
+def knob_names(results: Sequence[dict]) -> list[str]:
+    """The kept knobs' names, in the order they were kept."""
+    return [r["knob"] for r in results if r["kept"]]
+
