@@ -35,7 +35,7 @@ def main() -> None:
                                                                             "without labels")
     parser.add_argument("--judge-sample", type=int, default=20, help="beside human labels: queries judged too")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--rates", default="20,40,60,80,100,120,140")
+    parser.add_argument("--rates", default="40:320:40")
     parser.add_argument("--duration", type=float, default=8.0)
     parser.add_argument("--only", default="scifact,scifact-unlabelled,hotpotqa-dev")
     parser.add_argument("--scifact", default="datasets/scifact:train:data/index/scifact",

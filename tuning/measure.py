@@ -170,11 +170,29 @@ def measure(index: Path, settings_file: Path, queries: Mapping[str, str], qrels:
                    at_target.latency_ms.get("p99"), sweep)
 
 
+def at_load(urls: Mapping[str, str], texts: Sequence[str], qps: float, duration_s: float, rounds: int) -> dict:
+    """Each configuration's P99 under open-loop load at ``qps``, ``rounds`` alternating steps each: median and
+    spread per configuration."""
+    names, p99 = list(urls), {name: [] for name in urls}
+    for r in range(rounds):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            step = run(open_loop(HttpTarget().url(urls[name]), list(texts), qps, duration_s,
+                                 min(2.0, duration_s / 2), seed=r, want_stages=False))
+            p99[name].append(step.latency_ms.get("p99") if step.error_rate <= 0.001 else float("inf"))
+    return {name: {"qps": qps, "p99_ms": {"median": float(np.median(v)), "spread": float(max(v) - min(v)),
+                                          "rounds": [round(x, 3) for x in v]}} for name, v in p99.items()}
+
+
 def compare(index: Path, settings_files: Mapping[str, Path], texts: Sequence[str], *, rounds: int, log_dir: Path,
+            load_qps: float | None = None, load_duration_s: float = 8.0, load_rounds: int = 2,
             advance: Callable[[], None] | None = None) -> dict[str, dict]:
-    """Configurations side by side at concurrency 1 (``side_by_side``), each on its own server, all loaded at once."""
+    """Configurations side by side at concurrency 1 (``side_by_side``), each on its own server, all loaded at once;
+    with ``load_qps``, also their P99 under that open-loop load (``at_load``, under ``"at_load"``)."""
     configs = {name: ((), {**MEASURED_ENV, SETTINGS_FILE_ENV: str(Path(path).resolve())})
                for name, path in settings_files.items()}
     with ServeFleet(index, configs, log_dir) as fleet:
-        measured = side_by_side(fleet.urls, texts, rounds, advance)
-    return {name: r.summary() for name, r in measured.items()}
+        measured = {name: r.summary() for name, r in side_by_side(fleet.urls, texts, rounds, advance).items()}
+        if load_qps:
+            for name, figures in at_load(fleet.urls, texts, load_qps, load_duration_s, load_rounds).items():
+                measured[name]["at_load"] = figures
+    return measured

@@ -43,7 +43,7 @@ class TuneRequest:
     llm_grid: tuple[tuple[int, ...], tuple[int, ...]] = ((4, 8, 16), (1024, 2048))
     llm_duration_s: float = 20.0
     rounds: int = 5
-    rates: tuple[float, ...] = (20.0, 40.0, 60.0, 80.0, 100.0, 120.0)
+    rates: tuple[float, ...] = (40.0, 80.0, 120.0, 160.0, 200.0, 240.0, 280.0, 320.0)
     duration_s: float = 8.0
     target_qps: float = 40.0
     seed: int = 0
@@ -249,18 +249,21 @@ class TuneRun:
         r = self.request
         self.log("step 4: hardware-aware placement")
         counter = iter(range(1000))
+        before = self.state.steps.get("reranker", {}).get("result", {}).get("figures") or {}
+        # Each knob also side by side under load: at the knee measured before this step (the target rate without one).
+        load_qps = before.get("knee_qps") or r.target_qps
 
         def measure_pair(base: dict, candidate: dict) -> tuple[dict, dict]:
             n = next(counter)
             files = {"without": measure.write_settings(r.out / "configs" / f"placement-{n}-without.json", base),
                      "with": measure.write_settings(r.out / "configs" / f"placement-{n}-with.json", candidate)}
             pair = measure.compare(index, files, self.texts, rounds=r.rounds, log_dir=r.out / "logs" / f"placement-{n}",
-                                   advance=self.advance)
+                                   load_qps=load_qps, load_duration_s=r.duration_s, advance=self.advance)
             return pair["without"], pair["with"]
 
         result = tune_placement(sections, measure_pair, model_server=r.llm_model is not None, log=self.log)
-        before = self.state.steps.get("reranker", {}).get("result", {}).get("figures")
-        if result["settings"] == sections and before is not None:
+        result["load_qps"] = load_qps
+        if result["settings"] == sections and before:
             figures = before  # nothing kept: the service is the one measured after the previous step
         else:
             figures = self._measure("placement", index, result["settings"], qrels)

@@ -68,7 +68,9 @@ def merge(base: Mapping[str, Mapping], extra: Mapping[str, Mapping]) -> dict[str
 
 
 def decide(baseline: dict, candidate: dict) -> tuple[bool, str]:
-    """Whether a knob is kept, from both sides' concurrency-1 summaries (``tuning.measure.Rounds.summary``)."""
+    """Whether a knob is kept, from both sides' concurrency-1 summaries (``tuning.measure.Rounds.summary``) and,
+    when measured, their P99 under load (``at_load``): a knob that wins alone but loses under load beyond the spread
+    is not kept."""
     b99, c99 = baseline["p99_ms"], candidate["p99_ms"]
     b50, c50 = baseline["p50_ms"], candidate["p50_ms"]
     noise99 = max(b99["spread"], c99["spread"])
@@ -76,7 +78,13 @@ def decide(baseline: dict, candidate: dict) -> tuple[bool, str]:
     gain99, gain50 = b99["median"] - c99["median"], b50["median"] - c50["median"]
     words = (f"P99 {b99['median']:.2f} -> {c99['median']:.2f} ms (spread {noise99:.2f}), "
              f"P50 {b50['median']:.2f} -> {c50['median']:.2f} ms (spread {noise50:.2f})")
-    if gain99 > noise99 and gain50 >= -noise50:
+    worse_at_load = False
+    if "at_load" in baseline and "at_load" in candidate:
+        bl, cl = baseline["at_load"]["p99_ms"], candidate["at_load"]["p99_ms"]
+        worse_at_load = cl["median"] - bl["median"] > max(bl["spread"], cl["spread"])
+        words += (f"; P99 at {baseline['at_load']['qps']:g} req/s {bl['median']:.1f} -> {cl['median']:.1f} ms "
+                  f"(spread {max(bl['spread'], cl['spread']):.1f})")
+    if gain99 > noise99 and gain50 >= -noise50 and not worse_at_load:
         return True, "kept: " + words
     if abs(gain99) <= noise99 and abs(gain50) <= noise50:
         return False, "no measurable effect: " + words

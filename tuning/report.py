@@ -84,7 +84,7 @@ def render_html(report: dict) -> str:
                         else "<td>–</td>" for s in stages_seen)
         stage_rows.append(f"<tr><td>{esc(STEP_TITLES[row['step']])}</td>{cells}</tr>")
     knob_rows = [f"<tr><td>{esc(k['knob'])}</td><td>{esc(k['what'])}</td><td>{esc(k['verdict'])}</td></tr>"
-                 for k in report["placement"]["knobs"]]
+                 for k in report["placement"]["knobs"]]  # the verdict carries both sides' figures
     knob_rows += [f"<tr><td>{esc(name)}</td><td>not tried</td><td>{esc(why)}</td></tr>"
                   for name, why in sorted(report["placement"]["skipped"].items())]
     target = report["request"]["target_qps"]

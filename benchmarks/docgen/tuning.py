@@ -44,13 +44,22 @@ def _knobs(data: dict) -> str:
     rows = []
     for k in data["placement"]["knobs"]:
         a, b = k["without"], k["with"]
+        load = "–"
+        if "at_load" in a and "at_load" in b:
+            la, lb = a["at_load"]["p99_ms"], b["at_load"]["p99_ms"]
+            load = f"{num(la['median'], 1)} / {num(lb['median'], 1)} (±{num(max(la['spread'], lb['spread']), 1)})"
         rows.append([f"`{k['knob']}`", f"{num(a['p50_ms']['median'], 2)} / {num(a['p99_ms']['median'], 2)}",
                      f"{num(b['p50_ms']['median'], 2)} / {num(b['p99_ms']['median'], 2)}",
-                     f"{num(max(a['p99_ms']['spread'], b['p99_ms']['spread']), 2)}", k["verdict"].split(":")[0]])
+                     f"{num(max(a['p99_ms']['spread'], b['p99_ms']['spread']), 2)}", load,
+                     k["verdict"].split(":")[0]])
+    load_qps = data["placement"].get("load_qps")
     skipped = "; ".join(f"`{name}`: {why}" for name, why in sorted(data["placement"]["skipped"].items()))
-    return blocks(table(["knob", "without: P50 / P99 ms", "with: P50 / P99 ms", "P99 spread ms", "verdict"], rows,
-                        "lrrrl", "Step 4's knobs, each served side by side with the configuration before it, "
-                                 f"{data['request']['rounds']} alternating rounds at concurrency 1 (medians):"),
+    at = f"P99 ms at {num(load_qps, 0)} req/s without / with" if load_qps else "P99 under load"
+    return blocks(table(["knob", "c=1 without: P50 / P99 ms", "c=1 with: P50 / P99 ms", "c=1 P99 spread ms", at,
+                         "verdict"], rows, "lrrrrl",
+                        "Step 4's knobs, each served side by side with the configuration before it: "
+                        f"{data['request']['rounds']} alternating rounds at concurrency 1 (medians), then alternating "
+                        "open-loop steps at the knee measured before the step:"),
                   f"Not tried: {skipped}." if skipped else "")
 
 

@@ -14,14 +14,13 @@ from ragheat.clikit import fail as _fail, guard, load_settings, out, progress_ba
 _guard = guard()
 
 
-def _numbers(flag: str, text: str, kind=float) -> tuple:
+def _rates(text: str) -> tuple[float, ...]:
+    from loadgen.arrivals import parse_rates
+
     try:
-        values = tuple(kind(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        _fail(f"{flag} takes numbers separated by commas, got {text!r}")
-    if not values or min(values) <= 0:
-        _fail(f"{flag} takes positive numbers, got {text!r}")
-    return values
+        return tuple(parse_rates(text))
+    except ValueError as exc:
+        _fail(str(exc))
 
 
 @_guard
@@ -45,7 +44,8 @@ def tune(
                                                 "drawn with --seed (default: all)"),
     rounds: int = typer.Option(5, "--rounds", min=3, max=50, help="concurrency-1 rounds per configuration (a knob is "
                                 "kept when it beats the rounds' spread)"),
-    rates: str = typer.Option("20,40,60,80,100,120", "--rates", help="offered req/s of the knee sweep, comma list"),
+    rates: str = typer.Option("40:320:40", "--rates", help="offered req/s of the knee sweep: a comma list or "
+                                                          "start:stop:step (it stops two steps past the SLO)"),
     duration: float = typer.Option(8.0, "--duration", min=0.5, help="measured seconds per sweep step"),
     target: float = typer.Option(40.0, "--target-qps", min=0.1, help="the rate whose P99 the report shows"),
     seed: int = typer.Option(0, "--seed", help="the query draw, the held-out split and the training"),
@@ -76,7 +76,7 @@ def tune(
     index = index or Path("data/index") / beir.resolve().name
     request = TuneRequest(beir=beir, split=split, index=index, out=out_dir, labels=labels, judge_sample=judge_sample,
                           queries_limit=queries_limit, llm_model=llm_model, rounds=rounds,
-                          rates=_numbers("--rates", rates), duration_s=duration, target_qps=target, seed=seed,
+                          rates=_rates(rates), duration_s=duration, target_qps=target, seed=seed,
                           epochs=epochs)
 
     def with_sections(sections: dict):

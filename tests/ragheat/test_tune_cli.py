@@ -48,6 +48,10 @@ def test_a_tune_run_reports_every_step_and_writes_settings_the_service_reads(sci
     placement = report["placement"]
     assert placement["knobs"] and all(k["verdict"].startswith(VERDICTS) for k in placement["knobs"])
     assert all(k["kept"] == k["verdict"].startswith("kept") for k in placement["knobs"])
+    load_qps = reranker["figures"]["knee_qps"] or 10.0  # each knob under load too: at the knee measured before it
+    assert placement["load_qps"] == load_qps
+    assert all(side["at_load"]["qps"] == load_qps and len(side["at_load"]["p99_ms"]["rounds"]) == 2
+               for k in placement["knobs"] for side in (k["with"], k["without"]))
     assert "no model server" in placement["skipped"]["separate_cores"]
 
     # The settings file: what ragheat serve --settings reads, the kept knobs in it.
@@ -75,8 +79,8 @@ def test_a_tune_run_reports_every_step_and_writes_settings_the_service_reads(sci
 
 
 @pytest.mark.parametrize("extra, words", [(["--labels", "mixed"], "--labels must be auto, human or judge"),
-                                          (["--rates", "ten"], "--rates takes numbers"),
-                                          (["--rates", "0,10"], "--rates takes positive numbers")])
+                                          (["--rates", "ten"], "--rates takes '5,10,20' or 'start:stop:step'"),
+                                          (["--rates", "0,10"], "--rates must be positive")])
 def test_bad_flags_exit_2_with_a_sentence(scifact_subset, tmp_path, extra, words):
     result = run_cli("tune", "--beir", str(scifact_subset), "--out", str(tmp_path / "t"), *extra, cwd=tmp_path)
     assert result.exit_code == 2 and words in result.output, result.output

@@ -32,6 +32,17 @@ def test_a_knob_is_kept_only_past_the_rounds_spread():
     assert not kept
 
 
+def test_a_knob_that_wins_alone_but_loses_under_load_is_not_kept():
+    base = summary([6.0, 6.2, 6.1], [10.0, 10.6, 10.3])
+    better = summary([5.0, 5.1, 5.2], [8.0, 8.3, 8.1])
+    base["at_load"] = {"qps": 120.0, "p99_ms": {"median": 20.0, "spread": 2.0, "rounds": [19.0, 21.0]}}
+    better["at_load"] = {"qps": 120.0, "p99_ms": {"median": 30.0, "spread": 3.0, "rounds": [28.5, 31.5]}}
+    kept, words = decide(base, better)
+    assert not kept and "P99 at 120 req/s 20.0 -> 30.0 ms (spread 3.0)" in words
+    better["at_load"]["p99_ms"] = {"median": 21.0, "spread": 3.0, "rounds": [19.5, 22.5]}
+    assert decide(base, better)[0]
+
+
 def capabilities(**lacks) -> dict:
     return {"lacks": lacks}
 
