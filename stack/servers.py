@@ -54,11 +54,13 @@ class ServeFleet:
     """``with ServeFleet(index, configs, log_dir) as fleet:`` one ``ragheat serve`` child per named configuration
     (``configs``: name -> (extra arguments, environment overrides)), each on a free loopback port and logging to
     ``log_dir/api-<name>.log``; all are started before any is waited for, so they load side by side.
-    ``fleet.urls[name]`` once every one answers ``/readyz``. They stop when the block ends, or with this process."""
+    ``fleet.urls[name]`` once every one answers ``/readyz``. They stop when the block ends, or with this process.
+    ``indexes``: name -> another index that configuration serves instead of ``index``."""
 
     def __init__(self, index: Path, configs: Mapping[str, tuple[Sequence[str], Mapping[str, str]]], log_dir: Path,
-                 ready_timeout_s: float = 300.0) -> None:
+                 ready_timeout_s: float = 300.0, indexes: Mapping[str, Path] | None = None) -> None:
         self.index, self.configs, self.log_dir = Path(index).resolve(), dict(configs), Path(log_dir)
+        self.indexes = {name: Path(path).resolve() for name, path in (indexes or {}).items()}
         self.ready_timeout_s = ready_timeout_s
         self.children: list[ChildProcess] = []
         self.urls: dict[str, str] = {}
@@ -68,7 +70,8 @@ class ServeFleet:
         try:
             for name, (extra_args, env) in self.configs.items():
                 port = free_port()
-                child = ChildProcess(f"api-{name}", [ragheat, "serve", "--index", self.index, "--host", "127.0.0.1",
+                index = self.indexes.get(name, self.index)
+                child = ChildProcess(f"api-{name}", [ragheat, "serve", "--index", index, "--host", "127.0.0.1",
                                                      "--port", port, "--log-level", "warning", *extra_args],
                                      log_path=self.log_dir / f"api-{name}.log", env={**os.environ, **env},
                                      die_with_parent=True).start()

@@ -68,6 +68,7 @@ class Figures:
 
     ndcg10: float | None
     concurrency_1: dict
+    ndcg10_held_out: float | None = None  # over the questions step 2 holds out (none of them trained on)
     knee_qps: float | None = None
     knee_is_lower_bound: bool = False  # the highest rate offered met the SLO: the knee lies at or above it
     target_qps: float | None = None
@@ -94,8 +95,10 @@ def _ask(client: httpx.Client, url: str, text: str, top_k: int) -> tuple[float, 
     return elapsed, response.json()
 
 
-def served_ndcg(url: str, queries: Mapping[str, str], qrels: Qrels) -> float:
-    """nDCG@10 of the documents the service returns, in its order, for every labelled query."""
+def served_ndcg(url: str, queries: Mapping[str, str], qrels: Qrels,
+                held_out: frozenset[str] = frozenset()) -> tuple[float, float | None]:
+    """nDCG@10 of the documents the service returns, in its order, for every labelled query, and for those of
+    ``held_out`` alone (None without any)."""
     judged = {qid: text for qid, text in queries.items() if qid in qrels}
     ranked: dict[str, list[str]] = {}
     with httpx.Client(timeout=60) as client:
@@ -103,7 +106,9 @@ def served_ndcg(url: str, queries: Mapping[str, str], qrels: Qrels) -> float:
             _, body = _ask(client, url, text, RANKED_CHUNKS)
             docs = list(dict.fromkeys(c["doc_id"] for c in body["citations"]))
             ranked[qid] = docs[:RANKED_DOCS]
-    return float(score_run(ranked, {q: qrels[q] for q in judged})["ndcg@10"])
+    held = {q: qrels[q] for q in judged if q in held_out}
+    return (float(score_run(ranked, {q: qrels[q] for q in judged})["ndcg@10"]),
+            float(score_run(ranked, held)["ndcg@10"]) if held else None)
 
 
 def one_round(url: str, texts: Sequence[str]) -> tuple[list[float], dict[str, list[float]]]:
@@ -153,21 +158,27 @@ def knee_sweep(url: str, texts: Sequence[str], rates: Sequence[float], duration_
     return find_knee(steps, slo_ms), table
 
 
-def measure(index: Path, settings_file: Path, queries: Mapping[str, str], qrels: Qrels | None, texts: Sequence[str],
-            *, rounds: int, rates: Sequence[float], duration_s: float, target_qps: float, log_dir: Path,
-            advance: Callable[[], None] | None = None) -> Figures:
-    """Every figure of one configuration, on one ``ragheat serve`` of it."""
-    env = {**MEASURED_ENV, SETTINGS_FILE_ENV: str(Path(settings_file).resolve())}
-    with ServeFleet(index, {"measured": ((), env)}, log_dir) as fleet:
-        url = fleet.urls["measured"]
-        ndcg = served_ndcg(url, queries, qrels) if qrels else None
-        c1 = side_by_side({"measured": url}, texts, rounds, advance)["measured"].summary()
-        knee, sweep = knee_sweep(url, texts, rates, duration_s)
-        at_target = run(open_loop(HttpTarget().url(url), list(texts), target_qps, duration_s,
-                                  min(2.0, duration_s / 2), seed=99,
-                                  want_stages=False))
-    return Figures(ndcg, c1, knee, knee is not None and knee >= max(rates), target_qps,
-                   at_target.latency_ms.get("p99"), sweep)
+def measure(configs: Mapping[str, tuple[Path, Path]], queries: Mapping[str, str], qrels: Qrels | None,
+            texts: Sequence[str], *, rounds: int, rates: Sequence[float], duration_s: float, target_qps: float,
+            log_dir: Path, held_out: frozenset[str] = frozenset(),
+            advance: Callable[[], None] | None = None) -> dict[str, Figures]:
+    """Every figure of each configuration (name -> (index, settings file)), all served at once by one fleet: the
+    concurrency-1 rounds alternate between them, the sweeps and the target-rate steps run one configuration after
+    the other, so that a step's figures beside the step before it come from the same minutes of the machine."""
+    first = next(iter(configs.values()))[0]
+    env = {name: ((), {**MEASURED_ENV, SETTINGS_FILE_ENV: str(Path(path).resolve())})
+           for name, (_, path) in configs.items()}
+    with ServeFleet(first, env, log_dir, indexes={name: index for name, (index, _) in configs.items()}) as fleet:
+        c1 = {name: r.summary() for name, r in side_by_side(fleet.urls, texts, rounds, advance).items()}
+        figures = {}
+        for name, url in fleet.urls.items():
+            ndcg, held = served_ndcg(url, queries, qrels, held_out) if qrels else (None, None)
+            knee, sweep = knee_sweep(url, texts, rates, duration_s)
+            at_target = run(open_loop(HttpTarget().url(url), list(texts), target_qps, duration_s,
+                                      min(2.0, duration_s / 2), seed=99, want_stages=False))
+            figures[name] = Figures(ndcg, c1[name], held, knee, knee is not None and knee >= max(rates),
+                                    target_qps, at_target.latency_ms.get("p99"), sweep)
+    return figures
 
 
 def at_load(urls: Mapping[str, str], texts: Sequence[str], qps: float, duration_s: float, rounds: int) -> dict:

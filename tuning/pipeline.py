@@ -22,7 +22,7 @@ from rag.index.store import read_manifest
 from tuning import measure
 from tuning.labels import Labels, choose_labels
 from tuning.placement_step import merge, tune_placement
-from tuning.reranker_step import train_head
+from tuning.reranker_step import HELD_OUT_SHARE, split_queries, train_head
 
 STEPS = ("labels", "baseline", "reranker", "model_server", "placement")
 
@@ -135,13 +135,16 @@ class TuneRun:
         chosen = {q: queries[q] for q in ids}
         return chosen, ({q: human[q] for q in ids} if human else None)
 
-    def _measure(self, name: str, index: Path, sections: dict, labels: Qrels | None) -> dict:
+    def _measure(self, configs: dict[str, tuple[Path, dict]], labels: Qrels | None) -> dict[str, dict]:
+        """Each configuration (name -> (index, settings sections)) measured, side by side when there are several."""
         r = self.request
-        settings_file = measure.write_settings(r.out / "configs" / f"{name}.json", sections)
-        figures = measure.measure(index, settings_file, self.queries, labels, self.texts, rounds=r.rounds,
-                                  rates=r.rates, duration_s=r.duration_s, target_qps=r.target_qps,
-                                  log_dir=r.out / "logs" / name, advance=self.advance)
-        return {"settings": sections, "index": str(index), **figures.to_json()}
+        files = {name: (index, measure.write_settings(r.out / "configs" / f"{name}.json", sections))
+                 for name, (index, sections) in configs.items()}
+        figures = measure.measure(files, self.queries, labels, self.texts, rounds=r.rounds, rates=r.rates,
+                                  duration_s=r.duration_s, target_qps=r.target_qps, held_out=self.held_out,
+                                  log_dir=r.out / "logs" / "-".join(configs), advance=self.advance)
+        return {name: {"settings": configs[name][1], "index": str(configs[name][0]), **f.to_json()}
+                for name, f in figures.items()}
 
     # -- the steps ------------------------------------------------------------------------------------------------
 
@@ -170,12 +173,17 @@ class TuneRun:
             self.state.record("labels", key, labels_result)
         qrels = read_qrels(qrels_path) if labels_result["source"] != "none" else None
         self.log(f"labels: {labels_result['reason']}")
+        # The questions step 2 holds out: every measurement also scores them alone, so a head's gain is not read
+        # off the questions it was trained on.
+        labelled = [q for q in self.queries if qrels and any(g > 0 for g in qrels.get(q, {}).values())]
+        self.held_out = frozenset(split_queries(labelled, HELD_OUT_SHARE, r.seed)[1]) if len(labelled) >= 3 \
+            else frozenset()
 
         key_base = digest("baseline", key, index_key, measure_key)
         baseline = self.state.done("baseline", key_base)
         if baseline is None:
             self.log("measuring the service as it is")
-            baseline = self._measure("baseline", r.index, {}, qrels)
+            baseline = self._measure({"baseline": (r.index, {})}, qrels)["baseline"]
             self.state.record("baseline", key_base, baseline)
 
         key_rr = digest("reranker", key_base, r.epochs)
@@ -215,8 +223,8 @@ class TuneRun:
             head_path = r.out / "artefacts" / "rerank-head.npz"
             head_path.parent.mkdir(parents=True, exist_ok=True)
             result = train_head(pipeline, self.queries, qrels, current_head=pipeline.settings.rerank.head,
-                                out_path=head_path, split=r.split, epochs=r.epochs, seed=r.seed, log=self.log,
-                                advance=self.advance)
+                                out_path=head_path, held_out=self.held_out, split=r.split, epochs=r.epochs,
+                                seed=r.seed, log=self.log, advance=self.advance)
         finally:
             pipeline.close()
         self.log(f"reranker: {result['reason']}")
@@ -226,7 +234,8 @@ class TuneRun:
         index = r.out / "index"
         self.log(f"ingesting {r.beir} anew into {index} with the new head's token vectors")
         self.ingest(index, sections)
-        return {"ran": True, **result, "figures": self._measure("reranker", index, sections, qrels)}
+        pair = self._measure({"reranker-before": (r.index, {}), "reranker": (index, sections)}, qrels)
+        return {"ran": True, **result, "figures": pair["reranker"], "before": pair["reranker-before"]}
 
     def _model_server_step(self, sections: dict) -> dict:
         r = self.request
@@ -264,7 +273,6 @@ class TuneRun:
         result = tune_placement(sections, measure_pair, model_server=r.llm_model is not None, log=self.log)
         result["load_qps"] = load_qps
         if result["settings"] == sections and before:
-            figures = before  # nothing kept: the service is the one measured after the previous step
-        else:
-            figures = self._measure("placement", index, result["settings"], qrels)
-        return {**result, "figures": figures}
+            return {**result, "figures": before}  # nothing kept: the service measured after the previous step
+        pair = self._measure({"placement-before": (index, sections), "placement": (index, result["settings"])}, qrels)
+        return {**result, "figures": pair["placement"], "before": pair["placement-before"]}

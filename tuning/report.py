@@ -9,19 +9,26 @@ from pathlib import Path
 
 STEP_TITLES = {"baseline": "0. the service as it was", "labels": "1. relevance labels",
                "reranker": "2. the reranker's head", "model_server": "3. the model server's batch limits",
-               "placement": "4. hardware-aware placement"}
+               "placement": "4. hardware-aware placement",
+               "reranker-before": "   before step 2, served beside it",
+               "placement-before": "   before step 4, served beside it"}
+BESIDE = "the configuration before the step, served and loaded beside it in the same minutes"
 
 
 def step_rows(report: dict) -> list[dict]:
     """One row per step: its figures (the service after it) and what it did."""
     baseline = report["baseline"]
     rows = [{"step": "baseline", "did": "measured as given", "figures": baseline},
-            {"step": "labels", "did": report["labels"]["reason"], "figures": baseline},
-            {"step": "reranker", "did": report["reranker"]["reason"], "figures": report["reranker"]["figures"]},
-            {"step": "model_server", "did": report["model_server"]["reason"],
-             "figures": report["reranker"]["figures"]},
-            {"step": "placement", "did": _placement_words(report["placement"]),
-             "figures": report["placement"]["figures"]}]
+            {"step": "labels", "did": report["labels"]["reason"], "figures": baseline}]
+    if "before" in report["reranker"]:
+        rows.append({"step": "reranker-before", "did": BESIDE, "figures": report["reranker"]["before"]})
+    rows += [{"step": "reranker", "did": report["reranker"]["reason"], "figures": report["reranker"]["figures"]},
+             {"step": "model_server", "did": report["model_server"]["reason"],
+              "figures": report["reranker"]["figures"]}]
+    if "before" in report["placement"]:
+        rows.append({"step": "placement-before", "did": BESIDE, "figures": report["placement"]["before"]})
+    rows.append({"step": "placement", "did": _placement_words(report["placement"]),
+                 "figures": report["placement"]["figures"]})
     return rows
 
 
@@ -43,7 +50,8 @@ def _knee(h: dict) -> str:
 def headline(figures: dict) -> dict:
     """The row's figures: nDCG@10, the whole request's P50/P99 at concurrency 1, the knee, P99 at the target."""
     c1 = figures["concurrency_1"]
-    return {"ndcg@10": figures.get("ndcg10"), "p50_ms": c1["p50_ms"]["median"], "p99_ms": c1["p99_ms"]["median"],
+    return {"ndcg@10": figures.get("ndcg10"), "ndcg@10_held_out": figures.get("ndcg10_held_out"),
+            "p50_ms": c1["p50_ms"]["median"], "p99_ms": c1["p99_ms"]["median"],
             "p99_spread_ms": c1["p99_ms"]["spread"], "knee_qps": figures.get("knee_qps"),
             "knee_at_least": bool(figures.get("knee_is_lower_bound")),
             "target_qps": figures.get("target_qps"), "p99_at_target_ms": figures.get("p99_at_target_ms")}
@@ -58,7 +66,8 @@ def lines(report: dict) -> list[str]:
         same = previous is not None and row["figures"] is previous
         out.append(f"{STEP_TITLES[row['step']]}: {row['did']}")
         if not same:
-            out.append(f"    nDCG@10 {_fmt(h['ndcg@10'], 4)} | c=1 P50 {_fmt(h['p50_ms'], 2)} ms, P99 "
+            out.append(f"    nDCG@10 {_fmt(h['ndcg@10'], 4)} (held out {_fmt(h['ndcg@10_held_out'], 4)}) | c=1 P50 "
+                       f"{_fmt(h['p50_ms'], 2)} ms, P99 "
                        f"{_fmt(h['p99_ms'], 2)} ms | knee {_knee(h)} req/s | P99 at "
                        f"{_fmt(h['target_qps'], 0)} req/s {_fmt(h['p99_at_target_ms'])} ms")
         previous = row["figures"]
@@ -71,6 +80,7 @@ def render_html(report: dict) -> str:
     for row in step_rows(report):
         h = headline(row["figures"])
         rows.append(f"<tr><td>{esc(STEP_TITLES[row['step']])}</td><td>{_fmt(h['ndcg@10'], 4)}</td>"
+                    f"<td>{_fmt(h['ndcg@10_held_out'], 4)}</td>"
                     f"<td>{_fmt(h['p50_ms'], 2)}</td><td>{_fmt(h['p99_ms'], 2)} (±{_fmt(h['p99_spread_ms'], 2)})</td>"
                     f"<td>{_knee(h)}</td><td>{_fmt(h['p99_at_target_ms'])}</td>"
                     f"<td>{esc(row['did'])}</td></tr>")
@@ -95,7 +105,8 @@ td,th{{border:1px solid #ccc;padding:4px 8px;text-align:left}}</style></head><bo
 <p>Labels: {esc(report['labels']['reason'])}. Settings written to <code>{esc(report['settings_file'])}</code>
 (<code>ragheat serve --settings</code>).</p>
 <h2>After each step</h2>
-<table><tr><th>step</th><th>nDCG@10</th><th>c=1 P50 ms</th><th>c=1 P99 ms (rounds' spread)</th><th>knee req/s</th>
+<table><tr><th>step</th><th>nDCG@10</th><th>nDCG@10, held-out questions</th><th>c=1 P50 ms</th>
+<th>c=1 P99 ms (rounds' spread)</th><th>knee req/s</th>
 <th>P99 ms at {target:g} req/s</th><th>what the step did</th></tr>{''.join(rows)}</table>
 <h2>Stages at concurrency 1 (P50 / P99 ms, median of the rounds)</h2>
 <table><tr><th>step</th>{''.join(f'<th>{esc(s)}</th>' for s in stages_seen)}</tr>{''.join(stage_rows)}</table>

@@ -38,9 +38,11 @@ def trained_on_these(head: RerankHead, corpus_sha256: str, split: str | None) ->
 
 
 def train_head(pipeline, queries: Mapping[str, str], qrels: Qrels, *, current_head: Path | None, out_path: Path,
-               split: str | None = None, candidates: int = 50, epochs: int = 6, distill: float = 0.1, seed: int = 0,
+               held_out: frozenset[str] | None = None, split: str | None = None, candidates: int = 50,
+               epochs: int = 6, distill: float = 0.1, seed: int = 0,
                log: Callable[[str], None] | None = None, advance: Callable[[], None] | None = None) -> dict:
-    """Train, compare on the held-out queries, and write the head to ``out_path`` when it wins; the comparison."""
+    """Train, compare on the held-out queries (``held_out``, else a seeded share), and write the head to ``out_path``
+    when it wins; the comparison."""
     from rag.ingest.pipeline import passage_text
     from rag.rerank.train import RawTokens, collect_examples, fit_head, ndcg_table, score_examples
 
@@ -52,7 +54,12 @@ def train_head(pipeline, queries: Mapping[str, str], qrels: Qrels, *, current_he
     needed = {int(i) for ex in examples for i in ex.ids}
     chunks = pipeline.index.chunks
     raw = RawTokens.encode(pipeline.embedder, [passage_text(c) for c in chunks], needed)
-    train_ids, held_ids = split_queries([ex.qid for ex in examples], HELD_OUT_SHARE, seed)
+    qids = [ex.qid for ex in examples]
+    if held_out is None:
+        train_ids, held_ids = split_queries(qids, HELD_OUT_SHARE, seed)
+    else:
+        held_ids = set(qids) & set(held_out)
+        train_ids = set(qids) - held_ids
     train = [ex for ex in examples if ex.qid in train_ids]
     held = [ex for ex in examples if ex.qid in held_ids]
     if not any(ex.labels.max() > 0 for ex in train):

@@ -7,7 +7,8 @@ from .stats import blocks, join_words, num, opt, table
 
 RUNS = ("tune-scifact", "tune-scifact-unlabelled", "tune-hotpotqa-dev")
 TITLES = {"baseline": "as given", "labels": "labels", "reranker": "reranker head", "model_server": "model server",
-          "placement": "placement"}
+          "placement": "placement", "reranker-before": "↳ before the head, beside it",
+          "placement-before": "↳ before placement, beside it"}
 
 
 def _knee(figures: dict) -> str:
@@ -24,18 +25,24 @@ def _c1(figures: dict, which: str) -> str:
 
 def _rows(data: dict) -> list[list[str]]:
     baseline = data["baseline"]
-    after = [("baseline", "measured as given", baseline), ("labels", data["labels"]["reason"], None),
-             ("reranker", data["reranker"]["reason"], data["reranker"]["figures"]),
-             ("model_server", data["model_server"]["reason"], None),
-             ("placement", "kept: " + (join_words([k["knob"] for k in data["placement"]["knobs"] if k["kept"]])
-                                       or "none"), data["placement"]["figures"])]
+    beside = "the configuration before the step, served beside it in the same minutes"
+    after = [("baseline", "measured as given", baseline), ("labels", data["labels"]["reason"], None)]
+    if "before" in data["reranker"]:
+        after.append(("reranker-before", beside, data["reranker"]["before"]))
+    after += [("reranker", data["reranker"]["reason"], data["reranker"]["figures"]),
+              ("model_server", data["model_server"]["reason"], None)]
+    if "before" in data["placement"]:
+        after.append(("placement-before", beside, data["placement"]["before"]))
+    after.append(("placement", "kept: " + (join_words([k["knob"] for k in data["placement"]["knobs"] if k["kept"]])
+                                            or "none"), data["placement"]["figures"]))
     rows, previous = [], None
     for step, did, figures in after:
-        if figures is None or figures is previous:
-            rows.append([TITLES[step], "unchanged", "", "", "", "", did])
+        if figures is None or figures == previous:
+            rows.append([TITLES[step], "unchanged", "", "", "", "", "", did])
             continue
-        rows.append([TITLES[step], opt(figures.get("ndcg10"), 4), _c1(figures, "p50_ms"), _c1(figures, "p99_ms"),
-                     _knee(figures), opt(figures.get("p99_at_target_ms"), 1), did])
+        rows.append([TITLES[step], opt(figures.get("ndcg10"), 4), opt(figures.get("ndcg10_held_out"), 4),
+                     _c1(figures, "p50_ms"), _c1(figures, "p99_ms"), _knee(figures),
+                     opt(figures.get("p99_at_target_ms"), 1), did])
         previous = figures
     return rows
 
@@ -86,8 +93,9 @@ def _run(name: str, data: dict) -> str:
                     f"{num(rr['gain_standard_error'], 4)}).")
     head = (f"**{name.removeprefix('tune-')}** ({r['split']} split, {labels['queries'] or 'no'} labelled queries of "
             f"the run; labels: {labels['source']}).{judge_words}{rr_words}")
-    steps = table(["after step", "nDCG@10", "c=1 P50 ms (spread)", "c=1 P99 ms (spread)", "knee req/s",
-                   f"P99 ms at {num(r['target_qps'], 0)} req/s", "what the step did"], _rows(data), "lrrrrrl")
+    steps = table(["after step", "nDCG@10", "nDCG@10 held out", "c=1 P50 ms (spread)", "c=1 P99 ms (spread)",
+                   "knee req/s", f"P99 ms at {num(r['target_qps'], 0)} req/s", "what the step did"], _rows(data),
+                  "lrrrrrrl")
     return blocks(head, steps, _knobs(data))
 
 
