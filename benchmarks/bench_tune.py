@@ -42,8 +42,9 @@ def main() -> None:
                         help="BEIR:SPLIT:INDEX of the SciFact runs")
     parser.add_argument("--hotpot", default="datasets/hotpotqa-dev:dev:data/index/hotpotqa-dev",
                         help="BEIR:SPLIT:INDEX of the HotpotQA run")
-    parser.add_argument("--out", type=Path, default=REPO / "out" / "tune")
-    parser.add_argument("--results", type=Path, default=REPO / "benchmarks" / "results")
+    # Relative to the repository (the runs' working folder), so the recorded commands hold on any checkout.
+    parser.add_argument("--out", type=Path, default=Path("out/tune"))
+    parser.add_argument("--results", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args()
     ragheat = str(Path(sys.executable).parent / "ragheat")
     common = ["--rounds", str(args.rounds), "--rates", args.rates, "--duration", str(args.duration)]
@@ -53,7 +54,8 @@ def main() -> None:
         "scifact": ["--beir", sci_beir, "--split", sci_split, "--index", sci_index,
                     "--queries", str(args.queries), "--judge-sample", str(args.judge_sample)],
         "scifact-unlabelled": ["--beir", str(unlabelled_copy(REPO / sci_beir, sci_split,
-                                                             args.out / "scifact-unlabelled-beir")),
+                                                             REPO / args.out / "scifact-unlabelled-beir")
+                                             .relative_to(REPO)),
                                "--index", sci_index, "--queries", str(args.unlabelled_queries)],
         "hotpotqa-dev": ["--beir", hot_beir, "--split", hot_split, "--index", hot_index,
                          "--queries", str(args.queries), "--judge-sample", str(args.judge_sample)],

@@ -205,8 +205,8 @@ class TuneRun:
         if placement is None:
             placement = self._placement_step(index, sections, qrels)
             self.state.record("placement", key_pl, placement)
-        final = placement["figures"]["settings"]
-        chosen = merge(final, {"server": {"index_dir": str(index.resolve())}})
+        # Placement's settings: every earlier step's (the model server's limits included) with the knobs it kept.
+        chosen = merge(placement["settings"], {"server": {"index_dir": str(index.resolve())}})
         settings_path = measure.write_settings(r.out / "settings.json", chosen)
         return {"request": r.to_json(), "labels": labels_result, "baseline": baseline, "reranker": reranker,
                 "model_server": llm, "placement": placement, "settings_file": str(settings_path),

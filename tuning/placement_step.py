@@ -84,7 +84,9 @@ def decide(baseline: dict, candidate: dict) -> tuple[bool, str]:
         worse_at_load = cl["median"] - bl["median"] > max(bl["spread"], cl["spread"])
         words += (f"; P99 at {baseline['at_load']['qps']:g} req/s {bl['median']:.1f} -> {cl['median']:.1f} ms "
                   f"(spread {max(bl['spread'], cl['spread']):.1f})")
-    if gain99 > noise99 and gain50 >= -noise50 and not worse_at_load:
+    if worse_at_load:
+        return False, "not kept, slower under load: " + words
+    if gain99 > noise99 and gain50 >= -noise50:
         return True, "kept: " + words
     if abs(gain99) <= noise99 and abs(gain50) <= noise50:
         return False, "no measurable effect: " + words

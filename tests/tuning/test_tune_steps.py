@@ -38,7 +38,10 @@ def test_a_knob_that_wins_alone_but_loses_under_load_is_not_kept():
     base["at_load"] = {"qps": 120.0, "p99_ms": {"median": 20.0, "spread": 2.0, "rounds": [19.0, 21.0]}}
     better["at_load"] = {"qps": 120.0, "p99_ms": {"median": 30.0, "spread": 3.0, "rounds": [28.5, 31.5]}}
     kept, words = decide(base, better)
-    assert not kept and "P99 at 120 req/s 20.0 -> 30.0 ms (spread 3.0)" in words
+    assert not kept and words.startswith("not kept, slower under load")
+    assert "P99 at 120 req/s 20.0 -> 30.0 ms (spread 3.0)" in words
+    kept, words = decide(summary([6.0, 6.2, 6.1], [10.0, 10.6, 10.3]) | {"at_load": base["at_load"]}, better)
+    assert not kept and words.startswith("not kept, slower under load"), "a knob with no effect alone, worse loaded"
     better["at_load"]["p99_ms"] = {"median": 21.0, "spread": 3.0, "rounds": [19.5, 22.5]}
     assert decide(base, better)[0]
 

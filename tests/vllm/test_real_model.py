@@ -5,6 +5,7 @@ the test that kills it mid-stream runs last. Temperature 0: the same prompt give
 - the converted folder is what vLLM needs (architectures, tokenizer, ChatML template, bfloat16 safetensors);
 - a served answer's every ``[n]`` names a passage of the response, and every served sentence is supported by it;
 - a question the corpus cannot answer makes the model write something the support check flags, never served;
+- ``ragheat tune``'s step 1 with this model as the judge: its labels are used only by the stated rule;
 - the model killed mid-stream: the streamed tokens are retracted, the extractive answer served (unavailable)."""
 
 from __future__ import annotations
@@ -174,6 +175,79 @@ def test_judge_labels_retrieved_pairs_writes_qrels_and_resumes(real_server, scif
     _, _, off_topic = judge.label("What causes tides?", "Aspirin", "Aspirin inhibits the enzyme COX-1, lowering "
                                                                    "platelet aggregation.")
     assert on_topic is not None and off_topic is not None and on_topic > off_topic, (on_topic, off_topic)
+
+
+class _Lent:
+    """The session's pipeline lent to ``ragheat tune``'s step 1, which closes what it is given: the loan stays open."""
+
+    def __init__(self, pipeline) -> None:
+        self._pipeline = pipeline
+
+    def __getattr__(self, name):
+        return getattr(self._pipeline, name)
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def three_labelled(scifact_subset):
+    from rag.eval.beir import load_qrels, load_queries
+
+    qrels = load_qrels(scifact_subset, "train")
+    chosen = dict(sorted((q, t) for q, t in load_queries(scifact_subset).items() if q in qrels)[:3])
+    return chosen, {q: qrels[q] for q in chosen}
+
+
+def _tune_asker(url: str):
+    import contextlib
+
+    from rag.eval.judge import YesNoClient
+
+    @contextlib.contextmanager
+    def factory():
+        client = YesNoClient(url)
+        try:
+            yield client
+        finally:
+            client.close()
+    return factory
+
+
+def test_tune_without_labels_uses_the_judges_only_when_they_are_dense_enough(pipeline, real_server, three_labelled,
+                                                                           tmp_path):
+    """``ragheat tune``'s step 1 (tuning/labels.py) with the real judge and no human labels."""
+    from rag.eval.judge import read_judged
+    from tuning.labels import MIN_RELEVANT_SHARE, choose_labels
+
+    queries, _ = three_labelled
+    labels = choose_labels(None, queries, "auto", pipeline_factory=lambda: _Lent(pipeline),
+                           asker_factory=_tune_asker(real_server.url), judge_sample=0, seed=0, out_dir=tmp_path)
+    judged = read_judged(tmp_path / "judged.tsv")
+    assert len(judged) == 30 and {q for q, _ in judged} == set(queries), labels.judge["run"]
+    with_relevant = len({q for (q, _), g in judged.items() if g})
+    assert labels.judge["queries_with_relevant"] == with_relevant
+    if with_relevant / 3 < MIN_RELEVANT_SHARE:
+        assert labels.source == "none" and labels.qrels is None and "too sparse" in labels.reason
+    else:
+        assert labels.source == "judge" and "agreement unmeasured" in labels.reason
+        assert labels.qrels == {q: {d: g for (q2, d), g in judged.items() if q2 == q} for q in queries}
+
+
+def test_tune_beside_human_labels_measures_the_judge_and_trusts_it_only_when_it_agrees(pipeline, real_server,
+                                                                                      three_labelled, tmp_path):
+    from tuning.labels import MIN_KAPPA, choose_labels
+
+    queries, human = three_labelled
+    labels = choose_labels(human, queries, "judge", pipeline_factory=lambda: _Lent(pipeline),
+                           asker_factory=_tune_asker(real_server.url), judge_sample=1, seed=0, out_dir=tmp_path)
+    agreement = labels.judge["agreement"]
+    assert agreement["pairs"] == 30  # --labels judge: every query judged, not the sample
+    kappa = agreement["kappa"]
+    if kappa == kappa and kappa >= MIN_KAPPA:
+        assert labels.source == "judge"
+    else:
+        assert labels.source == "human" and labels.qrels == human and "too low to train on" in labels.reason
 
 
 def test_a_model_killed_mid_stream_degrades_to_the_extractive_answer(api, claim, real_server):
