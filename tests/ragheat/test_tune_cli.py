@@ -91,3 +91,39 @@ def test_a_folder_without_the_corpus_is_named(tmp_path):
     result = run_cli("tune", "--beir", str(tmp_path), cwd=tmp_path)
     assert result.exit_code == 2 and "corpus.jsonl and queries.jsonl are needed" in result.output, result.output
     assert not os.path.exists(tmp_path / "out")
+
+
+@pytest.mark.slow
+def test_a_head_that_wins_on_held_out_questions_is_kept_and_served_from_a_new_index(
+        scifact_subset, subset_index, tmp_path, kept_ingest_outputs, monkeypatch):
+    """The service runs a head that ranks backwards (the shipped one with its weights negated: the same projection,
+    so the index's token vectors still fit it); the head step 2 trains wins on the held-out questions, is kept, the
+    index is ingested anew with its token vectors, and the step is measured beside the service before it."""
+    from rag.rerank.head import DEFAULT_HEAD, RerankHead
+
+    shipped = RerankHead.load(DEFAULT_HEAD)
+    backwards = tmp_path / "backwards.npz"
+    RerankHead(shipped.projection, -shipped.weights, -shipped.bias, shipped.mean, shipped.std,
+               {**shipped.meta, "data": {}}).save(backwards)
+    monkeypatch.setenv("RAGHEAT_RERANK__HEAD", str(backwards))  # this process's pipelines and the served children
+    out = tmp_path / "tune"
+    result = run_cli("tune", "--beir", str(scifact_subset), "--index", str(subset_index), "--out", str(out),
+                     "--queries", "40", "--judge-sample", "0", "--rounds", "3", "--rates", "10", "--duration", "1",
+                     "--target-qps", "10", "--epochs", "3", cwd=tmp_path)
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report.json").read_text())
+    reranker = report["reranker"]
+    assert reranker["kept"] and reranker["held_out_ndcg@10"]["trained_head"] > reranker["held_out_ndcg@10"][
+        "current_head"], reranker["reason"]
+    assert reranker["figures"]["index"] == str(out / "index") and (out / "index").is_dir()
+    before, after = reranker["before"], reranker["figures"]
+    assert before["index"] == str(subset_index) and before["settings"] == {}
+    assert after["settings"] == {"rerank": {"head": str((out / "artefacts" / "rerank-head.npz").resolve())}}
+    assert after["ndcg10_held_out"] > before["ndcg10_held_out"], (before["ndcg10_held_out"], after["ndcg10_held_out"])
+    monkeypatch.delenv("RAGHEAT_RERANK__HEAD")
+    monkeypatch.setenv(SETTINGS_FILE_ENV, report["settings_file"])
+    served = RagheatSettings()
+    assert served.rerank.head == (out / "artefacts" / "rerank-head.npz").resolve()
+    assert served.server.index_dir == (out / "index").resolve()
+    page = (out / "report.html").read_text()
+    assert "before step 2, served beside it" in page

@@ -134,3 +134,13 @@ def test_a_finished_step_is_reused_only_for_the_same_inputs(tmp_path):
     qrels = {"q1": {"d1": 1, "d2": 0}, "q2": {"d3": 2}}
     write_qrels(tmp_path / "qrels.tsv", qrels)
     assert read_qrels(tmp_path / "qrels.tsv") == qrels
+
+
+def test_a_measured_server_runs_the_file_not_an_environment_variable_that_would_win_over_it(tmp_path):
+    from tuning.measure import MEASURED_ENV, measured_env, write_settings
+
+    path = write_settings(tmp_path / "c.json", {"rerank": {"head": "/x/head.npz"}, "placement": {"memory": "lock"}})
+    env = measured_env(path)
+    assert env["RAGHEAT_RERANK__HEAD"] is None and env["RAGHEAT_PLACEMENT__MEMORY"] is None  # removed in the child
+    assert env["RAGHEAT_SETTINGS_FILE"] == str(path.resolve()) and MEASURED_ENV.items() <= env.items()
+    assert "RAGHEAT_CACHE__ENABLED" in env and env["RAGHEAT_CACHE__ENABLED"] == "false"
