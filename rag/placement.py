@@ -30,7 +30,6 @@ import numpy as np
 from rag.errors import ConfigurationError
 
 MCL_CURRENT = 1
-MEMORY_MODES = ("default", "lock", "hugepages")
 
 
 def parse_cpu_list(text: str) -> frozenset[int]:
@@ -127,17 +126,6 @@ def huge_page_copy(array: np.ndarray) -> np.ndarray:
     copy = np.frombuffer(region, dtype=array.dtype, count=array.size).reshape(array.shape)
     copy[...] = array
     return copy
-
-
-def huge_pages_in_use() -> int:
-    """Bytes of this process's memory on transparent huge pages now (AnonHugePages of /proc/self/smaps_rollup)."""
-    try:
-        for line in Path("/proc/self/smaps_rollup").read_text().splitlines():
-            if line.startswith("AnonHugePages:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
 
 
 def _read(path: str) -> str | None:

@@ -11,7 +11,7 @@ server's (``placement.cpus``), which needs the model server's load beside the me
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping
 
 from rag.placement import host_capabilities, usable_cpus
 
@@ -114,9 +114,4 @@ def tune_placement(base: Mapping[str, Mapping], measure_pair: Callable[[dict, di
         if kept:
             current = candidate
     return {"capabilities": capabilities, "knobs": results, "skipped": skipped, "settings": current}
-
-
-def knob_names(results: Sequence[dict]) -> list[str]:
-    """The kept knobs' names, in the order they were kept."""
-    return [r["knob"] for r in results if r["kept"]]
 

@@ -3,7 +3,9 @@ figures after each of the four steps and what each step did; the placement knobs
 
 from __future__ import annotations
 
-from .stats import blocks, join_words, num, opt, table
+from tuning.report import step_rows
+
+from .stats import blocks, num, opt, table
 
 RUNS = ("tune-scifact", "tune-scifact-unlabelled", "tune-hotpotqa-dev")
 TITLES = {"baseline": "as given", "labels": "labels", "reranker": "reranker head", "model_server": "model server",
@@ -24,25 +26,17 @@ def _c1(figures: dict, which: str) -> str:
 
 
 def _rows(data: dict) -> list[list[str]]:
-    baseline = data["baseline"]
-    beside = "the configuration before the step, served beside it in the same minutes"
-    after = [("baseline", "measured as given", baseline), ("labels", data["labels"]["reason"], None)]
-    if "before" in data["reranker"]:
-        after.append(("reranker-before", beside, data["reranker"]["before"]))
-    after += [("reranker", data["reranker"]["reason"], data["reranker"]["figures"]),
-              ("model_server", data["model_server"]["reason"], None)]
-    if "before" in data["placement"]:
-        after.append(("placement-before", beside, data["placement"]["before"]))
-    after.append(("placement", "kept: " + (join_words([k["knob"] for k in data["placement"]["knobs"] if k["kept"]])
-                                            or "none"), data["placement"]["figures"]))
+    """The report's steps (``tuning.report.step_rows``) as table rows; a step that left the service as it was says
+    so instead of repeating the figures above it."""
     rows, previous = [], None
-    for step, did, figures in after:
-        if figures is None or figures == previous:
-            rows.append([TITLES[step], "unchanged", "", "", "", "", "", did])
+    for row in step_rows(data):
+        figures = row["figures"]
+        if figures == previous:
+            rows.append([TITLES[row["step"]], "unchanged", "", "", "", "", "", row["did"]])
             continue
-        rows.append([TITLES[step], opt(figures.get("ndcg10"), 4), opt(figures.get("ndcg10_held_out"), 4),
+        rows.append([TITLES[row["step"]], opt(figures.get("ndcg10"), 4), opt(figures.get("ndcg10_held_out"), 4),
                      _c1(figures, "p50_ms"), _c1(figures, "p99_ms"), _knee(figures),
-                     opt(figures.get("p99_at_target_ms"), 1), did])
+                     opt(figures.get("p99_at_target_ms"), 1), row["did"]])
         previous = figures
     return rows
 
