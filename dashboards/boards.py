@@ -326,6 +326,8 @@ def quality_board(profile: Profile) -> Board:
                  for q, name in ((0.5, "median"), (0.1, "P10")))
     agreement = f'signal="{contract.RETRIEVER_AGREEMENT}"'
     agreement_points = f'{agreement}, point=~"{contract.MEDIAN}|{contract.P05}"'
+    support = f'signal="{contract.ANSWER_SUPPORT}"'
+    support_point = f'{support}, point="{contract.THRESHOLD}"'
     verdicts = ", ".join(contract.VERDICTS)
     panels = (
         Panel("Answers by verdict", "timeseries",
@@ -357,6 +359,18 @@ def quality_board(profile: Profile) -> Board:
                           f"training questions' ({contract.MEDIAN}, {contract.P05}). A median under {contract.P05} "
                           "with the similarity unmoved is a dense index whose vectors no longer match their chunks "
                           f"(shuffled, another generation's): the {quality.DRIFT_ALERT} page names this signal."),
+        Panel("Written answers' support against its threshold: drift", "timeseries",
+              (Query(f"histogram_quantile(0.5, sum by ({JOB}, le) "
+                     f"({_rate(contract.bucket(contract.QUALITY_SCORE), support)}))", f"{job} median",
+                     (contract.QUALITY_SCORE,)),
+               Query(f"max by ({JOB}, point) ({contract.CALIBRATION}{{{_on_job(support_point)}}})",
+                     f"{job} {{{{point}}}} (quality.min_support)", (contract.CALIBRATION,))),
+              unit="none", exemplars=True, pipeline_only=True,
+              description="The live median share of a written answer's sentences the support check accepted, "
+                          "against the least share a written answer needs (quality.min_support). A median under it "
+                          "with the retrieval's signals unmoved is the language model: a worse or broken model "
+                          f"behind the model server; the {quality.DRIFT_ALERT} page names this signal. No line "
+                          "while the service answers extractively."),
         *_slo_panels(QUALITY, profile, pipeline_only=True),
         *(_heatmap(f"Quality signal: {signal}", contract.QUALITY_SCORE if signal in UNIT_SIGNALS
                    else contract.RERANK_SCORE, f'signal="{signal}"', log_y=False, unit="none", width=8,

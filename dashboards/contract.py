@@ -58,6 +58,9 @@ BEST_SIMILARITY = "best_similarity"
 """The signal the ``no_good_passage`` verdict and its calibrated threshold read."""
 RETRIEVER_AGREEMENT = "retriever_agreement"
 """The signal a dense index that no longer matches its chunks moves (the dense list stops resembling BM25's)."""
+ANSWER_SUPPORT = "answer_support"
+"""The share of a written answer's sentences the support check accepted; its ``threshold`` point is
+``quality.min_support``."""
 THRESHOLD, MEDIAN, P10, P05 = (QUALITY_POINTS["threshold"], QUALITY_POINTS["0.5"], QUALITY_POINTS["0.1"],
                                QUALITY_POINTS["0.05"])
 """``point`` values of the calibration gauge: the threshold and the training questions' median, 10th and 5th

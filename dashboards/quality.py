@@ -14,12 +14,15 @@ other verdict. A burn-rate alert of this SLO names, instead of a stage:
 Its burn-rate alerts also need ``MIN_SCORED`` scored answers in their short window (a service's first answers are too
 few to burn anything). A budget is slow to spend on purpose: with 5 % of answers allowed bad, the fast page needs
 72 % of them bad for an hour. **Drift** pages in minutes instead (``drift_rules``, alert ``RagheatQualityDrift``):
-the median of a signal over ``DRIFT_LONG_S`` and over ``DRIFT_SHORT_S`` below the calibration's ``P05`` point, i.e.
-more than half the answers score lower than all but one in twenty of the training questions, with at least
-``DRIFT_MIN_ANSWERS`` answers in the long window. Two signals are watched (``DRIFT_SIGNALS``): the best similarity
-(questions the corpus does not cover, an index built by another encoder) and the retriever agreement (a dense index
-whose vectors no longer match their chunks: its hits are real passage vectors close to the query, so the similarity
-stays, but the dense list stops resembling BM25's).
+the median of a signal over ``DRIFT_LONG_S`` and over ``DRIFT_SHORT_S`` below its reference point of the calibration
+gauge, with at least ``DRIFT_MIN_ANSWERS`` answers in the long window. Three signals are watched (``DRIFT_SIGNALS``):
+the best similarity (questions the corpus does not cover, an index built by another encoder) and the retriever
+agreement (a dense index whose vectors no longer match their chunks: its hits are real passage vectors close to the
+query, so the similarity stays, but the dense list stops resembling BM25's), each against the calibration's ``P05``
+point (more than half the answers score lower than all but one in twenty of the training questions); and a written
+answer's support against its ``THRESHOLD`` point, ``quality.min_support`` (more than half the written answers are
+unsupported: a worse model behind the model server). Training questions have no written answers to calibrate on; the
+support check's own threshold is the reference.
 
 Every query keeps the scrape job (``KEPT``), as ``dashboards.slo``'s do; each annotation query is a ``printf`` format
 run for the alert's own job, its label values passed as arguments (``%q``) so the format holds no quotes.
@@ -40,8 +43,22 @@ DRIFT_SIGNALS = {
                               "one embedding the queries",
     contract.RETRIEVER_AGREEMENT: "the dense list no longer resembles BM25's: a dense index whose vectors no longer "
                                   "match their chunks (shuffled, or from another generation)",
+    contract.ANSWER_SUPPORT: "the language model: its sentences no longer say what the passages they cite say (a "
+                             "worse or broken model behind the model server, a prompt it does not follow)",
 }
 """Signal -> what its drift points at (the alert's ``points_at`` annotation)."""
+DRIFT_REFERENCE = {
+    contract.BEST_SIMILARITY: (contract.P05, "what all but one in twenty training questions score (calibration "
+                                             f"{contract.P05})",
+                               "than the calibration's training questions nearly all did"),
+    contract.RETRIEVER_AGREEMENT: (contract.P05, "what all but one in twenty training questions score (calibration "
+                                                 f"{contract.P05})",
+                                   "than the calibration's training questions nearly all did"),
+    contract.ANSWER_SUPPORT: (contract.THRESHOLD, "the least share of supported sentences a written answer needs "
+                                                  "(quality.min_support)",
+                              "than a written answer needs to count as supported"),
+}
+"""Signal -> (the calibration gauge's point it is compared with, what that point is, how the description says it)."""
 
 KEPT = JOB
 BAD_MATCH = "|".join(contract.BAD)
@@ -138,7 +155,8 @@ def median_expr(signal: str, window: str) -> str:
 
 def drift_expr(signal: str, long: str, short: str) -> str:
     """PromQL of the drift alert of ``signal`` (see the module): per job, the long window's median where it fires."""
-    reference = f'max by ({KEPT}) ({contract.CALIBRATION}{{signal="{signal}", point="{contract.P05}"}})'
+    point = DRIFT_REFERENCE[signal][0]
+    reference = f'max by ({KEPT}) ({contract.CALIBRATION}{{signal="{signal}", point="{point}"}})'
     answers = f'sum by ({KEPT}) (increase({contract.count(contract.QUALITY_SCORE)}{{signal="{signal}"}}[{long}]))'
     return (f"{median_expr(signal, long)} < on ({KEPT}) {reference}\n"
             f"and on ({KEPT}) {median_expr(signal, short)} < on ({KEPT}) {reference}\n"
@@ -154,17 +172,17 @@ def drift_rules(profile) -> dict:
     shown = '{{ .Value | printf "%.2f" }}{{ else }}n/a{{ end }}'
 
     def rule(signal: str, points_at: str) -> dict:
-        point = f"{_in_job(calibration_query(), _quoted(signal), _quoted(contract.P05))}{shown}"
+        name, what, than = DRIFT_REFERENCE[signal]
+        point = f"{_in_job(calibration_query(), _quoted(signal), _quoted(name))}{shown}"
         return {
             "alert": DRIFT_ALERT,
             "expr": drift_expr(signal, long, short),
             "labels": {"severity": "page", "slo": "quality", "signal": signal},
             "annotations": {
                 "summary": f"{{{{ with $labels.{KEPT} }}}}{{{{ . }}}}: {{{{ end }}}}answers drifted: median {signal} "
-                           f"{{{{ $value | printf \"%.2f\" }}}} over {long} and {short}, under {point}, what all but "
-                           f"one in twenty training questions score (calibration {contract.P05})",
-                "description": f"More than half the answers score lower on {signal} than the calibration's training "
-                               f"questions nearly all did. It points at: {points_at}.",
+                           f"{{{{ $value | printf \"%.2f\" }}}} over {long} and {short}, under {point}, {what}",
+                "description": f"More than half the answers score lower on {signal} {than}. It points at: "
+                               f"{points_at}.",
                 "signal": signal,
                 "points_at": points_at,
             },

@@ -6,12 +6,15 @@ healthy for a stretch, then each hit by a fault that keeps every latency panel g
   then the ``current`` link swapped; the service hot-swaps to it on its reload poll): its dense vectors rotated into
   another space, as if another encoder had built them (``rotate_dense_vectors``), or shuffled among the chunks
   (``shuffle_dense_vectors``);
-- **out-of-domain traffic**: the healthy service's questions switch to another corpus's.
+- **out-of-domain traffic**: the healthy service's questions switch to another corpus's;
+- **a redeploy** (``redeploys``): a service answering extractively is stopped and started again on its port with
+  other settings, e.g. written answers from a model server serving random weights (what a model swapped for a worse
+  one looks like, at a latency the SLO holds).
 
-Each fault's detection time runs from its start to the ``activeAt`` of the first quality page (any of the alerts
-named) that fires for its job; the healthy stretch must page nobody, and no latency page may be pending or firing at
-any point it is checked. Callers render the rules (the dashboards room) and name the alerts; this module runs
-processes and load and reads Prometheus' HTTP API."""
+Each fault's detection time runs from its start (a redeploy's: once the new process answers) to the ``activeAt`` of
+the first quality page (any of the alerts named) that fires for its job; the healthy stretch must page nobody, and no
+latency page may be pending or firing at any point it is checked. Callers render the rules (the dashboards room) and
+name the alerts; this module runs processes and load and reads Prometheus' HTTP API."""
 
 from __future__ import annotations
 
@@ -90,6 +93,16 @@ def broken_generation(index_root: Path, breaks: Callable[[Path], Path]):
 BREAKERS = {"another_encoder": rotate_dense_vectors, "shuffled_vectors": shuffle_dense_vectors}
 """Fault name -> what breaks a copy of the index for it."""
 OUT_OF_DOMAIN = "out_of_domain"
+RANDOM_MODEL = "random_weight_model"
+"""The redeploy fault: written answers from a model server serving random weights (``written_answers_env``)."""
+
+
+def written_answers_env(base_url: str) -> dict[str, str]:
+    """The environment of a service writing its answers with the OpenAI-compatible server at ``base_url`` (``/v1``),
+    sized for a small model's context of 512 tokens: one passage cut to its most relevant sentences, a short answer."""
+    return {"RAGHEAT_GENERATION__GENERATOR": "openai", "RAGHEAT_GENERATION__BASE_URL": base_url,
+            "RAGHEAT_GENERATION__PASSAGES": "1", "RAGHEAT_GENERATION__PROMPT_BUDGET_TOKENS": "120",
+            "RAGHEAT_GENERATION__MAX_TOKENS": "16"}
 
 
 @dataclass
@@ -102,10 +115,12 @@ class DrillRun:
     latency_pages: list[dict] = field(default_factory=list)  # latency pages pending or firing when checked
     verdicts: dict[str, dict[str, float]] = field(default_factory=dict)  # job -> answers by verdict at the end
     healthy_verdicts: dict[str, dict[str, float]] = field(default_factory=dict)  # the same when the faults began
+    redeployed: list[str] = field(default_factory=list)  # jobs whose process was replaced: counters began anew
 
     def fault_verdicts(self, job: str) -> dict[str, float]:
         """A job's answers by verdict since the faults began."""
-        return {v: n - self.healthy_verdicts.get(job, {}).get(v, 0.0) for v, n in self.verdicts.get(job, {}).items()}
+        before = {} if job in self.redeployed else self.healthy_verdicts.get(job, {})
+        return {v: n - before.get(v, 0.0) for v, n in self.verdicts.get(job, {}).items()}
 
 
 def _alerts(url: str) -> list[dict]:
@@ -132,12 +147,16 @@ def _alert_key(alert: dict) -> str:
 
 def run_drill(healthy_index: Path, broken: Mapping[str, Path], questions: Path, other_questions: Path,
               rules_file: Path, *, quality_alerts: Sequence[str], latency_alert: str, verdict_family: str,
+              redeploys: Mapping[str, Mapping[str, str]] | None = None,
               rate: float = 5.0, healthy_s: float = 65.0, fire_by_s: float = 120.0,
               env: Mapping[str, str] | None = None, progress: Callable[[str], None] = lambda message: None) -> DrillRun:
     """Run the drill (see the module). ``broken``: fault name (a key of ``BREAKERS``) -> a copy of the healthy index,
     served as a job of that name, into which the broken generation is published (``env`` should set a reload poll);
-    ``quality_alerts``/``latency_alert``: the alerts' names (a page is one with ``severity="page"``);
-    ``verdict_family``: the verdict counter's sample name, read off each service at the end."""
+    ``redeploys``: fault name -> the environment a job of that name, serving the healthy index with ``env`` until
+    then, is started again with on its port when the faults begin; ``quality_alerts``/``latency_alert``: the alerts'
+    names (a page is one with ``severity="page"``); ``verdict_family``: the verdict counter's sample name, read off
+    each service at the end."""
+    redeploys = dict(redeploys or {})
     run = DrillRun(healthy_s=healthy_s)
 
     def pages(names: Sequence[str], job: str | None = None, states=("pending", "firing")) -> list[dict]:
@@ -168,6 +187,10 @@ def run_drill(healthy_index: Path, broken: Mapping[str, Path], questions: Path, 
                    for fault, index in broken.items()}
         healthy = stack.enter_context(ServeProcess(healthy_index, env=env))
         services = {fault: stack.enter_context(ServeProcess(index, env=env)) for fault, index in broken.items()}
+        redeployed = {fault: ServeProcess(healthy_index, env=env) for fault in redeploys}
+        for service in redeployed.values():
+            stack.enter_context(service)
+        services.update(redeployed)
         progress("services up")
         prometheus = stack.enter_context(LocalPrometheus(
             healthy.url.removeprefix("http://"), scrape_interval_s=1, extra_config=f"rule_files:\n  - {rules_file}\n",
@@ -188,7 +211,15 @@ def run_drill(healthy_index: Path, broken: Mapping[str, Path], questions: Path, 
         load.texts = other
         for swap in publish.values():
             swap()
-        watch(dict.fromkeys([*broken, OUT_OF_DOMAIN], faulted), faulted + fire_by_s)
+        began = dict.fromkeys([*broken, OUT_OF_DOMAIN], faulted)
+        for fault, deploy_env in redeploys.items():  # stopped, then the new one on its port: its load keeps coming
+            old = redeployed[fault]
+            old.child.stop()
+            stack.enter_context(ServeProcess(healthy_index, env=deploy_env, port=old.port))
+            began[fault] = time.time()  # its first answers: the fault is what it serves, not its restart
+            run.redeployed.append(fault)
+        progress("faults begun")
+        watch(began, max(began.values()) + fire_by_s)
         run.latency_pages += pages([latency_alert])
         run.verdicts = {job: _verdicts(url, verdict_family) for job, url in urls.items()}
     return run

@@ -165,7 +165,8 @@ def _observe(service: Service) -> None:
 
     def export_quality(pipeline: RagPipeline) -> None:  # the calibration the verdicts use: the drift reference
         if pipeline.quality is not None:
-            telemetry.watch_quality(pipeline.quality.calibration, pipeline.quality.min_similarity)
+            telemetry.watch_quality(pipeline.quality.calibration, pipeline.quality.min_similarity,
+                                    pipeline.quality.min_support)
         if pipeline.judge is not None:
             pipeline.judge.listeners.append(telemetry.judged)
 

@@ -21,11 +21,12 @@ class ServeProcess:
     process until the block ends; ``service.url`` and ``service.pid`` once it answers ``/readyz``.
 
     Its output goes where this process's goes, and it shares this process's group, as a command run by hand
-    would (``ChildProcess`` stops it: SIGTERM, then SIGKILL after ``stop_timeout_s``)."""
+    would (``ChildProcess`` stops it: SIGTERM, then SIGKILL after ``stop_timeout_s``). ``port``: the port of a
+    service it replaces (a redeploy), instead of a free one."""
 
     def __init__(self, index: Path, extra_args: Sequence[str] = (), env: Mapping[str, str] | None = None,
-                 ready_timeout_s: float = 120.0, stop_timeout_s: float = 30.0) -> None:
-        self.port = free_port()
+                 ready_timeout_s: float = 120.0, stop_timeout_s: float = 30.0, port: int | None = None) -> None:
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         ragheat = Path(sys.executable).parent / "ragheat"
         self.child = ChildProcess("ragheat serve", [ragheat, "serve", "--index", index, "--port", self.port,

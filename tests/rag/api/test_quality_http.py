@@ -7,6 +7,7 @@ import json
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from api_testkit import metric_values, serve_live, with_sections
 from rag.pipeline import RagPipeline
@@ -40,6 +41,9 @@ def test_the_service_answers_and_exports_each_answers_quality(settings, subset_i
     assert counts["best_similarity"] == 3 and counts["retriever_agreement"] == 3 and counts["answer_support"] == 0
     assert metric_values(scrape, "ragheat_quality_rerank_score_count", "signal") == {"rerank_top": 3.0,
                                                                                      "rerank_margin": 3.0}
-    threshold = [v for k, v in metric_values(scrape, "ragheat_quality_calibration_score", "point").items()
-                 if k == "threshold"]
-    assert threshold == [pytest.approx(Calibration.load().min_similarity)]
+    thresholds = {sample.labels["signal"]: sample.value for family in text_string_to_metric_families(scrape)
+                  for sample in family.samples
+                  if sample.name == "ragheat_quality_calibration_score" and sample.labels["point"] == "threshold"}
+    # The drift alerts' references: the calibrated similarity, and the support a written answer needs.
+    assert thresholds == {"best_similarity": pytest.approx(Calibration.load().min_similarity),
+                          "answer_support": pytest.approx(s.quality.min_support)}
