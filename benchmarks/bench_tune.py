@@ -1,6 +1,8 @@
-"""``ragheat tune`` end to end, three ways: SciFact train with its human labels, the same claims without any (a
-folder of the corpus and the questions alone: the language-model judge labels them, or says why it cannot), and
-HotpotQA dev with its labels. Each run is the command itself, writing its report as a results file
+"""``ragheat tune`` end to end, four ways: SciFact train with its human labels, the same claims without any (a
+folder of the corpus and the questions alone: the language-model judge labels them, or says why it cannot), HotpotQA
+dev with its labels, and SciFact train again with a model server (``--llm-model``: step 3's sweep, and step 4 with
+the model server beside the service; it starts from the first run's finished steps, copied, which its same inputs
+reuse). Each run is the command itself, writing its report as a results file
 (``benchmarks/results/tune-<name>.json``); docs/benchmarks.md, "Tuning pipeline", renders them.
 
     .venv/bin/python benchmarks/bench_tune.py --queries 300 --unlabelled-queries 50
@@ -37,7 +39,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--rates", default="40:320:40")
     parser.add_argument("--duration", type=float, default=8.0)
-    parser.add_argument("--only", default="scifact,scifact-unlabelled,hotpotqa-dev")
+    parser.add_argument("--only", default="scifact,scifact-unlabelled,hotpotqa-dev,scifact-model")
+    parser.add_argument("--llm-model", default="data/models/SmolLM2-135M-Instruct",
+                        help="the model folder of the scifact-model run (scripts/install_vllm.sh converts it)")
+    parser.add_argument("--llm-grid", default="4,8:2048", help="that run's step 3 grid: MAX_NUM_SEQS:MAX_MODEL_LEN")
     parser.add_argument("--scifact", default="datasets/scifact:train:data/index/scifact",
                         help="BEIR:SPLIT:INDEX of the SciFact runs")
     parser.add_argument("--hotpot", default="datasets/hotpotqa-dev:dev:data/index/hotpotqa-dev",
@@ -60,7 +65,13 @@ def main() -> None:
         "hotpotqa-dev": ["--beir", hot_beir, "--split", hot_split, "--index", hot_index,
                          "--queries", str(args.queries), "--judge-sample", str(args.judge_sample)],
     }
+    seqs, lens = args.llm_grid.split(":")
+    runs["scifact-model"] = [*runs["scifact"], "--llm-model", args.llm_model, "--llm-max-num-seqs", seqs,
+                             "--llm-max-model-len", lens]
     for name in [n.strip() for n in args.only.split(",") if n.strip()]:
+        first, state = REPO / args.out / "scifact", REPO / args.out / name / "state.json"
+        if name == "scifact-model" and not state.exists() and (first / "state.json").exists():
+            shutil.copytree(first, state.parent, dirs_exist_ok=True)  # steps 1-2: the same inputs, reused
         command = [ragheat, "tune", *runs[name], "--out", str(args.out / name), *common,
                    "--results-file", str(args.results / f"tune-{name}.json")]
         print("$", " ".join(command), flush=True)

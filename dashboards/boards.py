@@ -314,6 +314,19 @@ def slo_board(profile: Profile) -> Board:
                  tuple(panels), (_job_variable(contract.count(contract.REQUEST_DURATION)), SOURCE_CHOICE))
 
 
+def _median_against(title: str, signal: str, points: str, point_legend: str, description: str) -> Panel:
+    """A unit-interval quality signal's live median per job (``signal``: its selector) against the calibration
+    gauge's ``points`` (a selector) that its drift alert compares it with."""
+    job = f"{{{{{JOB}}}}}"
+    return Panel(title, "timeseries",
+                 (Query(f"histogram_quantile(0.5, sum by ({JOB}, le) "
+                        f"({_rate(contract.bucket(contract.QUALITY_SCORE), signal)}))", f"{job} median",
+                        (contract.QUALITY_SCORE,)),
+                  Query(f"max by ({JOB}, point) ({contract.CALIBRATION}{{{_on_job(points)}}})",
+                        f"{job} {point_legend}", (contract.CALIBRATION,))),
+                 unit="none", exemplars=True, pipeline_only=True, description=description)
+
+
 def quality_board(profile: Profile) -> Board:
     """Quality: the answers' verdicts, the quality SLO, each label-free signal as a heatmap, and the best similarity
     against its calibration (drift). Only ragheat's own pipeline judges its answers (quality.enabled)."""
@@ -348,29 +361,19 @@ def quality_board(profile: Profile) -> Board:
                           "under their calibrated twins are traffic the corpus does not cover, or an index whose "
                           "vectors no longer match the query encoder; a quality page quotes the median, and the "
                           f"{quality.DRIFT_ALERT} page fires when it stays under the {contract.P05} point."),
-        Panel("Retriever agreement against its calibration: drift", "timeseries",
-              (Query(f"histogram_quantile(0.5, sum by ({JOB}, le) "
-                     f"({_rate(contract.bucket(contract.QUALITY_SCORE), agreement)}))", f"{job} median",
-                     (contract.QUALITY_SCORE,)),
-               Query(f"max by ({JOB}, point) ({contract.CALIBRATION}{{{_on_job(agreement_points)}}})",
-                     f"{job} calibrated {{{{point}}}}", (contract.CALIBRATION,))),
-              unit="none", exemplars=True, pipeline_only=True,
-              description="The live median share of the dense top 10 that BM25's top 10 also holds, against the "
-                          f"training questions' ({contract.MEDIAN}, {contract.P05}). A median under {contract.P05} "
-                          "with the similarity unmoved is a dense index whose vectors no longer match their chunks "
-                          f"(shuffled, another generation's): the {quality.DRIFT_ALERT} page names this signal."),
-        Panel("Written answers' support against its threshold: drift", "timeseries",
-              (Query(f"histogram_quantile(0.5, sum by ({JOB}, le) "
-                     f"({_rate(contract.bucket(contract.QUALITY_SCORE), support)}))", f"{job} median",
-                     (contract.QUALITY_SCORE,)),
-               Query(f"max by ({JOB}, point) ({contract.CALIBRATION}{{{_on_job(support_point)}}})",
-                     f"{job} {{{{point}}}} (quality.min_support)", (contract.CALIBRATION,))),
-              unit="none", exemplars=True, pipeline_only=True,
-              description="The live median share of a written answer's sentences the support check accepted, "
-                          "against the least share a written answer needs (quality.min_support). A median under it "
-                          "with the retrieval's signals unmoved is the language model: a worse or broken model "
-                          f"behind the model server; the {quality.DRIFT_ALERT} page names this signal. No line "
-                          "while the service answers extractively."),
+        _median_against("Retriever agreement against its calibration: drift", agreement, agreement_points,
+                        "calibrated {{point}}",
+                        "The live median share of the dense top 10 that BM25's top 10 also holds, against the "
+                        f"training questions' ({contract.MEDIAN}, {contract.P05}). A median under {contract.P05} "
+                        "with the similarity unmoved is a dense index whose vectors no longer match their chunks "
+                        f"(shuffled, another generation's): the {quality.DRIFT_ALERT} page names this signal."),
+        _median_against("Written answers' support against its threshold: drift", support, support_point,
+                        "{{point}} (quality.min_support)",
+                        "The live median share of a written answer's sentences the support check accepted, "
+                        "against the least share a written answer needs (quality.min_support). A median under it "
+                        "with the retrieval's signals unmoved is the language model: a worse or broken model "
+                        f"behind the model server; the {quality.DRIFT_ALERT} page names this signal. No line "
+                        "while the service answers extractively."),
         *_slo_panels(QUALITY, profile, pipeline_only=True),
         *(_heatmap(f"Quality signal: {signal}", contract.QUALITY_SCORE if signal in UNIT_SIGNALS
                    else contract.RERANK_SCORE, f'signal="{signal}"', log_y=False, unit="none", width=8,

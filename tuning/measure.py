@@ -123,16 +123,24 @@ def one_round(url: str, texts: Sequence[str]) -> tuple[list[float], dict[str, li
     return latencies, stages
 
 
+def _nothing(name: str) -> None:
+    return None
+
+
 def side_by_side(fleet_urls: Mapping[str, str], texts: Sequence[str], rounds: int,
-                 advance: Callable[[], None] | None = None) -> dict[str, Rounds]:
+                 advance: Callable[[], None] | None = None,
+                 before_round: Callable[[str], None] = _nothing) -> dict[str, Rounds]:
     """``rounds`` concurrency-1 rounds of each configuration, alternating (A B, B A, ...) so that a drift of the
-    machine falls on both; one unmeasured pass each first (connection set-up, lazily built state)."""
+    machine falls on both; one unmeasured pass each first (connection set-up, lazily built state).
+    ``before_round(name)`` runs before each of that configuration's rounds (what lies beside it changes with it)."""
     names = list(fleet_urls)
     for name in names:
+        before_round(name)
         one_round(fleet_urls[name], texts[: max(1, len(texts) // 4)])
     measured = {name: Rounds() for name in names}
     for r in range(rounds):
         for name in (names if r % 2 == 0 else names[::-1]):
+            before_round(name)
             measured[name].add(*one_round(fleet_urls[name], texts))
             if advance:
                 advance()
@@ -171,17 +179,18 @@ def measured_env(settings_file: Path) -> dict[str, str | None]:
 
 def measure(configs: Mapping[str, tuple[Path, Path]], queries: Mapping[str, str], qrels: Qrels | None,
             texts: Sequence[str], *, rounds: int, rates: Sequence[float], duration_s: float, target_qps: float,
-            log_dir: Path, held_out: frozenset[str] = frozenset(),
-            advance: Callable[[], None] | None = None) -> dict[str, Figures]:
+            log_dir: Path, held_out: frozenset[str] = frozenset(), advance: Callable[[], None] | None = None,
+            before_round: Callable[[str], None] = _nothing) -> dict[str, Figures]:
     """Every figure of each configuration (name -> (index, settings file)), all served at once by one fleet: the
     concurrency-1 rounds alternate between them, the sweeps and the target-rate steps run one configuration after
     the other, so that a step's figures beside the step before it come from the same minutes of the machine."""
     first = next(iter(configs.values()))[0]
     env = {name: ((), measured_env(path)) for name, (_, path) in configs.items()}
     with ServeFleet(first, env, log_dir, indexes={name: index for name, (index, _) in configs.items()}) as fleet:
-        c1 = {name: r.summary() for name, r in side_by_side(fleet.urls, texts, rounds, advance).items()}
+        c1 = {name: r.summary() for name, r in side_by_side(fleet.urls, texts, rounds, advance, before_round).items()}
         figures = {}
         for name, url in fleet.urls.items():
+            before_round(name)
             ndcg, held = served_ndcg(url, queries, qrels, held_out) if qrels else (None, None)
             knee, sweep = knee_sweep(url, texts, rates, duration_s)
             at_target = run(open_loop(HttpTarget().url(url), list(texts), target_qps, duration_s,
@@ -191,12 +200,14 @@ def measure(configs: Mapping[str, tuple[Path, Path]], queries: Mapping[str, str]
     return figures
 
 
-def at_load(urls: Mapping[str, str], texts: Sequence[str], qps: float, duration_s: float, rounds: int) -> dict:
+def at_load(urls: Mapping[str, str], texts: Sequence[str], qps: float, duration_s: float, rounds: int,
+            before_round: Callable[[str], None] = _nothing) -> dict:
     """Each configuration's P99 under open-loop load at ``qps``, ``rounds`` alternating steps each: median and
     spread per configuration."""
     names, p99 = list(urls), {name: [] for name in urls}
     for r in range(rounds):
         for name in (names if r % 2 == 0 else names[::-1]):
+            before_round(name)
             step = run(open_loop(HttpTarget().url(urls[name]), list(texts), qps, duration_s,
                                  min(2.0, duration_s / 2), seed=r, want_stages=False))
             p99[name].append(step.latency_ms.get("p99") if step.error_rate <= 0.001 else float("inf"))
@@ -204,15 +215,26 @@ def at_load(urls: Mapping[str, str], texts: Sequence[str], qps: float, duration_
                                           "rounds": [round(x, 3) for x in v]}} for name, v in p99.items()}
 
 
+def knee_of(index: Path, settings_file: Path, texts: Sequence[str], *, rates: Sequence[float], duration_s: float,
+            log_dir: Path) -> tuple[float | None, list]:
+    """One configuration's knee (``knee_sweep``) on a server of its own: the rate its knobs are compared at when
+    what lies beside the service changed since the last knee was measured."""
+    with ServeFleet(index, {"knee": ((), measured_env(settings_file))}, log_dir) as fleet:
+        return knee_sweep(fleet.urls["knee"], texts, rates, duration_s)
+
+
 def compare(index: Path, settings_files: Mapping[str, Path], texts: Sequence[str], *, rounds: int, log_dir: Path,
             load_qps: float | None = None, load_duration_s: float = 8.0, load_rounds: int = 2,
-            advance: Callable[[], None] | None = None) -> dict[str, dict]:
+            advance: Callable[[], None] | None = None,
+            before_round: Callable[[str], None] = _nothing) -> dict[str, dict]:
     """Configurations side by side at concurrency 1 (``side_by_side``), each on its own server, all loaded at once;
     with ``load_qps``, also their P99 under that open-loop load (``at_load``, under ``"at_load"``)."""
     configs = {name: ((), measured_env(path)) for name, path in settings_files.items()}
     with ServeFleet(index, configs, log_dir) as fleet:
-        measured = {name: r.summary() for name, r in side_by_side(fleet.urls, texts, rounds, advance).items()}
+        measured = {name: r.summary()
+                    for name, r in side_by_side(fleet.urls, texts, rounds, advance, before_round).items()}
         if load_qps:
-            for name, figures in at_load(fleet.urls, texts, load_qps, load_duration_s, load_rounds).items():
+            for name, figures in at_load(fleet.urls, texts, load_qps, load_duration_s, load_rounds,
+                                         before_round).items():
                 measured[name]["at_load"] = figures
     return measured

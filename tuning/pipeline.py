@@ -9,6 +9,7 @@ new head is kept), ``labels/`` and ``logs/``, and the report (``report.json``, `
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import random
@@ -21,7 +22,9 @@ from rag.eval.beir import Qrels, load_qrels, load_queries
 from rag.index.store import read_manifest
 from tuning import measure
 from tuning.labels import Labels, choose_labels
-from tuning.placement_step import merge, tune_placement
+from tuning.model_server_step import choose_model_limits
+from tuning.model_server_load import ModelServerLoad, RunningModel, pin_tree
+from tuning.placement_step import merge, model_server_cpus, tune_placement
 from tuning.reranker_step import HELD_OUT_SHARE, split_queries, train_head
 
 STEPS = ("labels", "baseline", "reranker", "model_server", "placement")
@@ -42,6 +45,7 @@ class TuneRequest:
     llm_model: Path | None = None  # a model folder: step 3 sweeps vLLM's batch limits on it
     llm_grid: tuple[tuple[int, ...], tuple[int, ...]] = ((4, 8, 16), (1024, 2048))
     llm_duration_s: float = 20.0
+    llm_load_format: str = "auto"  # dummy: random weights (tests)
     rounds: int = 5
     rates: tuple[float, ...] = (40.0, 80.0, 120.0, 160.0, 200.0, 240.0, 280.0, 320.0)
     duration_s: float = 8.0
@@ -109,14 +113,17 @@ class TuneRun:
     ``asker_factory``: a context manager factory giving the judge its model (None: no judge);
     ``pipeline_factory(index, settings_sections)``: an in-process ``RagPipeline`` for labelling and training;
     ``ingest(index, settings_sections)``: builds ``index`` from ``request.beir`` with those settings;
-    ``llm_sweep(request)``: step 3's sweep results (``loadgen.vllm_tuning.run_tuning``)."""
+    ``llm_sweep(request)``: step 3's sweep results (``loadgen.vllm_tuning.run_tuning``);
+    ``model_server(settings_sections)``: a context manager running the model server with those sections' limits
+    beside the services step 4 measures (``tuning.model_server_load.RunningModel``)."""
 
     def __init__(self, request: TuneRequest, *, pipeline_factory: Callable, ingest: Callable,
                  asker_factory: Callable[[], ContextManager] | None = None, llm_sweep: Callable | None = None,
+                 model_server: Callable[[dict], ContextManager[RunningModel]] | None = None,
                  log: Callable[[str], None] = print, advance: Callable[[], None] | None = None) -> None:
         self.request, self.log, self.advance = request, log, advance
-        self.pipeline_factory, self.ingest, self.asker_factory, self.llm_sweep = \
-            pipeline_factory, ingest, asker_factory, llm_sweep
+        self.pipeline_factory, self.ingest, self.asker_factory, self.llm_sweep, self.model_server = \
+            pipeline_factory, ingest, asker_factory, llm_sweep, model_server
         request.out.mkdir(parents=True, exist_ok=True)
         self.state = TuneState.load(request.out / "state.json")
 
@@ -135,14 +142,16 @@ class TuneRun:
         chosen = {q: queries[q] for q in ids}
         return chosen, ({q: human[q] for q in ids} if human else None)
 
-    def _measure(self, configs: dict[str, tuple[Path, dict]], labels: Qrels | None) -> dict[str, dict]:
+    def _measure(self, configs: dict[str, tuple[Path, dict]], labels: Qrels | None,
+                 before_round: Callable[[str], None] = lambda name: None) -> dict[str, dict]:
         """Each configuration (name -> (index, settings sections)) measured, side by side when there are several."""
         r = self.request
         files = {name: (index, measure.write_settings(r.out / "configs" / f"{name}.json", sections))
                  for name, (index, sections) in configs.items()}
         figures = measure.measure(files, self.queries, labels, self.texts, rounds=r.rounds, rates=r.rates,
                                   duration_s=r.duration_s, target_qps=r.target_qps, held_out=self.held_out,
-                                  log_dir=r.out / "logs" / "-".join(configs), advance=self.advance)
+                                  log_dir=r.out / "logs" / "-".join(configs), advance=self.advance,
+                                  before_round=before_round)
         return {name: {"settings": configs[name][1], "index": str(configs[name][0]), **f.to_json()}
                 for name, f in figures.items()}
 
@@ -193,7 +202,7 @@ class TuneRun:
             self.state.record("reranker", key_rr, reranker)
         index, sections = Path(reranker["figures"]["index"]), reranker["figures"]["settings"]
 
-        key_llm = digest("model_server", key_rr, str(r.llm_model), r.llm_grid, r.llm_duration_s)
+        key_llm = digest("model_server", key_rr, str(r.llm_model), r.llm_grid, r.llm_duration_s, r.llm_load_format)
         llm = self.state.done("model_server", key_llm)
         if llm is None:
             llm = self._model_server_step(sections)
@@ -242,37 +251,60 @@ class TuneRun:
         if r.llm_model is None or self.llm_sweep is None:
             return {"ran": False, "reason": "no model server configured (--llm-model): the batch sweep is skipped"}
         self.log("step 3: sweeping the model server's batch limits")
-        sweep = self.llm_sweep(r)
-        meeting = [c for c in sweep["cells"] if c.get("meets_slo") and not c.get("failure")]
-        if not meeting:
-            return {"ran": True, "reason": "no cell of the sweep met the model's SLO: the limits are left as they are",
-                    "sweep": sweep}
-        best = max(meeting, key=lambda c: c["tokens_per_s"])
-        return {"ran": True, "sweep": sweep, "chosen": best,
-                "reason": f"max_num_seqs {best['max_num_seqs']} x max_model_len {best['max_model_len']}: the most "
-                          f"tokens/s ({best['tokens_per_s']:.1f}) among the cells meeting the SLO",
-                "settings": {"generation": {"vllm_max_num_seqs": best["max_num_seqs"],
-                                            "vllm_max_model_len": best["max_model_len"]}}}
+        return choose_model_limits(self.llm_sweep(r))
 
     def _placement_step(self, index: Path, sections: dict, qrels: Qrels | None) -> dict:
         r = self.request
         self.log("step 4: hardware-aware placement")
+        with contextlib.ExitStack() as stack:
+            beside = None
+            if r.llm_model is not None and self.model_server is not None:
+                self.log("step 4: the model server runs beside the measured services, under load")
+                model = stack.enter_context(self.model_server(sections))
+                beside = (model, stack.enter_context(ModelServerLoad(model, self.texts)), time.monotonic())
+            result = self._place(index, sections, qrels, beside)
+            if beside is not None:
+                model, load, started = beside
+                result["model_server_load"] = load.summary(time.monotonic() - started)
+        return result
+
+    def _place(self, index: Path, sections: dict, qrels: Qrels | None, beside) -> dict:
+        r = self.request
         counter = iter(range(1000))
         before = self.state.steps.get("reranker", {}).get("result", {}).get("figures") or {}
-        # Each knob also side by side under load: at the knee measured before this step (the target rate without one).
+        # Each knob also side by side under load: at the knee measured before this step (the target rate without one);
+        # with the model server beside the service, at the knee measured beside it, which takes the cores it uses.
         load_qps = before.get("knee_qps") or r.target_qps
+        knee_beside = None
+        if beside is not None:
+            self.log("step 4: the knee with the model server beside the service")
+            knee_beside, _ = measure.knee_of(index, measure.write_settings(r.out / "configs" / "placement-knee.json",
+                                                                           sections),
+                                             self.texts, rates=r.rates, duration_s=r.duration_s,
+                                             log_dir=r.out / "logs" / "placement-knee")
+            load_qps = knee_beside or r.target_qps
+
+        def pin_beside(configs: dict[str, dict]) -> Callable[[str], None]:
+            """Before a configuration's round, the model server onto the cores that configuration leaves it."""
+            if beside is None:
+                return lambda name: None
+            return lambda name: pin_tree(beside[0].pid, model_server_cpus(configs[name]))
 
         def measure_pair(base: dict, candidate: dict) -> tuple[dict, dict]:
             n = next(counter)
             files = {"without": measure.write_settings(r.out / "configs" / f"placement-{n}-without.json", base),
                      "with": measure.write_settings(r.out / "configs" / f"placement-{n}-with.json", candidate)}
             pair = measure.compare(index, files, self.texts, rounds=r.rounds, log_dir=r.out / "logs" / f"placement-{n}",
-                                   load_qps=load_qps, load_duration_s=r.duration_s, advance=self.advance)
+                                   load_qps=load_qps, load_duration_s=r.duration_s, advance=self.advance,
+                                   before_round=pin_beside({"without": base, "with": candidate}))
             return pair["without"], pair["with"]
 
-        result = tune_placement(sections, measure_pair, model_server=r.llm_model is not None, log=self.log)
+        result = tune_placement(sections, measure_pair, model_server=beside is not None, log=self.log)
         result["load_qps"] = load_qps
-        if result["settings"] == sections and before:
+        if beside is not None:
+            result["knee_beside_model_server"] = knee_beside
+        if result["settings"] == sections and before and beside is None:
             return {**result, "figures": before}  # nothing kept: the service measured after the previous step
-        pair = self._measure({"placement-before": (index, sections), "placement": (index, result["settings"])}, qrels)
+        configs = {"placement-before": sections, "placement": result["settings"]}
+        pair = self._measure({name: (index, c) for name, c in configs.items()}, qrels, pin_beside(configs))
         return {**result, "figures": pair["placement"], "before": pair["placement-before"]}

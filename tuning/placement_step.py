@@ -3,9 +3,10 @@ rounds at concurrency 1, and kept only when it lowers the median P99 by more tha
 without raising the median P50 beyond it; a kept knob is part of the baseline the next one is measured against.
 
 The knobs (rag/placement.py and the embedding settings): the ONNX Runtime threads of a lone query, FAISS's OpenMP
-threads, the index memory locked or on huge pages. A knob the host cannot serve (no transparent huge pages, memory
-it may not lock) is reported with the reason and not measured, as is the service's core set apart from a model
-server's (``placement.cpus``), which needs the model server's load beside the measured service.
+threads, the index memory locked or on huge pages, and, when a model server runs beside the service, the two on
+separate core sets (``placement.cpus`` for the service, the rest of the cores for the model server) against both on
+every core. A knob the host cannot serve (no transparent huge pages, memory it may not lock, a single core) is
+reported with the reason and not measured.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from rag.placement import host_capabilities, usable_cpus
+from rag.placement import format_cpu_list, host_capabilities, parse_cpu_list, usable_cpus
 
 
 @dataclass(frozen=True)
@@ -42,21 +43,29 @@ def candidate_knobs(capabilities: dict, model_server: bool) -> tuple[list[Knob],
     else:
         knobs.append(Knob("memory_hugepages", {"placement": {"memory": "hugepages"}},
                           "the token vectors copied into memory advised for transparent huge pages"))
-    if len(usable_cpus()) < 2:
+    cpus = sorted(usable_cpus())
+    if len(cpus) < 2:
         skipped["separate_cores"] = "a single core: nothing to keep apart"
     elif not model_server:
         skipped["separate_cores"] = ("no model server runs beside the service: its threads already have every core, "
                                      "and a smaller set would only take cores away")
     else:
-        # The measured servers answer extractively: the model server's load beside them is not part of the
-        # measurement yet, and a core split measured without it would only show the cores it takes away.
-        skipped["separate_cores"] = ("not measured yet: the measured service does not run the model server beside "
-                                     "it under load, and without that load a core split only takes cores away "
-                                     "(placement.cpus applies it by hand)")
+        service = format_cpu_list(cpus[: max(1, len(cpus) // 2)])
+        knobs.append(Knob("separate_cores", {"placement": {"cpus": service}},
+                          f"the service's threads on cores {service}, the model server's on "
+                          f"{format_cpu_list(cpus[max(1, len(cpus) // 2):])} (without: both on every core)"))
     for name, reason in lacks.items():
         if name in ("isolated_cores", "cache_allocation"):
             skipped[name] = reason
     return knobs, skipped
+
+
+def model_server_cpus(sections: Mapping[str, Mapping]) -> frozenset[int]:
+    """The cores the model server beside a configuration gets: those its ``placement.cpus`` leaves to others, or
+    every core when it sets none."""
+    everything = usable_cpus()
+    service = sections.get("placement", {}).get("cpus")
+    return (everything - parse_cpu_list(service)) or everything if service else everything
 
 
 def merge(base: Mapping[str, Mapping], extra: Mapping[str, Mapping]) -> dict[str, dict]:

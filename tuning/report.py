@@ -35,8 +35,11 @@ def step_rows(report: dict) -> list[dict]:
 def _placement_words(placement: dict) -> str:
     kept = [k["knob"] for k in placement["knobs"] if k["kept"]]
     tried = len(placement["knobs"])
+    beside = placement.get("model_server_load")
+    load = (f"; measured with the model server beside the services, {beside['in_flight']} completions at a time "
+            f"({_fmt(beside['tokens_per_s'])} tokens/s, {beside['errors']} failed)" if beside else "")
     return (f"{tried} knob(s) measured, kept: {', '.join(kept) if kept else 'none'}; "
-            f"not tried: {', '.join(sorted(placement['skipped'])) or 'none'}")
+            f"not tried: {', '.join(sorted(placement['skipped'])) or 'none'}{load}")
 
 
 def _fmt(value, digits: int = 1) -> str:

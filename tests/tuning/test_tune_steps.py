@@ -3,11 +3,20 @@ and how a run resumes (state.json)."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
+
 import pytest
 
+from rag.placement import parse_cpu_list
 from tuning.labels import choose_labels
+from tuning.model_server_load import pin_tree
+from tuning.model_server_step import choose_model_limits
 from tuning.pipeline import TuneState, digest, read_qrels, write_qrels
-from tuning.placement_step import candidate_knobs, decide, merge, tune_placement
+from tuning.placement_step import candidate_knobs, decide, merge, model_server_cpus, tune_placement
 from tuning.reranker_step import MIN_HELD_OUT, split_queries
 
 
@@ -61,9 +70,15 @@ def test_knobs_follow_what_the_host_can_do():
     assert "memory_hugepages" not in names and "memory_lock" not in names
     assert skipped["memory_hugepages"] == "THP are never" and skipped["memory_lock"] == "limit 64 KiB"
     assert skipped["isolated_cores"] == "none isolated"
-    several = len(__import__("os").sched_getaffinity(0)) >= 2
-    assert "separate_cores" not in names
-    assert ("not measured yet" if several else "a single core") in skipped["separate_cores"]
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) >= 2:  # the service on the lower half, the model server on the rest
+        split = next(k for k in knobs if k.name == "separate_cores")
+        service = parse_cpu_list(split.settings["placement"]["cpus"])
+        assert service == frozenset(cores[: len(cores) // 2])
+        assert model_server_cpus(split.settings) == frozenset(cores) - service
+        assert model_server_cpus({}) == frozenset(cores)  # without the split: every core
+    else:
+        assert "separate_cores" not in names and "a single core" in skipped["separate_cores"]
 
 
 def test_placement_keeps_a_winning_knob_and_measures_the_next_against_it(monkeypatch):
@@ -86,6 +101,50 @@ def test_placement_keeps_a_winning_knob_and_measures_the_next_against_it(monkeyp
     assert seen[2][0] == {"rerank": {"candidates": 30}, "placement": {"math_threads": 1}}
     assert seen[2][1]["placement"] == {"math_threads": 1, "memory": "lock"}
     assert merge({"a": {"x": 1}}, {"a": {"y": 2}, "b": {"z": 3}}) == {"a": {"x": 1, "y": 2}, "b": {"z": 3}}
+
+
+def test_step_three_takes_the_fastest_cell_that_met_the_objective_and_nothing_when_none_did():
+    def cell(seqs: int, length: int, tokens: float, meets: bool, failure: str | None = None) -> dict:
+        return {"max_num_seqs": seqs, "max_model_len": length, "tokens_per_s": tokens, "meets_slo": meets,
+                "failure": failure}
+
+    sweep = {"cells": [cell(1, 1024, 40.0, True), cell(8, 1024, 90.0, True), cell(16, 1024, 120.0, False),
+                       cell(8, 2048, 150.0, True, failure="out of memory")]}
+    chosen = choose_model_limits(sweep)
+    assert chosen["settings"] == {"generation": {"vllm_max_num_seqs": 8, "vllm_max_model_len": 1024}}
+    assert "90.0" in chosen["reason"]
+    none = choose_model_limits({"cells": [cell(16, 1024, 120.0, False)]})
+    assert "settings" not in none and "no cell of the sweep met" in none["reason"]
+
+
+def test_pin_tree_moves_every_thread_of_a_process_and_its_children():
+    """A real process tree (a parent and the child it starts): after ``pin_tree``, every thread of both runs on the
+    one core given; the model server is pinned the same way between rounds."""
+    code = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); " \
+           "time.sleep(30)"
+    parent, children = subprocess.Popen([sys.executable, "-c", code]), []
+    try:
+        core = max(os.sched_getaffinity(0))
+        deadline = time.monotonic() + 10
+        while not children and time.monotonic() < deadline:  # the child is there once the parent started it
+            children = [int(p) for p in os.listdir("/proc") if p.isdigit() and _ppid(int(p)) == parent.pid]
+        assert children, "the parent never started its child"
+        assert pin_tree(parent.pid, {core}) >= 2
+        for pid in (parent.pid, *children):
+            for task in os.listdir(f"/proc/{pid}/task"):
+                assert os.sched_getaffinity(int(task)) == {core}, (pid, task)
+    finally:
+        for child in children:
+            os.kill(child, signal.SIGKILL)
+        parent.kill()
+        parent.wait()
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def test_the_held_out_split_is_seeded_disjoint_and_large_enough():

