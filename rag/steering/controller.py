@@ -4,8 +4,9 @@ the service answers at. Pure logic over readings (``Reading``), with its own clo
 
 Demand is what the answers would cost at a rung: the recent arrival rate (refused requests included: they asked)
 times that rung's CPU seconds per answer, over the cores the process may use. Each rung's cost is learned live,
-per answer, while the service runs at it; a rung not yet seen is priced from the measured ladder (``Ladder``): the
-current rung's live cost plus the measured difference between the two.
+per answer, while the service runs at it; a rung not yet seen, or last seen more than ``STALE_S`` ago, is priced
+from the measured ladder (``Ladder``): the current rung's live cost plus the measured difference between the two. A
+cost learned long ago says more about that moment (a start's first answers, a neighbour's burst) than about now.
 
 - Step down when the service is under pressure: more than one request and ``SHED_SHARE`` of a tick's arrivals were
   refused, the queue's predicted completion passed ``pressure_share`` of the deadline in two readings running, or
@@ -29,6 +30,7 @@ LEARN_ALPHA = 0.2
 MIN_ANSWERS = 3  # answers in a tick before its CPU per answer teaches the rung's cost
 SHED_SHARE = 0.01  # refusals above this share of a tick's arrivals (and more than one) are pressure
 MIN_COST_SHARE = 0.2  # a rung priced from the ladder costs at least this share of the current rung's live cost
+STALE_S = 30.0  # a rung's learned cost older than this is priced from the current rung's instead
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,7 @@ class LevelController:
         self.pressure_share, self.clock = pressure_share, clock
         self.index = 0
         self.learned_s: dict[str, float] = {}
+        self.learned_at: dict[str, float] = {}
         self._window: collections.deque[tuple[float, Reading]] = collections.deque()
         self._last_change = self._last_pressure = clock() - hold_s
         self._last_up: float | None = None
@@ -82,10 +85,12 @@ class LevelController:
         return self.levels[self.index]
 
     def cost_s(self, level: str) -> float | None:
-        """CPU seconds per answer at ``level``: learned live, else the current rung's live cost plus the measured
-        ladder's difference between the two (what a rung adds or saves is pipeline work; the rest of an answer's
-        cost, the HTTP exchange and its bookkeeping, is the same at every rung)."""
-        if level in self.learned_s:
+        """CPU seconds per answer at ``level``: learned live (within ``STALE_S``, or the current rung's), else the
+        current rung's live cost plus the measured ladder's difference between the two (what a rung adds or saves is
+        pipeline work; the rest of an answer's cost, the HTTP exchange and its bookkeeping, is the same at every
+        rung)."""
+        if level in self.learned_s and (level == self.level
+                                        or self.clock() - self.learned_at.get(level, -float("inf")) <= STALE_S):
             return self.learned_s[level]
         prior = self.prior_ms.get(level)
         if prior is None:
@@ -117,8 +122,10 @@ class LevelController:
             self._window.popleft()
         if reading.answered >= MIN_ANSWERS and reading.cpu_s > 0:
             per_answer = reading.cpu_s / reading.answered
-            old = self.learned_s.get(self.level)
+            fresh = now - self.learned_at.get(self.level, -float("inf")) <= STALE_S
+            old = self.learned_s.get(self.level) if fresh else None  # a stale cost is started anew, not averaged
             self.learned_s[self.level] = per_answer if old is None else old + LEARN_ALPHA * (per_answer - old)
+            self.learned_at[self.level] = now
         why = self._pressure(reading)
         if why is not None:
             self._last_pressure = now

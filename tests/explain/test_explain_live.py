@@ -10,7 +10,9 @@ import os
 import time
 from pathlib import Path
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
 from loadgen.faults import CpuHog, OpenLoop, wait_until
@@ -32,6 +34,26 @@ def explained(prometheus: str, at: float) -> dict:
     return json.loads(result.output)
 
 
+def settled_at_full_quality(url: str, seconds: float, timeout_s: float = 180.0) -> float:
+    """Once the service has answered at full quality, with no change of its level, for ``seconds``: the quiet phases
+    start then. A start on a busy machine may step the level controller down for a while; quiet against quiet means
+    the same rung on both sides. Returns the instant."""
+    deadline, since, last = time.time() + timeout_s, None, None
+    while time.time() < deadline:
+        samples = [s for f in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=10).text)
+                   for s in f.samples if s.name.startswith("ragheat_quality_level")]
+        level = max((s.value for s in samples if s.name == "ragheat_quality_level"), default=None)
+        changes = sum(s.value for s in samples if s.name == "ragheat_quality_level_changes_total")
+        if level != 0 or changes != last:
+            since, last = None, changes
+        elif since is None:
+            since = time.time()
+        elif time.time() - since >= seconds:
+            return time.time()
+        time.sleep(1.0)
+    pytest.fail(f"the service did not settle at full quality within {timeout_s:g} s: {samples}")
+
+
 @pytest.fixture(scope="module")
 def timeline(subset_index):
     """The service, its Prometheus and the three explanations: {"quiet": ..., "cpu_hog": ..., "overload": ...}."""
@@ -40,8 +62,8 @@ def timeline(subset_index):
             LocalPrometheus(service.url.removeprefix("http://"), scrape_interval_s=1) as prometheus, \
             OpenLoop(service.url, QUIET_QPS, QUERIES) as load:
         explanations = {}
-        start = time.time()
-        quiet_end = start + 3 * PHASE_S  # the first seconds warm up; the last two phases are compared
+        start = settled_at_full_quality(service.url, PHASE_S)
+        quiet_end = start + 2 * PHASE_S  # two quiet phases, compared
         wait_until(quiet_end)
         explanations["quiet"] = explained(prometheus, quiet_end)
         with CpuHog():  # one spinning process per core

@@ -132,6 +132,20 @@ def test_load_episodes_apart_each_start_from_the_usual_hold():
         assert controller.hold_s == 5.0
 
 
+def test_a_costly_start_does_not_keep_it_below_full_quality():
+    """The first answers after a start cost many times the steady ones (lazy state, cold pages, a machine still busy
+    starting): the controller steps down on them, and must come back once answers cost what they do, though it has not
+    answered at the top rung since."""
+    controller, clock = make(hold_s=5.0)
+    light = 0.1 * 2.0 / cost_s("full")  # a tenth of the cores at full quality, once warm
+    for _ in range(5):  # warming up at full: twenty times the steady cost per answer
+        clock.now += 1.0
+        controller.tick(Reading(1.0, int(light), int(light), 0, 20 * light * cost_s("full"), 0, 0.0, 0.42))
+    assert controller.level != "full"
+    changes = load(controller, clock, light, 120)
+    assert controller.level == "full", (changes, controller.learned_s)
+
+
 def test_priority_low_is_served_one_rung_below_once_stepped_down_and_high_one_above():
     controller, clock = make()
     assert controller.level_for("low") == "full"  # nothing to save at full load-free service
