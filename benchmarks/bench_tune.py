@@ -71,7 +71,8 @@ def main() -> None:
     for name in [n.strip() for n in args.only.split(",") if n.strip()]:
         first, state = REPO / args.out / "scifact", REPO / args.out / name / "state.json"
         if name == "scifact-model" and not state.exists() and (first / "state.json").exists():
-            shutil.copytree(first, state.parent, dirs_exist_ok=True)  # steps 1-2: the same inputs, reused
+            # The first run's folder: its labels, baseline and head steps have the same inputs here and are reused.
+            shutil.copytree(first, state.parent, dirs_exist_ok=True)
         command = [ragheat, "tune", *runs[name], "--out", str(args.out / name), *common,
                    "--results-file", str(args.results / f"tune-{name}.json")]
         print("$", " ".join(command), flush=True)

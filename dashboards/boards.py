@@ -328,8 +328,9 @@ def _median_against(title: str, signal: str, points: str, point_legend: str, des
 
 
 def quality_board(profile: Profile) -> Board:
-    """Quality: the answers' verdicts, the quality SLO, each label-free signal as a heatmap, and the best similarity
-    against its calibration (drift). Only ragheat's own pipeline judges its answers (quality.enabled)."""
+    """Quality: the answers' verdicts, the quality SLO, each label-free signal as a heatmap, and the medians the drift
+    alert reads against their references (best similarity, retriever agreement, written answers' support). Only
+    ragheat's own pipeline judges its answers (quality.enabled)."""
     job = f"{{{{{JOB}}}}}"
     similarity = f'signal="{contract.BEST_SIMILARITY}"'
     calibrated = f'{similarity}, point=~"{contract.MEDIAN}|{contract.P10}|{contract.THRESHOLD}"'

@@ -30,35 +30,47 @@ run for the alert's own job, its label values passed as arguments (``%q``) so th
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from dashboards import contract
 from dashboards.spec import JOB
+from telemetry.buckets import UNIT_SCORES
 
 MINUTE = 60
 DRIFT_LONG_S, DRIFT_SHORT_S = 10 * MINUTE, 5 * MINUTE
 """The drift alert's windows: the long one says the median moved, the short one that it is still there."""
 DRIFT_MIN_ANSWERS = 20
 """Fewer answers than this in the long window say nothing about a median."""
+@dataclass(frozen=True)
+class DriftSignal:
+    """A signal the drift alert watches: what its drift points at (the ``points_at`` annotation), the calibration
+    gauge's point its median is compared with, what that point is and how the description says it, and a margin under
+    the point: a histogram only places a median within its bucket, so a signal whose reference is a bucket's edge pages
+    only once its median falls a bucket below it (answers right at the threshold are not under it)."""
+
+    points_at: str
+    point: str
+    what: str
+    than: str
+    margin: float = 0.0
+
+
+_FROM_TRAINING = f"what all but one in twenty training questions score (calibration {contract.P05})"
+_NEARLY_ALL = "than the calibration's training questions nearly all did"
 DRIFT_SIGNALS = {
-    contract.BEST_SIMILARITY: "questions the corpus does not cover, or an index built by another encoder than the "
-                              "one embedding the queries",
-    contract.RETRIEVER_AGREEMENT: "the dense list no longer resembles BM25's: a dense index whose vectors no longer "
-                                  "match their chunks (shuffled, or from another generation)",
-    contract.ANSWER_SUPPORT: "the language model: its sentences no longer say what the passages they cite say (a "
-                             "worse or broken model behind the model server, a prompt it does not follow)",
+    contract.BEST_SIMILARITY: DriftSignal(
+        "questions the corpus does not cover, or an index built by another encoder than the one embedding the queries",
+        contract.P05, _FROM_TRAINING, _NEARLY_ALL),
+    contract.RETRIEVER_AGREEMENT: DriftSignal(
+        "the dense list no longer resembles BM25's: a dense index whose vectors no longer match their chunks "
+        "(shuffled, or from another generation)", contract.P05, _FROM_TRAINING, _NEARLY_ALL),
+    contract.ANSWER_SUPPORT: DriftSignal(
+        "the language model: its sentences no longer say what the passages they cite say (a worse or broken model "
+        "behind the model server, a prompt it does not follow)", contract.THRESHOLD,
+        "the least share of supported sentences a written answer needs (quality.min_support), less one bucket",
+        "than a written answer needs to count as supported", margin=UNIT_SCORES[0]),
 }
-"""Signal -> what its drift points at (the alert's ``points_at`` annotation)."""
-DRIFT_REFERENCE = {
-    contract.BEST_SIMILARITY: (contract.P05, "what all but one in twenty training questions score (calibration "
-                                             f"{contract.P05})",
-                               "than the calibration's training questions nearly all did"),
-    contract.RETRIEVER_AGREEMENT: (contract.P05, "what all but one in twenty training questions score (calibration "
-                                                 f"{contract.P05})",
-                                   "than the calibration's training questions nearly all did"),
-    contract.ANSWER_SUPPORT: (contract.THRESHOLD, "the least share of supported sentences a written answer needs "
-                                                  "(quality.min_support)",
-                              "than a written answer needs to count as supported"),
-}
-"""Signal -> (the calibration gauge's point it is compared with, what that point is, how the description says it)."""
+"""Signal -> how its drift is read."""
 
 KEPT = JOB
 BAD_MATCH = "|".join(contract.BAD)
@@ -155,8 +167,10 @@ def median_expr(signal: str, window: str) -> str:
 
 def drift_expr(signal: str, long: str, short: str) -> str:
     """PromQL of the drift alert of ``signal`` (see the module): per job, the long window's median where it fires."""
-    point = DRIFT_REFERENCE[signal][0]
-    reference = f'max by ({KEPT}) ({contract.CALIBRATION}{{signal="{signal}", point="{point}"}})'
+    drift = DRIFT_SIGNALS[signal]
+    reference = f'max by ({KEPT}) ({contract.CALIBRATION}{{signal="{signal}", point="{drift.point}"}})'
+    if drift.margin:
+        reference = f"({reference} - {drift.margin:g})"
     answers = f'sum by ({KEPT}) (increase({contract.count(contract.QUALITY_SCORE)}{{signal="{signal}"}}[{long}]))'
     return (f"{median_expr(signal, long)} < on ({KEPT}) {reference}\n"
             f"and on ({KEPT}) {median_expr(signal, short)} < on ({KEPT}) {reference}\n"
@@ -171,21 +185,20 @@ def drift_rules(profile) -> dict:
     long, short = profile.window(DRIFT_LONG_S), profile.window(DRIFT_SHORT_S)
     shown = '{{ .Value | printf "%.2f" }}{{ else }}n/a{{ end }}'
 
-    def rule(signal: str, points_at: str) -> dict:
-        name, what, than = DRIFT_REFERENCE[signal]
-        point = f"{_in_job(calibration_query(), _quoted(signal), _quoted(name))}{shown}"
+    def rule(signal: str, drift: DriftSignal) -> dict:
+        point = f"{_in_job(calibration_query(), _quoted(signal), _quoted(drift.point))}{shown}"
         return {
             "alert": DRIFT_ALERT,
             "expr": drift_expr(signal, long, short),
             "labels": {"severity": "page", "slo": "quality", "signal": signal},
             "annotations": {
                 "summary": f"{{{{ with $labels.{KEPT} }}}}{{{{ . }}}}: {{{{ end }}}}answers drifted: median {signal} "
-                           f"{{{{ $value | printf \"%.2f\" }}}} over {long} and {short}, under {point}, {what}",
-                "description": f"More than half the answers score lower on {signal} {than}. It points at: "
-                               f"{points_at}.",
+                           f"{{{{ $value | printf \"%.2f\" }}}} over {long} and {short}, under {point}, {drift.what}",
+                "description": f"More than half the answers score lower on {signal} {drift.than}. It points at: "
+                               f"{drift.points_at}.",
                 "signal": signal,
-                "points_at": points_at,
+                "points_at": drift.points_at,
             },
         }
 
-    return {"name": "ragheat-quality-drift", "rules": [rule(s, why) for s, why in DRIFT_SIGNALS.items()]}
+    return {"name": "ragheat-quality-drift", "rules": [rule(s, drift) for s, drift in DRIFT_SIGNALS.items()]}

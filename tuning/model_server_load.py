@@ -1,7 +1,7 @@
 """The model server beside the measured service in step 4: ``ModelServerLoad`` keeps completions in flight against it
 while the knobs are measured (the load a service's written answers put on it, so that a knob is measured where the
 two compete for the cores), ``RunningModel`` says where it answers, and ``pin_tree`` moves its every thread (the API
-process and its engine core) onto a core set."""
+process's and, where vLLM runs one, its engine core's) onto a core set."""
 
 from __future__ import annotations
 
@@ -18,11 +18,14 @@ from telemetry.host import descendants, read_processes
 
 @dataclass(frozen=True)
 class RunningModel:
-    """A model server that answers: its ``/v1`` URL, the pid of its process tree's root, the model's served name."""
+    """A model server that answers: its ``/v1`` URL, the pid of its process tree's root, the model's served name and
+    the limits it runs with."""
 
     url: str
     pid: int
     name: str
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
 
 
 @dataclass
@@ -60,8 +63,8 @@ class ModelServerLoad:
                         "model": self.model.name, "prompt": f"Question: {text}\nAnswer:",
                         "max_tokens": self.max_tokens, "temperature": 0.0})
                     response.raise_for_status()
-                    tokens, reason = int(response.json().get("usage", {}).get("completion_tokens", 0)), None
-                except (httpx.HTTPError, ValueError) as exc:
+                    tokens, reason = int((response.json().get("usage") or {}).get("completion_tokens") or 0), None
+                except Exception as exc:  # counted by kind: the load goes on, the report says what failed
                     tokens, reason = 0, type(exc).__name__
                 with self._lock:
                     self.tally.requests += 1
@@ -84,7 +87,9 @@ class ModelServerLoad:
         """The load over ``seconds``: requests, errors (by reason) and output tokens per second."""
         with self._lock:
             t = self.tally
-            return {"in_flight": len(self._threads), "max_tokens": self.max_tokens, "requests": t.requests,
+            return {"in_flight": len(self._threads), "max_tokens": self.max_tokens,
+                    "limits": {"max_model_len": self.model.max_model_len, "max_num_seqs": self.model.max_num_seqs},
+                    "requests": t.requests,
                     "errors": t.errors, "error_reasons": dict(t.error_reasons),
                     "tokens_per_s": round(t.tokens / seconds, 2) if seconds > 0 else None}
 

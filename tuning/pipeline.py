@@ -9,7 +9,6 @@ new head is kept), ``labels/`` and ``logs/``, and the report (``report.json``, `
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import random
@@ -256,19 +255,16 @@ class TuneRun:
     def _placement_step(self, index: Path, sections: dict, qrels: Qrels | None) -> dict:
         r = self.request
         self.log("step 4: hardware-aware placement")
-        with contextlib.ExitStack() as stack:
-            beside = None
-            if r.llm_model is not None and self.model_server is not None:
-                self.log("step 4: the model server runs beside the measured services, under load")
-                model = stack.enter_context(self.model_server(sections))
-                beside = (model, stack.enter_context(ModelServerLoad(model, self.texts)), time.monotonic())
-            result = self._place(index, sections, qrels, beside)
-            if beside is not None:
-                model, load, started = beside
-                result["model_server_load"] = load.summary(time.monotonic() - started)
+        if r.llm_model is None or self.model_server is None:
+            return self._place(index, sections, qrels, None)
+        self.log("step 4: the model server runs beside the measured services, under load")
+        with self.model_server(sections) as model, ModelServerLoad(model, self.texts) as load:
+            started = time.monotonic()
+            result = self._place(index, sections, qrels, model)
+            result["model_server_load"] = load.summary(time.monotonic() - started)
         return result
 
-    def _place(self, index: Path, sections: dict, qrels: Qrels | None, beside) -> dict:
+    def _place(self, index: Path, sections: dict, qrels: Qrels | None, beside: RunningModel | None) -> dict:
         r = self.request
         counter = iter(range(1000))
         before = self.state.steps.get("reranker", {}).get("result", {}).get("figures") or {}
@@ -286,9 +282,11 @@ class TuneRun:
 
         def pin_beside(configs: dict[str, dict]) -> Callable[[str], None]:
             """Before a configuration's round, the model server onto the cores that configuration leaves it."""
-            if beside is None:
-                return lambda name: None
-            return lambda name: pin_tree(beside[0].pid, model_server_cpus(configs[name]))
+            def pin(name: str) -> None:
+                if beside is not None and pin_tree(beside.pid, model_server_cpus(configs[name])) == 0:
+                    raise ValueError(f"step 4: the model server (pid {beside.pid}) is gone: its log is in "
+                                     f"{r.out / 'logs' / 'model-server'}")
+            return pin
 
         def measure_pair(base: dict, candidate: dict) -> tuple[dict, dict]:
             n = next(counter)

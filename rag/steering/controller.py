@@ -30,7 +30,7 @@ LEARN_ALPHA = 0.2
 MIN_ANSWERS = 3  # answers in a tick before its CPU per answer teaches the rung's cost
 SHED_SHARE = 0.01  # refusals above this share of a tick's arrivals (and more than one) are pressure
 MIN_COST_SHARE = 0.2  # a rung priced from the ladder costs at least this share of the current rung's live cost
-STALE_S = 30.0  # a rung's learned cost older than this is priced from the current rung's instead
+STALE_S = 30.0  # a rung's learned cost older than this (or two holds, when longer) is priced from the current rung's
 
 
 @dataclass(frozen=True)
@@ -89,8 +89,7 @@ class LevelController:
         current rung's live cost plus the measured ladder's difference between the two (what a rung adds or saves is
         pipeline work; the rest of an answer's cost, the HTTP exchange and its bookkeeping, is the same at every
         rung)."""
-        if level in self.learned_s and (level == self.level
-                                        or self.clock() - self.learned_at.get(level, -float("inf")) <= STALE_S):
+        if level in self.learned_s and (level == self.level or self._fresh(level, self.clock())):
             return self.learned_s[level]
         prior = self.prior_ms.get(level)
         if prior is None:
@@ -99,6 +98,11 @@ class LevelController:
         if here is None or here_prior is None:
             return prior / 1000
         return max(here + (prior - here_prior) / 1000, MIN_COST_SHARE * here)
+
+    def _fresh(self, level: str, now: float) -> bool:
+        """Whether ``level``'s learned cost is recent enough to price it: within ``STALE_S``, or within two holds when
+        a backed-off hold is longer (a step up that failed keeps its lesson until the next try)."""
+        return now - self.learned_at.get(level, -float("inf")) <= max(STALE_S, 2 * self.hold_s)
 
     def arrival_rate(self, rising: bool = False) -> float:
         """Arrivals per second over the window; with ``rising``, the latest tick's rate when higher (a burst is
@@ -122,8 +126,7 @@ class LevelController:
             self._window.popleft()
         if reading.answered >= MIN_ANSWERS and reading.cpu_s > 0:
             per_answer = reading.cpu_s / reading.answered
-            fresh = now - self.learned_at.get(self.level, -float("inf")) <= STALE_S
-            old = self.learned_s.get(self.level) if fresh else None  # a stale cost is started anew, not averaged
+            old = self.learned_s.get(self.level) if self._fresh(self.level, now) else None  # stale: learned anew
             self.learned_s[self.level] = per_answer if old is None else old + LEARN_ALPHA * (per_answer - old)
             self.learned_at[self.level] = now
         why = self._pressure(reading)

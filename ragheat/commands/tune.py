@@ -14,7 +14,7 @@ from ragheat.clikit import fail as _fail, guard, load_settings, out, progress_ba
 _guard = guard()
 
 
-def _counts(flag: str, text: str) -> tuple[int, ...]:
+def _positive_ints(flag: str, text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(v) for v in text.split(",") if v.strip())
     except ValueError:
@@ -92,7 +92,8 @@ def tune(
         _fail(f"--llm-model {llm_model}: no config.json there (a Hugging Face model folder is needed)")
     if llm_load_format not in ("auto", "dummy"):
         _fail(f"--llm-load-format must be auto or dummy, not {llm_load_format!r}")
-    grid = (_counts("--llm-max-num-seqs", llm_max_num_seqs), _counts("--llm-max-model-len", llm_max_model_len))
+    grid = (_positive_ints("--llm-max-num-seqs", llm_max_num_seqs),
+            _positive_ints("--llm-max-model-len", llm_max_model_len))
     settings = load_settings()
     index = index or Path("data/index") / beir.resolve().name
     request = TuneRequest(beir=beir, split=split, index=index, out=out_dir, labels=labels, judge_sample=judge_sample,
@@ -132,13 +133,22 @@ def tune(
         from stack.vllm import VllmServer
         from tuning.model_server_load import RunningModel
 
-        limits = sections.get("generation", {})  # step 3's choice, or vLLM's own defaults for this size
+        # Step 3's choice; when no cell met the objective, the grid's longest context at its smallest batch.
+        limits = sections.get("generation", {})
+        length = limits.get("vllm_max_model_len", max(grid[1]))
+        seqs = limits.get("vllm_max_num_seqs", min(grid[0]))
         server = VllmServer(request.llm_model, port=free_port(), python=settings.generation.vllm_python,
-                            served_name="model", max_model_len=limits.get("vllm_max_model_len", max(grid[1])),
-                            max_num_seqs=limits.get("vllm_max_num_seqs", min(grid[0])),
+                            served_name="model", max_model_len=length, max_num_seqs=seqs,
                             load_format=request.llm_load_format, work_dir=out_dir / "logs" / "model-server")
-        with server as url:
-            yield RunningModel(url, server.child.pid, "model")
+        try:
+            url = server.__enter__()
+        except (RuntimeError, TimeoutError, OSError) as exc:
+            raise ValueError(f"step 4: the model server on {request.llm_model} did not start ({exc}); its log: "
+                             f"{out_dir / 'logs' / 'model-server'}") from None
+        try:
+            yield RunningModel(url, server.child.pid, "model", max_model_len=length, max_num_seqs=seqs)
+        finally:
+            server.__exit__(None, None, None)
 
     with progress_bar() as progress:
         run_ingest(str(beir), index, settings, progress=progress)  # no-op when up to date

@@ -21,7 +21,8 @@ DRIFTED = {contract.BEST_SIMILARITY: 0.22, contract.RETRIEVER_AGREEMENT: 0.0, co
 HEALTHY = 30  # minutes of normal answers before the fault
 FROM_TRAINING = "what all but one in twenty training questions score (calibration p05)"
 WHAT = {contract.BEST_SIMILARITY: FROM_TRAINING, contract.RETRIEVER_AGREEMENT: FROM_TRAINING,
-        contract.ANSWER_SUPPORT: "the least share of supported sentences a written answer needs (quality.min_support)"}
+        contract.ANSWER_SUPPORT: "the least share of supported sentences a written answer needs (quality.min_support), "
+                                 "less one bucket"}
 NEARLY_ALL = "than the calibration's training questions nearly all did"
 THAN = {contract.BEST_SIMILARITY: NEARLY_ALL, contract.RETRIEVER_AGREEMENT: NEARLY_ALL,
         contract.ANSWER_SUPPORT: "than a written answer needs to count as supported"}
@@ -45,18 +46,18 @@ def histogram(signal: str, phases: list[tuple[int, float, int]]) -> list[dict]:
     return [*({"series": f'{contract.bucket(contract.QUALITY_SCORE)}{{{selector}, le="{le}"}}', "values": " ".join(v)}
               for le, v in series.items()),
             {"series": f"{contract.count(contract.QUALITY_SCORE)}{{{selector}}}", "values": " ".join(count)},
-            {"series": f'{contract.CALIBRATION}{{{selector}, point="{quality.DRIFT_REFERENCE[signal][0]}"}}',
+            {"series": f'{contract.CALIBRATION}{{{selector}, point="{quality.DRIFT_SIGNALS[signal].point}"}}',
              "values": f"{REFERENCE[signal]}+0x{minutes}"}]
 
 
 def fires(minute: int, *signals: str) -> dict:
     return {"eval_time": f"{minute}m", "alertname": quality.DRIFT_ALERT, "exp_alerts": [
         {"exp_labels": {"severity": "page", "slo": "quality", "signal": s, "job": JOB},
-         "exp_annotations": {"signal": s, "points_at": quality.DRIFT_SIGNALS[s],
+         "exp_annotations": {"signal": s, "points_at": quality.DRIFT_SIGNALS[s].points_at,
                              "summary": f"{JOB}: answers drifted: median {s} {{median}} over 10m and 5m, under "
                                         f"{REFERENCE[s]:.2f}, {WHAT[s]}",
                              "description": f"More than half the answers score lower on {s} {THAN[s]}. It points at: "
-                                            f"{quality.DRIFT_SIGNALS[s]}."}}
+                                            f"{quality.DRIFT_SIGNALS[s].points_at}."}}
         for s in signals]}
 
 
@@ -67,10 +68,11 @@ def with_median(test: dict, medians: dict[str, str]) -> dict:
     return test
 
 
-def series(drifting: str | None, answers: int = PER_MINUTE, fault_minutes: int = 20) -> list[dict]:
+def series(drifting: str | None, answers: int = PER_MINUTE, fault_minutes: int = 20,
+           normal: dict[str, float] = NORMAL) -> list[dict]:
     return [*(s for signal in (contract.BEST_SIMILARITY, contract.RETRIEVER_AGREEMENT, contract.ANSWER_SUPPORT)
-              for s in histogram(signal, [(HEALTHY, NORMAL[signal], answers),
-                                          (fault_minutes, DRIFTED[signal] if signal == drifting else NORMAL[signal],
+              for s in histogram(signal, [(HEALTHY, normal[signal], answers),
+                                          (fault_minutes, DRIFTED[signal] if signal == drifting else normal[signal],
                                            answers)]))]
 
 
@@ -92,6 +94,9 @@ SCENARIOS = {
         series(contract.ANSWER_SUPPORT),
         [fires(HEALTHY + 4),
          with_median(fires(HEALTHY + 6, contract.ANSWER_SUPPORT), {contract.ANSWER_SUPPORT: "0.04"})]),
+    "written answers right at the threshold (half their sentences supported) are not under it": (
+        series(None, normal={**NORMAL, contract.ANSWER_SUPPORT: 0.5}),
+        [fires(HEALTHY + 10), fires(HEALTHY + 19)]),
     "too few answers to read a median": (
         series(contract.BEST_SIMILARITY, answers=1),
         [fires(HEALTHY + 10)]),

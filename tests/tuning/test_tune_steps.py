@@ -128,6 +128,7 @@ def test_pin_tree_moves_every_thread_of_a_process_and_its_children():
         deadline = time.monotonic() + 10
         while not children and time.monotonic() < deadline:  # the child is there once the parent started it
             children = [int(p) for p in os.listdir("/proc") if p.isdigit() and _ppid(int(p)) == parent.pid]
+            time.sleep(0.05)
         assert children, "the parent never started its child"
         assert pin_tree(parent.pid, {core}) >= 2
         for pid in (parent.pid, *children):
