@@ -12,6 +12,7 @@ import time
 import pytest
 
 from rag.placement import parse_cpu_list
+from telemetry.host import read_processes
 from tuning.labels import choose_labels
 from tuning.model_server_load import pin_tree
 from tuning.model_server_step import choose_model_limits
@@ -127,7 +128,7 @@ def test_pin_tree_moves_every_thread_of_a_process_and_its_children():
         core = max(os.sched_getaffinity(0))
         deadline = time.monotonic() + 10
         while not children and time.monotonic() < deadline:  # the child is there once the parent started it
-            children = [int(p) for p in os.listdir("/proc") if p.isdigit() and _ppid(int(p)) == parent.pid]
+            children = [pid for pid, process in (read_processes() or {}).items() if process.ppid == parent.pid]
             time.sleep(0.05)
         assert children, "the parent never started its child"
         assert pin_tree(parent.pid, {core}) >= 2
@@ -139,13 +140,6 @@ def test_pin_tree_moves_every_thread_of_a_process_and_its_children():
             os.kill(child, signal.SIGKILL)
         parent.kill()
         parent.wait()
-
-
-def _ppid(pid: int) -> int | None:
-    try:
-        return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 def test_the_held_out_split_is_seeded_disjoint_and_large_enough():
