@@ -56,12 +56,15 @@ def wait_until_ok(url: str, timeout_s: float, alive: Callable[[], bool], what: s
 def terminate(send: Callable[[int], None], gone: Callable[[], bool], timeout_s: float,
               kill_timeout_s: float = 5.0) -> None:
     """``send(SIGTERM)``, then ``send(SIGKILL)`` if ``gone()`` is still false after ``timeout_s``; returns once
-    ``gone()`` (or the kill's wait is over). A ``send`` that finds nobody (``ProcessLookupError``) ends it."""
+    ``gone()`` (or the kill's wait is over). A ``send`` that finds nobody (``ProcessLookupError``) ends it.
+    SIGCONT follows SIGTERM, as systemd sends it: a stopped process would otherwise hold its SIGTERM until the kill."""
     for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, kill_timeout_s)):
         if gone():
             return
         try:
             send(sig)
+            if sig == signal.SIGTERM:
+                send(signal.SIGCONT)
         except ProcessLookupError:
             return
         deadline = time.monotonic() + wait_s

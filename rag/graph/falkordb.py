@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from rag.childproc import ChildProcess
-from rag.graph.errors import GraphStoreUnavailable
+from rag.graph.errors import GraphStoreTimeout, GraphStoreUnavailable
 
 GRAPH_KEY = "falkordb"
 RDB_FILE = "graph.rdb"
@@ -195,7 +195,9 @@ class FalkorDBStore:
         try:
             result = (graph.query if write else graph.ro_query)(cypher, dict(params or {}),
                                                                 timeout=None if write else self.timeout_ms)
-        except (RedisConnectionError, TimeoutError, BusyLoadingError, OSError) as exc:
+        except TimeoutError as exc:
+            raise GraphStoreTimeout(f"the falkordb graph store did not answer within {self.timeout_ms} ms") from exc
+        except (RedisConnectionError, BusyLoadingError, OSError) as exc:
             raise GraphStoreUnavailable(f"the falkordb graph store did not answer: {type(exc).__name__}: {exc}") from exc
         except ValueError as exc:
             # A restart after the store died closes the shared client while another request still reads from it:
@@ -208,7 +210,7 @@ class FalkorDBStore:
             if "empty key" in str(exc).lower() and not write:
                 return []  # no graph in this store yet: a read finds nothing
             if "timed out" in str(exc).lower():
-                raise GraphStoreUnavailable(f"the falkordb graph store timed out ({self.timeout_ms} ms)") from exc
+                raise GraphStoreTimeout(f"the falkordb graph store timed out ({self.timeout_ms} ms)") from exc
             raise
         return [tuple(row) for row in result.result_set]
 

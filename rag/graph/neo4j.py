@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Mapping
 
-from rag.graph.errors import GraphStoreUnavailable
+from rag.graph.errors import GraphStoreTimeout, GraphStoreUnavailable
 
 CONNECT_ATTEMPTS = 3
 
@@ -75,7 +75,7 @@ class Neo4jStore:
             raise GraphStoreUnavailable(f"the neo4j graph store at {self.uri} did not answer: "
                                         f"{type(exc).__name__}: {exc}") from exc
         except TransientError as exc:  # timed out, or the server is overloaded: unavailable for now
-            raise GraphStoreUnavailable(f"the neo4j graph store at {self.uri}: {exc}") from exc
+            raise GraphStoreTimeout(f"the neo4j graph store at {self.uri}: {exc}") from exc
         self._ok = True
         return [tuple(record.values()) for record in records]
 

@@ -13,14 +13,17 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from rag.graph.errors import GraphStoreUnavailable
+from rag.graph.errors import GraphStoreTimeout, GraphStoreUnavailable
 from rag.protocols import GraphStore
 from rag.settings import GraphSettings
 
-__all__ = ["GraphStoreUnavailable", "SupervisedStore", "open_store"]
+__all__ = ["GraphStoreTimeout", "GraphStoreUnavailable", "SupervisedStore", "open_store"]
 log = logging.getLogger("ragheat.graph")
 
 RESTART_BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+# A store that is alive but late is restarted only when it stays late: one slow answer on a busy host is skipped
+# for that query alone, while a hung store (alive, answering nothing) is restarted after this many in a row.
+RESTART_AFTER_TIMEOUTS = 3
 
 
 def open_store(settings: GraphSettings, folder: Path, *, persist: bool = False) -> GraphStore:
@@ -39,14 +42,17 @@ def open_store(settings: GraphSettings, folder: Path, *, persist: bool = False) 
 class SupervisedStore:
     """A ``GraphStore`` whose outage is answered fast and repaired in the background: while the store is known to be
     down, ``run`` raises ``GraphStoreUnavailable`` at once (no waiting on a dead socket); the first failure starts
-    one restarter thread that retries ``restart()`` with backoff until it works or ``close()`` is called.
-    ``errors`` and ``restarts`` count what happened, for ``/readyz`` and tests."""
+    one restarter thread that retries ``restart()`` with backoff until it works or ``close()`` is called. A store
+    that answers late but is alive is restarted only after ``RESTART_AFTER_TIMEOUTS`` late answers in a row.
+    ``errors``, ``timeouts`` and ``restarts`` count what happened, for ``/readyz`` and tests."""
 
     def __init__(self, store: GraphStore) -> None:
         self.store = store
         self.name = store.name
         self.errors = 0
+        self.timeouts = 0
         self.restarts = 0
+        self._late_in_a_row = 0
         self._lock = threading.Lock()
         self._restarting: threading.Thread | None = None
         self._closed = threading.Event()
@@ -58,11 +64,20 @@ class SupervisedStore:
         if self._restarting is not None:
             raise GraphStoreUnavailable(f"the {self.name} graph store is restarting")
         try:
-            return self.store.run(cypher, params, write=write)
+            rows = self.store.run(cypher, params, write=write)
+        except GraphStoreTimeout:
+            self.errors += 1
+            self.timeouts += 1
+            self._late_in_a_row += 1
+            if self._late_in_a_row >= RESTART_AFTER_TIMEOUTS or not self.store.healthy():
+                self.restart()
+            raise
         except GraphStoreUnavailable:
             self.errors += 1
             self.restart()
             raise
+        self._late_in_a_row = 0
+        return rows
 
     def healthy(self) -> bool:
         """Up and not restarting; a store found dead here (its process gone) starts being restarted."""
@@ -88,6 +103,7 @@ class SupervisedStore:
                 try:
                     self.store.restart()
                     self.restarts += 1
+                    self._late_in_a_row = 0
                     log.warning("the %s graph store is back after %d attempt(s)", self.name, attempt + 1)
                     return
                 except Exception as exc:  # noqa: BLE001 - keep trying: the service stays up meanwhile

@@ -8,6 +8,7 @@ thread that lives as long as the process."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -77,6 +78,15 @@ def test_sigterm_then_sigkill_for_a_child_that_ignores_sigterm(tmp_path):
     child.stop()
     assert child.process.returncode == -9, child.process.returncode  # SIGKILL, after the ignored SIGTERM
     assert 0.4 < time.monotonic() - started < 10
+
+
+def test_a_stopped_child_ends_on_sigterm_without_waiting_for_the_kill():
+    child = ChildProcess("stopped", [sys.executable, "-c", "import time; time.sleep(60)"], stop_timeout_s=30).start()
+    os.kill(child.pid, signal.SIGSTOP)
+    started = time.monotonic()
+    child.stop()
+    assert child.process.returncode == -15, child.process.returncode  # its SIGTERM, delivered by the SIGCONT after it
+    assert time.monotonic() - started < 10
 
 
 def test_its_own_session_stops_the_grandchildren_too(tmp_path):

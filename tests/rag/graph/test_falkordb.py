@@ -18,6 +18,7 @@ from rag.graph.build import build_graph
 from rag.graph.cypher import ID_BASE, count_generation, load_graph
 from rag.graph.falkordb import RDB_FILE, FalkorDBStore, free_bolt_port
 from rag.graph.neo4j import Neo4jStore
+from rag.graph.store import RESTART_AFTER_TIMEOUTS, GraphStoreTimeout, SupervisedStore
 from rag.graph.retriever import AdjacencyGraphRetriever, CypherGraphRetriever
 from rag.types import LinkedEntities
 
@@ -136,6 +137,32 @@ def test_a_store_killed_is_restarted_from_its_file(tmp_path):
         store.restart()
         assert store.healthy() and store.child.pid != old
         assert store.run("MATCH (n:T) RETURN n.id") == [(7,)]
+
+
+def test_a_late_store_is_restarted_only_when_it_stays_late(tmp_path):
+    with FalkorDBStore(tmp_path, persist=True) as store:
+        store.run("CREATE (:T {id: 7})", write=True)
+        store.save()
+    supervised = SupervisedStore(FalkorDBStore(tmp_path, timeout_ms=200))
+    try:
+        supervised.warm_up()
+        old = supervised.store.child.pid
+        os.kill(old, signal.SIGSTOP)  # alive, answering nothing: a hung store
+        for late in range(1, RESTART_AFTER_TIMEOUTS):
+            with pytest.raises(GraphStoreTimeout, match="within 200 ms"):
+                supervised.run("MATCH (n:T) RETURN n.id")
+            assert supervised.timeouts == late and supervised.healthy(), "one late answer restarted a live store"
+        os.kill(old, signal.SIGCONT)
+        assert supervised.run("MATCH (n:T) RETURN n.id") == [(7,)]  # an answer in time starts the count anew
+        os.kill(old, signal.SIGSTOP)
+        for _ in range(RESTART_AFTER_TIMEOUTS):
+            with pytest.raises(GraphStoreTimeout):
+                supervised.run("MATCH (n:T) RETURN n.id")
+        assert supervised.wait_until_healthy(60), "a store late every time is restarted"
+        assert supervised.restarts == 1 and supervised.store.child.pid != old and wait_gone(old)
+        assert supervised.run("MATCH (n:T) RETURN n.id") == [(7,)]
+    finally:
+        supervised.close()
 
 
 PARENT = textwrap.dedent("""
