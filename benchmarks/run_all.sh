@@ -208,6 +208,11 @@ step_rerank-latency() {  # the rerank and embed stages, /v1/query rerank off vs 
   "$PY" benchmarks/bench_rerank.py --part latency --index "$INDEX_ROOT/$NAME-tokens" --beir "$BEIR" --split "$SPLIT" \
     "${RERANK_LATENCY_ARGS[@]}" "${products[@]}" --json "$RESULTS/rerank-latency.json"
 }
+step_token-codes() {  # product-coded token vectors against int8 on the indexes of the eval and graph steps
+  "$PY" benchmarks/bench_token_codes.py --set "$NAME=$BEIR:$SPLIT:$INDEX" \
+    --set "$(basename "$HOTPOT")=$HOTPOT:$HOTPOT_SPLIT:$INDEX_ROOT/$(basename "$HOTPOT")" \
+    --results-file "$RESULTS/token-codes.json"
+}
 step_answers() { "$PY" benchmarks/bench_answers.py "${ANSWERS_ARGS[@]}" --json "$RESULTS/answers.json"; }
 step_cache() { "$PY" benchmarks/bench_cache.py --beir "$BEIR" --split "$SPLIT" --index "$INDEX" "${CACHE_ARGS[@]}" \
                  --json "$RESULTS/cache.json"; }
@@ -251,7 +256,7 @@ step_render() {
 }
 
 ALL=(ingest eval eval-fp32 fusion query quiet-case quality-signals quality-drill telemetry telemetry-recording observe loadgen knee examples explain explain-cold-cache explain-example ann probes
-     tune-vllm tune-vllm-real boards-llm embedding graph vllm-ttft rerank rerank-latency cache capacity steering batching replicas answers hyde judge tune render)
+     tune-vllm tune-vllm-real boards-llm embedding graph vllm-ttft rerank rerank-latency token-codes cache capacity steering batching replicas answers hyde judge tune render)
 if [ "${1:-}" = --list ]; then printf '%s\n' "${ALL[@]}"; exit 0; fi
 steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=("${ALL[@]}")

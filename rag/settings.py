@@ -89,8 +89,10 @@ class RerankSettings(_Section):
                                                  "of the ingest fingerprint). They grow an index several times over "
                                                  "(docs/benchmarks.md, Late-interaction reranker: what it costs); "
                                                  "off only with rerank.enabled off")
-    token_dtype: Literal["fp16", "int8"] = Field("int8", description="stored token vectors: int8 with one scale per "
-                                                                      "token (half of fp16's size, the same nDCG), or fp16")
+    token_dtype: Literal["fp16", "int8", "pq64", "pq32", "pq16"] = Field(
+        "int8", description="stored token vectors: int8 with one scale per token (half of fp16's size, the same "
+                            "nDCG), fp16, or product codes of 64, 32 or 16 bytes a token (learnt at ingest; for "
+                            "corpora whose int8 vectors outgrow memory: docs/scale.md)")
 
 
 class ChunkingSettings(_Section):

@@ -13,7 +13,7 @@ from typing import Callable, Mapping
 
 from loadgen.resultsfile import load
 
-from . import capacity, explain, latency, llm, quality, steering, tuning
+from . import capacity, explain, latency, llm, quality, scale, steering, tuning
 from .stats import duration, table
 
 RESULTS_DIR = Path("benchmarks/results")
@@ -68,6 +68,8 @@ PAGE: list[str | Section] = [
     Section("rerank", "### Late-interaction reranker: quality, held out", ("rerank",), quality.rerank),
     Section("rerank-latency", "### Late-interaction reranker: what it costs", ("rerank-latency",),
             quality.rerank_latency),
+    Section("token-codes", "### Compressed token vectors: product codes against int8", ("token-codes",),
+            scale.token_codes),
     "## Answer quality without labels",
     Section("quality-signals", "### How the quality signals track nDCG@10, and what moves them", ("quality-signals",),
             quality.answer_quality),

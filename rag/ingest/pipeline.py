@@ -180,7 +180,9 @@ def _build_indexes(corpus: Corpus, chunker, embedder: OnnxEmbedder, analyzer: Le
     rerank = None
     if tokens is not None:
         t = time.perf_counter()
+        advance = steps.start(f"rerank token vectors ({tokens.dtype})", 1)  # product codes learn a codebook here
         rerank = tokens.write(folder, len(chunks))
+        advance()
         timings["rerank_tokens"] = time.perf_counter() - t
 
     t = time.perf_counter()

@@ -59,7 +59,7 @@ class LateInteractionReranker:
         if self._int8 is not None:
             similarity = self._int8(projected, *self.vectors.gather_codes(ids))
         else:
-            similarity = maxsim(projected, *self.vectors.gather(ids))
+            similarity = maxsim(self.vectors.query_space(projected), *self.vectors.gather(ids))
         return self.head.combine(candidate_features(similarity, candidates, query.first_stage))
 
     def rerank(self, query: RerankQuery, candidates: Sequence[Hit], k: int) -> RerankResult:

@@ -1,10 +1,20 @@
-"""Document token vectors in the index generation: computed once at ingest, projected by the head, stored as fp16
-or int8 (one scale per token), read memory-mapped when serving.
+"""Document token vectors in the index generation: computed once at ingest, projected by the head, stored as fp16,
+int8 (one scale per token) or product-quantised codes, read memory-mapped when serving.
 
 Files (beside the dense and BM25 indexes, so a generation swap swaps them too)::
 
-    rerank_tokens.npy    (tokens, dim) float16, or int8 with rerank_scales.npy (tokens,) float32
+    rerank_tokens.npy    (tokens, dim) float16, or int8 with rerank_scales.npy (tokens,) float32,
+                         or (tokens, M) uint8 product codes with rerank_codebook.npy (M, 256, dim / M) float32
+                         and rerank_rotation.npy (dim, dim) float32
     rerank_offsets.npy   (chunks + 1,) int64: chunk i owns rows offsets[i]:offsets[i+1]
+
+Product quantisation (``pq64``, ``pq32``, ``pq16``: bytes per token, as PLAID and ColBERTv2 compress their token
+vectors) cuts the vector into M pieces and keeps, for each, the byte naming its nearest of 256 centroids learnt from
+the corpus's own tokens: int8's 132 bytes a token (codes and scale) become M. The vectors are first turned by a
+learnt rotation (OPQ) that spreads their variance evenly over the pieces; a rotation keeps dot products, so MaxSim
+turns the query the same way and scores in the rotated space. It is what lets a corpus of millions
+of chunks keep its token vectors in memory; its nDCG@10 cost against int8 is measured in
+``benchmarks/bench_token_codes.py`` (docs/benchmarks.md).
 
 The manifest's ``rerank`` block records dtype, dim, token count, bytes and the head's projection hash; a reranker
 whose head was trained with another projection is refused (``IndexLoadError``: re-ingest).
@@ -17,12 +27,21 @@ from typing import Literal, Sequence
 
 import numpy as np
 
-from rag.errors import IndexLoadError
+from rag.errors import IndexLoadError, IngestError
 from rag.rerank.head import RerankHead
 
 TOKENS, OFFSETS, SCALES = "rerank_tokens.npy", "rerank_offsets.npy", "rerank_scales.npy"
-TokenDtype = Literal["fp16", "int8"]
-TOKEN_DTYPES = ("fp16", "int8")
+CODEBOOK, ROTATION = "rerank_codebook.npy", "rerank_rotation.npy"
+TokenDtype = Literal["fp16", "int8", "pq64", "pq32", "pq16"]
+TOKEN_DTYPES = ("fp16", "int8", "pq64", "pq32", "pq16")
+CENTROIDS = 256  # one byte per piece
+# Tokens sampled to learn the codebooks: faiss asks for at least 39 per centroid; more buys little but time.
+PQ_TRAINING_TOKENS = 65_536
+
+
+def product_bytes(dtype: str) -> int | None:
+    """Bytes per token of a product-quantised dtype (``pq32`` -> 32), None for fp16 and int8."""
+    return int(dtype[2:]) if dtype.startswith("pq") else None
 
 
 def quantize_int8(vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -32,6 +51,82 @@ def quantize_int8(vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.clip(np.rint(vectors / scales[:, None]), -127, 127).astype(np.int8), scales.astype(np.float32)
 
 
+class ProductCodes:
+    """A product quantiser over ``dim``-dimensional token vectors turned by ``rotation`` (orthogonal, dim x dim): M
+    pieces of ``dim / M`` values, each coded by the byte of its nearest centroid in that piece's codebook. faiss learns
+    the rotation (OPQ) and the codebooks and codes; decoding gives vectors in the rotated space (``rotate`` a query
+    into it to score against them)."""
+
+    def __init__(self, codebook: np.ndarray, rotation: np.ndarray) -> None:
+        import faiss
+
+        pieces, centroids, width = codebook.shape
+        if centroids != CENTROIDS:
+            raise ValueError(f"a product codebook holds {CENTROIDS} centroids per piece, this one {centroids}")
+        if rotation.shape != (pieces * width, pieces * width):
+            raise ValueError(f"a rotation of {pieces * width} dimensions is {pieces * width} x {pieces * width}, "
+                             f"this one {rotation.shape}")
+        self.codebook = np.ascontiguousarray(codebook, np.float32)
+        self.rotation = np.ascontiguousarray(rotation, np.float32)
+        self._pq = faiss.ProductQuantizer(pieces * width, pieces, 8)
+        faiss.copy_array_to_vector(self.codebook.ravel(), self._pq.centroids)
+        # Decoding is one take of rows from the codebooks stacked as (pieces * 256, width): each code plus its
+        # piece's offset names one row (faster than faiss' decode on the rerank stage's few thousand tokens).
+        self._rows = self.codebook.reshape(pieces * CENTROIDS, width)
+        self._piece_offsets = (np.arange(pieces, dtype=np.int32) * CENTROIDS)
+
+    @property
+    def pieces(self) -> int:
+        return self.codebook.shape[0]
+
+    @classmethod
+    def train(cls, vectors: np.ndarray, pieces: int, seed: int = 0) -> "ProductCodes":
+        """Learn the rotation and the codebooks from ``vectors`` (tokens, dim) float32."""
+        import faiss
+
+        dim = vectors.shape[1]
+        if dim % pieces:
+            raise ValueError(f"{pieces} pieces do not divide token vectors of {dim} dimensions")
+        if len(vectors) < CENTROIDS:
+            raise ValueError(f"product codes need at least {CENTROIDS} token vectors to learn from, got {len(vectors)}")
+        vectors = np.ascontiguousarray(vectors, np.float32)
+        opq = faiss.OPQMatrix(dim, pieces)
+        opq.verbose = False
+        opq.train(vectors)
+        rotation = faiss.vector_to_array(opq.A).reshape(dim, dim)
+        pq = faiss.ProductQuantizer(dim, pieces, 8)
+        pq.cp.seed = seed
+        pq.verbose = False
+        pq.train(np.ascontiguousarray(vectors @ rotation.T))
+        return cls(faiss.vector_to_array(pq.centroids).reshape(pieces, CENTROIDS, dim // pieces), rotation)
+
+    def rotate(self, vectors: np.ndarray) -> np.ndarray:
+        """``vectors`` (n, dim) turned into the codes' space."""
+        return np.asarray(vectors, np.float32) @ self.rotation.T
+
+    def encode(self, vectors: np.ndarray) -> np.ndarray:
+        return self._pq.compute_codes(np.ascontiguousarray(self.rotate(vectors)))
+
+    def decode(self, codes: np.ndarray) -> np.ndarray:
+        """The coded vectors, in the rotated space."""
+        rows = (codes.astype(np.int32) + self._piece_offsets).ravel()
+        return np.take(self._rows, rows, axis=0).reshape(len(codes), -1)
+
+
+def product_quantize(codes: np.ndarray, scales: np.ndarray, pieces: int, seed: int = 0,
+                     block: int = 1 << 20) -> tuple[np.ndarray, ProductCodes]:
+    """int8 token vectors (``codes * scales[:, None]``) as product codes: a codebook learnt from a seeded sample of
+    ``PQ_TRAINING_TOKENS`` of them, then every token coded, ``block`` tokens at a time (bounded extra memory)."""
+    rng = np.random.default_rng(seed)
+    sample = np.sort(rng.choice(len(codes), min(len(codes), PQ_TRAINING_TOKENS), replace=False))
+    product = ProductCodes.train(codes[sample].astype(np.float32) * scales[sample, None], pieces, seed)
+    out = np.empty((len(codes), pieces), np.uint8)
+    for begin in range(0, len(codes), block):
+        end = begin + block
+        out[begin:end] = product.encode(codes[begin:end].astype(np.float32) * scales[begin:end, None])
+    return out, product
+
+
 class TokenVectorWriter:
     """Collects each chunk's projected token vectors during the ingest's embedding run (``add`` is the
     ``on_tokens`` callback of ``OnnxEmbedder.embed_many``), then writes them into the generation folder."""
@@ -39,15 +134,19 @@ class TokenVectorWriter:
     def __init__(self, head: RerankHead, dtype: TokenDtype) -> None:
         if dtype not in TOKEN_DTYPES:
             raise ValueError(f"rerank token dtype must be one of {TOKEN_DTYPES}, got {dtype!r}")
-        self.head, self.dtype = head, dtype
+        pieces = product_bytes(dtype)
+        if pieces is not None and head.dim % pieces:
+            raise ValueError(f"rerank token dtype {dtype}: {pieces} pieces do not divide the head's {head.dim} "
+                             f"dimensions")
+        self.head, self.dtype, self.pieces = head, dtype, pieces
         self._parts: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
 
     def add(self, index: int, states: np.ndarray) -> None:
         vectors = self.head.project(states)
-        if self.dtype == "int8":
-            self._parts[index] = quantize_int8(vectors)
-        else:
+        if self.dtype == "fp16":
             self._parts[index] = (vectors.astype(np.float16), None)
+        else:  # product codes are learnt from the int8 vectors once all are in
+            self._parts[index] = quantize_int8(vectors)
 
     def write(self, folder: Path, chunks: int) -> dict:
         """Write the files for chunks ``0..chunks-1``; returns the manifest's ``rerank`` block."""
@@ -58,14 +157,24 @@ class TokenVectorWriter:
         lengths = np.array([len(p[0]) for p in parts], np.int64)
         offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         codes = np.concatenate([p[0] for p in parts]) if parts else np.zeros((0, self.head.dim), np.float16)
+        scales = np.concatenate([p[1] for p in parts]) if parts and self.dtype != "fp16" else None
+        self._parts.clear()
         folder = Path(folder)
+        files = [TOKENS, OFFSETS]
+        if self.pieces is not None and len(codes) < CENTROIDS:
+            raise IngestError(f"rerank.token_dtype {self.dtype} learns its codebooks from the corpus's own token "
+                              f"vectors and needs at least {CENTROIDS} of them; this corpus has {len(codes)}: store "
+                              f"them as int8 (the default) instead")
+        if self.pieces is not None:
+            codes, product = product_quantize(codes, scales, self.pieces)
+            np.save(folder / CODEBOOK, product.codebook)
+            np.save(folder / ROTATION, product.rotation)
+            files += [CODEBOOK, ROTATION]
+        elif self.dtype == "int8":
+            np.save(folder / SCALES, scales if scales is not None else np.zeros(0, np.float32))
+            files.append(SCALES)
         np.save(folder / TOKENS, codes)
         np.save(folder / OFFSETS, offsets)
-        files = [TOKENS, OFFSETS]
-        if self.dtype == "int8":
-            np.save(folder / SCALES, np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.float32))
-            files.append(SCALES)
-        self._parts.clear()
         return {"dtype": self.dtype, "dim": self.head.dim, "tokens": int(offsets[-1]), "chunks": chunks,
                 "bytes": sum((folder / f).stat().st_size for f in files), "files": files,
                 "projection_sha256": self.head.projection_sha256}
@@ -75,8 +184,9 @@ class TokenVectors:
     """A generation's stored token vectors, memory-mapped. ``gather(ids)`` returns the listed chunks' vectors as
     one float32 matrix and where each chunk starts in it (the input of ``rag.rerank.maxsim.maxsim``)."""
 
-    def __init__(self, codes: np.ndarray, offsets: np.ndarray, scales: np.ndarray | None) -> None:
-        self.codes, self.offsets, self.scales = codes, offsets, scales
+    def __init__(self, codes: np.ndarray, offsets: np.ndarray, scales: np.ndarray | None,
+                 product: ProductCodes | None = None) -> None:
+        self.codes, self.offsets, self.scales, self.product = codes, offsets, scales, product
         # A plain ndarray over the same mapping: indexing a numpy.memmap builds a memmap object per result (its
         # __array_finalize__ would run on every gather the rerank stage makes).
         self._array = np.asarray(codes)
@@ -117,8 +227,15 @@ class TokenVectors:
         np.cumsum(lengths[:-1], out=starts[1:])
         return begin, lengths, starts
 
+    def query_space(self, query: np.ndarray) -> np.ndarray:
+        """The query's projected token vectors in the space ``gather`` returns: turned by the product codes'
+        rotation, as they are; dot products are the same in both."""
+        return query if self.product is None else self.product.rotate(query)
+
     def gather(self, ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         begin, lengths, starts = self._spans(ids)
+        if self.product is not None:  # one gather of the rows' bytes, decoded in one call
+            return self.product.decode(self._array[self._rows(begin, lengths, starts)]), starts
         # Contiguous slices copied straight into one float32 matrix: cheaper than a fancy index of every row and
         # a conversion of the copy.
         matrix = np.empty((int(lengths.sum()), self._array.shape[1]), np.float32)
@@ -128,13 +245,18 @@ class TokenVectors:
                 matrix[at:at + n] *= self.scales[b:b + n, None]
         return matrix, starts
 
+    @staticmethod
+    def _rows(begin: np.ndarray, lengths: np.ndarray, starts: np.ndarray) -> np.ndarray:
+        """The store's row numbers of the spans, in order."""
+        return np.arange(int(lengths.sum()), dtype=np.int64) + np.repeat(begin - starts, lengths)
+
     def gather_codes(self, ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """int8 vectors only: the listed chunks' codes as offset bytes (int8 + 128, uint8: ``Int8MaxSim``'s input),
         their per-token scales and where each chunk starts; one gather of the rows, no float matrix."""
         if self.scales is None:
             raise ValueError("gather_codes needs int8 token vectors; these are fp16 (use gather)")
         begin, lengths, starts = self._spans(ids)
-        rows = np.arange(int(lengths.sum()), dtype=np.int64) + np.repeat(begin - starts, lengths)
+        rows = self._rows(begin, lengths, starts)
         codes = self._array.view(np.uint8)[rows]
         np.bitwise_xor(codes, 0x80, out=codes)  # flip the sign bit
         return codes, self.scales[rows], starts
@@ -167,11 +289,15 @@ def load_token_vectors(folder: Path, block: dict | None, head: RerankHead, chunk
         codes = np.load(folder / TOKENS, mmap_mode="r")
         offsets = np.load(folder / OFFSETS)
         scales = np.load(folder / SCALES) if block["dtype"] == "int8" else None
+        product = (ProductCodes(np.load(folder / CODEBOOK), np.load(folder / ROTATION))
+                   if product_bytes(block["dtype"]) else None)
     except (OSError, ValueError) as exc:
         raise IndexLoadError(folder, f"rerank token vectors cannot be read ({type(exc).__name__}: {exc})") from exc
-    if len(offsets) != chunks + 1 or offsets[-1] != len(codes) or codes.shape[1:] != (head.dim,) or (
-            scales is not None and len(scales) != len(codes)):
+    width = (product.pieces,) if product is not None else (head.dim,)
+    if len(offsets) != chunks + 1 or offsets[-1] != len(codes) or codes.shape[1:] != width or (
+            scales is not None and len(scales) != len(codes)) or (
+            product is not None and product.codebook.shape[0] * product.codebook.shape[2] != head.dim):
         raise IndexLoadError(folder, f"rerank token vectors do not match the index: {len(offsets) - 1} chunks, "
                                      f"{len(codes)} tokens of shape {codes.shape[1:]}, expected {chunks} chunks of "
-                                     f"{head.dim} dimensions")
-    return TokenVectors(codes, offsets, scales)
+                                     f"{head.dim} dimensions ({block['dtype']})")
+    return TokenVectors(codes, offsets, scales, product)

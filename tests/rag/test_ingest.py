@@ -211,6 +211,53 @@ def test_source_and_setting_changes_make_new_generations(tiny_source, tmp_path, 
     assert leftovers(index) == []
 
 
+TOPICS = ("Tides follow the Moon's pull on the oceans, twice a day along most coasts.",
+          "A volcano erupts when magma rises through cracks in the crust and spills out as lava.",
+          "Yeast ferments the sugar in bread dough and the carbon dioxide it releases makes it rise.",
+          "In chess each player starts with sixteen pieces and tries to checkmate the other's king.",
+          "Honeybees tell each other where flowers are by dancing in the hive.",
+          "Glaciers carve U-shaped valleys as they creep downhill under their own weight.")
+
+
+def test_product_coded_token_vectors_are_learnt_at_ingest_and_rerank_what_is_served(tmp_path, embedder):
+    from rag.pipeline import RagPipeline
+
+    docs = {f"{topic}-{i}.txt": f"{TOPICS[topic]} Note {i} of {len(TOPICS) * 3}."
+            for topic in range(len(TOPICS)) for i in range(3)}
+    source, index = write_folder(tmp_path / "source", docs), tmp_path / "index"
+    coded = with_settings(rerank={"store_tokens": True, "token_dtype": "pq16"}, graph={"enabled": False})
+    report = ingest(str(source), index, coded, embedder=embedder)
+    block = report.manifest["rerank"]
+    assert block["dtype"] == "pq16" and {"rerank_codebook.npy", "rerank_rotation.npy"} <= set(block["files"])
+    stored = np.load(resolve_generation(index) / "rerank_tokens.npy", mmap_mode="r")
+    assert stored.dtype == np.uint8 and stored.shape == (block["tokens"], 16)  # 16 bytes a token, int8 has 132
+    assert report.manifest["timings_s"]["rerank_tokens"] > 0
+    # The dtype is part of the build: int8 over the same source is a new generation.
+    assert not ingest(str(source), index, with_settings(graph={"enabled": False}), embedder=embedder).skipped
+    assert ingest(str(source), index, coded, embedder=embedder, force=True).manifest["rerank"]["dtype"] == "pq16"
+    pipeline = RagPipeline(coded, index)
+    try:
+        pipeline.warm_up()
+        assert pipeline.reranker.vectors.product is not None
+        result = pipeline.query("Where does magma come out of the crust?", top_k=3)
+        assert "rerank" in [stage.name for stage in result.stages]
+        assert all("magma" in source.chunk.text for source in result.sources[:3]), [
+            source.chunk.text for source in result.sources]
+    finally:
+        pipeline.close()
+
+
+def test_too_few_token_vectors_for_product_codes_is_a_clear_error(tiny_source, tmp_path, embedder):
+    index = tmp_path / "index"
+    ingest(str(tiny_source), index, with_settings(), embedder=embedder)
+    before = current_name(index)
+    with pytest.raises(IngestError, match=r"pq16 learns its codebooks .* needs at least 256 of them; this corpus has "
+                                          r"\d+: store them as int8"):
+        ingest(str(tiny_source), index, with_settings(rerank={"store_tokens": True, "token_dtype": "pq16"}),
+               embedder=embedder)
+    assert current_name(index) == before and leftovers(index) == []
+
+
 def test_report_manifest_is_the_published_manifest(tiny_source, tmp_path, settings, embedder):
     """A fresh build and an up-to-date check report the same manifest: the one on disk."""
     index = tmp_path / "index"

@@ -173,6 +173,46 @@ def test_stored_token_vectors_round_trip(tmp_path, dtype, tolerance):
         partial.write(tmp_path / "partial", 2)
 
 
+@pytest.mark.parametrize("dtype", ["pq32", "pq16"])
+def test_product_coded_token_vectors_round_trip_and_rank_like_the_float_ones(tmp_path, dtype):
+    rng = np.random.default_rng(5)
+    head = _head(rng, dim=64)
+    # Tokens near a few shared directions, as a corpus's are: the codebooks learn them.
+    topics = rng.standard_normal((12, 24)).astype(np.float32)
+    states = [topics[rng.integers(0, 12, n)] + 0.2 * rng.standard_normal((n, 24)).astype(np.float32)
+              for n in rng.integers(6, 14, 60)]
+    writer = TokenVectorWriter(head, dtype)
+    for i in rng.permutation(len(states)):
+        writer.add(int(i), states[i])
+    block = writer.write(tmp_path, len(states))
+    pieces = int(dtype[2:])
+    assert block["dtype"] == dtype and "rerank_scales.npy" not in block["files"]
+    assert {"rerank_codebook.npy", "rerank_rotation.npy"} <= set(block["files"])
+    stored = np.load(tmp_path / "rerank_tokens.npy")
+    assert stored.dtype == np.uint8 and stored.shape == (block["tokens"], pieces)  # a byte per piece
+    vectors = load_token_vectors(tmp_path, block, head, len(states))
+    exact = [head.project(s) for s in states]
+    matrix, starts = vectors.gather(list(range(len(states))))
+    rotation = vectors.product.rotation  # orthogonal: the query turned the same way keeps every dot product
+    np.testing.assert_allclose(rotation @ rotation.T, np.eye(64), atol=1e-4)
+    reference = vectors.query_space(np.concatenate(exact))  # the codes' space
+    cosine = np.sum(matrix * reference, 1) / np.linalg.norm(matrix, axis=1) / np.linalg.norm(reference, axis=1)
+    assert np.median(cosine) > 0.95, np.median(cosine)
+    # Each chunk's own tokens as the query: MaxSim over the codes finds that chunk first, as over the floats.
+    reranker = LateInteractionReranker(head, vectors, candidates=len(states))
+    fused = [Hit(c, 1.0) for c in range(len(states))]
+    for target in (0, 17, 41):
+        assert reranker.rerank(RerankQuery(states[target], {}), fused, k=1).hits[0].chunk_id == target
+    (tmp_path / "rerank_codebook.npy").unlink()
+    with pytest.raises(IndexLoadError, match="cannot be read"):
+        load_token_vectors(tmp_path, block, head, len(states))
+
+
+def test_product_codes_must_divide_the_heads_dimensions():
+    with pytest.raises(ValueError, match="16 pieces do not divide the head's 8 dimensions"):
+        TokenVectorWriter(_head(np.random.default_rng(0)), "pq16")
+
+
 def test_the_reranker_orders_the_candidates_by_the_combined_score(tmp_path):
     rng = np.random.default_rng(3)
     head = _head(rng)  # weights: MaxSim alone
