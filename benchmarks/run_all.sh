@@ -61,6 +61,7 @@ TUNING_ARGS=(--queries 300 --unlabelled-queries 50 --judge-sample 20)  # ragheat
 BATCHING_ARGS=()  # bench_batching.py's defaults: off and windows 0/2 ms x 1/2 run slots, side by side
 EMBEDDING_ARGS=()  # bench_embedding.py's defaults: 4 schemes, 3 rounds, 300 chunks, no nDCG (the eval steps have it)
 TTFT_ARGS=(--queries 40)
+GROWTH_ARGS=(--sizes real,30000,100000)  # the ingest step's index and two corpora grown from it
 TUNE_ARGS=(--max-num-seqs 1,4,8 --max-model-len 256,512 --block-size 32 --rate 30 --duration 10
            --prompt-tokens 160 --max-tokens 48 --slo-ttft-ms 500 --slo-e2e-ms 2000)
 if [ "${SMOKE:-0}" = 1 ]; then
@@ -68,6 +69,7 @@ if [ "${SMOKE:-0}" = 1 ]; then
   INGEST_RUNS="$BEIR:int8,$BEIR:fp32"
   QUERY_ARGS=(--queries 20 --rounds 2)
   QUIET_CASE_ARGS=(--parts encoders,http --index "$INDEX")  # the quality part needs both sets' indexes
+  GROWTH_ARGS=(--sizes real,2000)
   TELEMETRY_ARGS=(--queries 20 --rounds 2 --round-s 1 --clients 2)
   OBSERVE_ARGS=(--queries 20 --rounds 2 --round-s 1 --clients 2)
   LOADGEN_ARGS=(--rates 100,200 --duration 1 --warmup 0.5)
@@ -208,6 +210,8 @@ step_rerank-latency() {  # the rerank and embed stages, /v1/query rerank off vs 
   "$PY" benchmarks/bench_rerank.py --part latency --index "$INDEX_ROOT/$NAME-tokens" --beir "$BEIR" --split "$SPLIT" \
     "${RERANK_LATENCY_ARGS[@]}" "${products[@]}" --json "$RESULTS/rerank-latency.json"
 }
+step_growth() { "$PY" benchmarks/bench_growth.py --index "$INDEX" --queries "$BEIR/queries.jsonl" "${GROWTH_ARGS[@]}" \
+                  --work "$LOGS/growth" --results-file "$RESULTS/growth.json"; }
 step_token-codes() {  # product-coded token vectors against int8 on the indexes of the eval and graph steps
   "$PY" benchmarks/bench_token_codes.py --set "$NAME=$BEIR:$SPLIT:$INDEX" \
     --set "$(basename "$HOTPOT")=$HOTPOT:$HOTPOT_SPLIT:$INDEX_ROOT/$(basename "$HOTPOT")" \
@@ -256,7 +260,7 @@ step_render() {
 }
 
 ALL=(ingest eval eval-fp32 fusion query quiet-case quality-signals quality-drill telemetry telemetry-recording observe loadgen knee examples explain explain-cold-cache explain-example ann probes
-     tune-vllm tune-vllm-real boards-llm embedding graph vllm-ttft rerank rerank-latency token-codes cache capacity steering batching replicas answers hyde judge tune render)
+     tune-vllm tune-vllm-real boards-llm embedding graph vllm-ttft rerank rerank-latency growth token-codes cache capacity steering batching replicas answers hyde judge tune render)
 if [ "${1:-}" = --list ]; then printf '%s\n' "${ALL[@]}"; exit 0; fi
 steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=("${ALL[@]}")

@@ -68,6 +68,8 @@ PAGE: list[str | Section] = [
     Section("rerank", "### Late-interaction reranker: quality, held out", ("rerank",), quality.rerank),
     Section("rerank-latency", "### Late-interaction reranker: what it costs", ("rerank-latency",),
             quality.rerank_latency),
+    "## Growing the corpus",
+    Section("growth", "### How the costs grow with the corpus", ("growth",), scale.growth),
     Section("token-codes", "### Compressed token vectors: product codes against int8", ("token-codes",),
             scale.token_codes),
     "## Answer quality without labels",

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 from rag.settings import RerankSettings
 
-from .stats import bold, count, join_words, num, signed, table
+from .stats import bold, count, join_words, num, opt, signed, table
 
 
 def token_codes(d: dict) -> str:
@@ -49,3 +51,70 @@ the rerank stage alone, P50 / P99 ms, wall and this thread's CPU, the dtypes int
 Within {num(choice['max_loss'], 3)} nDCG@10 of int8 on every set: {within}; the smallest of them is
 {bold(smallest or 'none')}.{caution} The default is `{RerankSettings().token_dtype}`; docs/scale.md says when to
 switch."""
+
+
+def _slope(sizes: list[dict], value) -> float | None:
+    """The log-log slope of ``value(size)`` from the smallest corpus to the largest (0 constant, 1 linear)."""
+    first, last = sizes[0], sizes[-1]
+    a, b = value(first), value(last)
+    if not a or not b or last["chunks"] == first["chunks"]:
+        return None
+    return math.log(b / a) / math.log(last["chunks"] / first["chunks"])
+
+
+def _growth_word(slope: float | None) -> str:
+    if slope is None:
+        return "–"
+    if slope < 0.15:
+        return "constant"
+    if slope < 0.85:
+        return "sub-linear"
+    if slope <= 1.15:
+        return "linear"
+    return "super-linear"
+
+
+def growth(d: dict) -> str:
+    g = d["growth"]
+    sizes = sorted(g["sizes"].values(), key=lambda s: s["chunks"])
+    mib = 2**20
+    measures = [
+        ("dense index, MiB", lambda s: s["disk_bytes"]["dense"] / mib, 1),
+        ("BM25, MiB", lambda s: s["disk_bytes"]["bm25"] / mib, 1),
+        ("chunk text, MiB", lambda s: s["disk_bytes"]["chunks"] / mib, 1),
+        ("token vectors, MiB", lambda s: s["disk_bytes"]["rerank_tokens"] / mib, 1),
+        ("service memory once ready, MiB", lambda s: s["rss_bytes"] / mib, 0),
+        ("start-up until ready, s", lambda s: s["startup_s"], 1),
+        ("c=1 end to end P50, ms", lambda s: s["e2e_ms"]["p50"], 2),
+        ("c=1 end to end P99, ms", lambda s: s["e2e_ms"]["p99"], 2),
+        *[(f"c=1 {stage} P50, ms", (lambda st: lambda s: (s["stage_ms"].get(st) or {}).get("p50"))(stage), 2)
+          for stage in ("embed", "retrieve_dense", "retrieve_bm25", "fuse", "rerank", "generate")],
+        ("service CPU per answer, ms", lambda s: s["closed_loop"]["cpu_ms_per_answer"], 2),
+        ("answers/s", lambda s: s["closed_loop"]["answers_per_s"], 0),
+        ("hot swap until served, s", lambda s: s["hot_swap"]["swap_s"], 1),
+        ("slowest request during the swap, ms", lambda s: s["hot_swap"]["slowest_ms"], 1),
+    ]
+    rows = []
+    for name, value, digits in measures:
+        slope = _slope(sizes, value)
+        rows.append([name, *[opt(value(s), digits) for s in sizes], opt(slope, 2), _growth_word(slope)])
+    header = ["at", *[f"{count(s['chunks'])} chunks{' (grown)' if s['grown'] else ''}" for s in sizes],
+              "log-log slope", "grows"]
+    largest, million = sizes[-1], 1_000_000
+    memory_slope = _slope(sizes, lambda s: s["rss_bytes"])
+    at_million = (largest["rss_bytes"] * (million / largest["chunks"]) ** memory_slope / 2**30
+                  if memory_slope is not None else None)
+    tokens_at_million = largest["disk_bytes"]["rerank_tokens"] * million / largest["chunks"] / 2**30
+    return f"""\
+One `ragheat serve` at a time on each corpus (the graph off), the same SciFact claims; the slope is that of the
+log-log line from the smallest corpus to the largest (0: constant, 1: linear in the corpus). The grown corpora's
+costs are representative, their relevance is not: no quality figure is reported for them (how they are grown:
+`benchmarks/bench_growth.py`).
+
+{table(header, rows, "l" + "r" * (len(sizes) + 1) + "l")}
+
+Extrapolated, not measured: at {count(million)} chunks the service's memory once ready would be about
+{opt(at_million, 1)} GiB at the slope above, of which the int8 token vectors alone {num(tokens_at_million, 1)} GiB;
+the machine has {num(g['memory_gib'], 1)} GiB. The token vectors are the first wall: product codes
+(the next section) shrink them, and the ingest's embedding (the rate in "Ingestion") makes a corpus this size a
+matter of hours to build here."""
