@@ -101,9 +101,11 @@ def growth(d: dict) -> str:
     header = ["at", *[f"{count(s['chunks'])} chunks{' (grown)' if s['grown'] else ''}" for s in sizes],
               "log-log slope", "grows"]
     largest, million = sizes[-1], 1_000_000
-    memory_slope = _slope(sizes, lambda s: s["rss_bytes"])
-    at_million = (largest["rss_bytes"] * (million / largest["chunks"]) ** memory_slope / 2**30
-                  if memory_slope is not None else None)
+    # Memory is a fixed part plus a part per chunk: extrapolated from the increment between the two largest corpora.
+    before = sizes[-2] if len(sizes) > 1 else None
+    per_chunk = ((largest["rss_bytes"] - before["rss_bytes"]) / (largest["chunks"] - before["chunks"])
+                 if before is not None and largest["chunks"] > before["chunks"] else None)
+    at_million = (largest["rss_bytes"] + per_chunk * (million - largest["chunks"])) / 2**30 if per_chunk else None
     tokens_at_million = largest["disk_bytes"]["rerank_tokens"] * million / largest["chunks"] / 2**30
     return f"""\
 One `ragheat serve` at a time on each corpus (the graph off), the same SciFact claims; the slope is that of the
@@ -114,7 +116,7 @@ costs are representative, their relevance is not: no quality figure is reported 
 {table(header, rows, "l" + "r" * (len(sizes) + 1) + "l")}
 
 Extrapolated, not measured: at {count(million)} chunks the service's memory once ready would be about
-{opt(at_million, 1)} GiB at the slope above, of which the int8 token vectors alone {num(tokens_at_million, 1)} GiB;
-the machine has {num(g['memory_gib'], 1)} GiB. The token vectors are the first wall: product codes
+{opt(at_million, 1)} GiB (the memory each chunk added between the two largest corpora, times the chunks still to
+come), of which the int8 token vectors {num(tokens_at_million, 1)} GiB; the machine has {num(g['memory_gib'], 1)} GiB. The token vectors are the first wall: product codes
 (the next section) shrink them, and the ingest's embedding (the rate in "Ingestion") makes a corpus this size a
 matter of hours to build here."""

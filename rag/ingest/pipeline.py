@@ -174,6 +174,8 @@ def _build_indexes(corpus: Corpus, chunker, embedder: OnnxEmbedder, analyzer: Le
     # Validate the index parameters for this many vectors before spending minutes on embeddings.
     params = dense.build_params(settings.index, len(chunks), embedder.dimension)
     t = time.perf_counter()
+    if tokens is not None:
+        tokens.spill_into(folder)  # the token vectors go to disk as they come, not into memory
     vectors = embedder.embed_many(texts, progress=steps.start("embed", len(texts)),
                                   on_tokens=None if tokens is None else tokens.add)
     timings["embed"] = time.perf_counter() - t

@@ -22,6 +22,7 @@ whose head was trained with another projection is refused (``IndexLoadError``: r
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Literal, Sequence
 
@@ -32,6 +33,7 @@ from rag.rerank.head import RerankHead
 
 TOKENS, OFFSETS, SCALES = "rerank_tokens.npy", "rerank_offsets.npy", "rerank_scales.npy"
 CODEBOOK, ROTATION = "rerank_codebook.npy", "rerank_rotation.npy"
+SPILL_CODES, SPILL_SCALES = ".rerank_tokens.spill", ".rerank_scales.spill"  # written while the ingest embeds
 TokenDtype = Literal["fp16", "int8", "pq64", "pq32", "pq16"]
 TOKEN_DTYPES = ("fp16", "int8", "pq64", "pq32", "pq16")
 CENTROIDS = 256  # one byte per piece
@@ -113,13 +115,24 @@ class ProductCodes:
         return np.take(self._rows, rows, axis=0).reshape(len(codes), -1)
 
 
+def training_sample(tokens: int, seed: int = 0) -> np.ndarray:
+    """The rows (in chunk order, sorted) whose vectors the codebooks are learnt from: ``PQ_TRAINING_TOKENS`` of them,
+    drawn with ``seed``, so the same corpus learns the same codes however its chunks were batched."""
+    rng = np.random.default_rng(seed)
+    return np.sort(rng.choice(tokens, min(tokens, PQ_TRAINING_TOKENS), replace=False))
+
+
+def learn_product(codes: np.ndarray, scales: np.ndarray, pieces: int, seed: int = 0) -> ProductCodes:
+    """Product codes learnt from the ``training_sample`` of the int8 token vectors ``codes * scales[:, None]``
+    (in chunk order)."""
+    sample = training_sample(len(codes), seed)
+    return ProductCodes.train(codes[sample].astype(np.float32) * scales[sample, None], pieces, seed)
+
+
 def product_quantize(codes: np.ndarray, scales: np.ndarray, pieces: int, seed: int = 0,
                      block: int = 1 << 20) -> tuple[np.ndarray, ProductCodes]:
-    """int8 token vectors (``codes * scales[:, None]``) as product codes: a codebook learnt from a seeded sample of
-    ``PQ_TRAINING_TOKENS`` of them, then every token coded, ``block`` tokens at a time (bounded extra memory)."""
-    rng = np.random.default_rng(seed)
-    sample = np.sort(rng.choice(len(codes), min(len(codes), PQ_TRAINING_TOKENS), replace=False))
-    product = ProductCodes.train(codes[sample].astype(np.float32) * scales[sample, None], pieces, seed)
+    """int8 token vectors as product codes (``learn_product``), every token coded ``block`` tokens at a time."""
+    product = learn_product(codes, scales, pieces, seed)
     out = np.empty((len(codes), pieces), np.uint8)
     for begin in range(0, len(codes), block):
         end = begin + block
@@ -129,7 +142,10 @@ def product_quantize(codes: np.ndarray, scales: np.ndarray, pieces: int, seed: i
 
 class TokenVectorWriter:
     """Collects each chunk's projected token vectors during the ingest's embedding run (``add`` is the
-    ``on_tokens`` callback of ``OnnxEmbedder.embed_many``), then writes them into the generation folder."""
+    ``on_tokens`` callback of ``OnnxEmbedder.embed_many``), then writes them into the generation folder in chunk
+    order. They arrive in batch order and are appended to spill files as they come (``spill_into``: the generation
+    being built, removed with it if the build fails; a temporary folder otherwise), so the ingest's memory does not
+    grow with the corpus; ``write`` reads them back a block at a time."""
 
     def __init__(self, head: RerankHead, dtype: TokenDtype) -> None:
         if dtype not in TOKEN_DTYPES:
@@ -139,45 +155,126 @@ class TokenVectorWriter:
             raise ValueError(f"rerank token dtype {dtype}: {pieces} pieces do not divide the head's {head.dim} "
                              f"dimensions")
         self.head, self.dtype, self.pieces = head, dtype, pieces
-        self._parts: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
+        self._spilled = np.float16 if dtype == "fp16" else np.int8  # product codes are learnt from int8 vectors
+        self._folder: Path | None = None
+        self._temporary: Path | None = None
+        self._codes = self._scales = None  # the spill files, open for appending
+        self._where: dict[int, tuple[int, int]] = {}  # chunk -> (its first row in the spill, its rows)
+        self._rows = 0
+
+    def spill_into(self, folder: Path) -> None:
+        """Append the token vectors to files in ``folder`` (before the first ``add``)."""
+        if self._codes is not None:
+            raise RuntimeError("the token vectors already spill elsewhere")
+        self._folder = Path(folder)
+        self._codes = open(self._folder / SPILL_CODES, "wb")
+        self._scales = open(self._folder / SPILL_SCALES, "wb")
 
     def add(self, index: int, states: np.ndarray) -> None:
+        if self._codes is None:
+            import tempfile
+
+            self._temporary = Path(tempfile.mkdtemp(prefix="ragheat-tokens-"))
+            self.spill_into(self._temporary)
         vectors = self.head.project(states)
         if self.dtype == "fp16":
-            self._parts[index] = (vectors.astype(np.float16), None)
-        else:  # product codes are learnt from the int8 vectors once all are in
-            self._parts[index] = quantize_int8(vectors)
+            codes, scales = vectors.astype(np.float16), np.ones(len(vectors), np.float32)
+        else:
+            codes, scales = quantize_int8(vectors)
+        self._codes.write(codes.tobytes())
+        self._scales.write(scales.tobytes())
+        self._where[index] = (self._rows, len(codes))
+        self._rows += len(codes)
 
-    def write(self, folder: Path, chunks: int) -> dict:
+    def write(self, folder: Path, chunks: int, block_rows: int = 1 << 20) -> dict:
         """Write the files for chunks ``0..chunks-1``; returns the manifest's ``rerank`` block."""
-        missing = [i for i in range(chunks) if i not in self._parts]
+        missing = [i for i in range(chunks) if i not in self._where]
         if missing:
             raise ValueError(f"rerank token vectors are missing for {len(missing)} chunks (first: {missing[0]})")
-        parts = [self._parts[i] for i in range(chunks)]
-        lengths = np.array([len(p[0]) for p in parts], np.int64)
-        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        codes = np.concatenate([p[0] for p in parts]) if parts else np.zeros((0, self.head.dim), np.float16)
-        scales = np.concatenate([p[1] for p in parts]) if parts and self.dtype != "fp16" else None
-        self._parts.clear()
         folder = Path(folder)
-        files = [TOKENS, OFFSETS]
-        if self.pieces is not None and len(codes) < CENTROIDS:
-            raise IngestError(f"rerank.token_dtype {self.dtype} learns its codebooks from the corpus's own token "
-                              f"vectors and needs at least {CENTROIDS} of them; this corpus has {len(codes)}: store "
-                              f"them as int8 (the default) instead")
-        if self.pieces is not None:
-            codes, product = product_quantize(codes, scales, self.pieces)
-            np.save(folder / CODEBOOK, product.codebook)
-            np.save(folder / ROTATION, product.rotation)
-            files += [CODEBOOK, ROTATION]
-        elif self.dtype == "int8":
-            np.save(folder / SCALES, scales if scales is not None else np.zeros(0, np.float32))
-            files.append(SCALES)
-        np.save(folder / TOKENS, codes)
-        np.save(folder / OFFSETS, offsets)
-        return {"dtype": self.dtype, "dim": self.head.dim, "tokens": int(offsets[-1]), "chunks": chunks,
+        try:
+            for fh in (self._codes, self._scales):
+                if fh is not None:
+                    fh.close()
+            spilled, spilled_scales = self._read_spill()
+            lengths = np.array([self._where[i][1] for i in range(chunks)], np.int64)
+            offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+            total = int(offsets[-1])
+            files = [TOKENS, OFFSETS]
+            if self.pieces is not None and total < CENTROIDS:
+                raise IngestError(f"rerank.token_dtype {self.dtype} learns its codebooks from the corpus's own token "
+                                  f"vectors and needs at least {CENTROIDS} of them; this corpus has {total}: store "
+                                  f"them as int8 (the default) instead")
+            if total == 0:  # nothing to map: empty files of the right shapes
+                np.save(folder / TOKENS, np.zeros((0, self.head.dim), self._spilled))
+                if self.dtype == "int8":
+                    np.save(folder / SCALES, np.zeros(0, np.float32))
+                    files.append(SCALES)
+            elif self.pieces is not None:
+                # The training sample's rows in chunk order, found in the spill (which is in batch order).
+                sample = training_sample(total)
+                chunk = np.searchsorted(offsets, sample, side="right") - 1
+                first = np.array([self._where[i][0] for i in range(chunks)], np.int64)
+                rows = first[chunk] + (sample - offsets[chunk])
+                product = ProductCodes.train(spilled[rows].astype(np.float32) * spilled_scales[rows, None],
+                                             self.pieces)
+                np.save(folder / CODEBOOK, product.codebook)
+                np.save(folder / ROTATION, product.rotation)
+                files += [CODEBOOK, ROTATION]
+                out = np.lib.format.open_memmap(folder / TOKENS, "w+", np.uint8, (total, self.pieces))
+                for at, codes, scales in self._in_chunk_order(spilled, spilled_scales, chunks, block_rows):
+                    out[at:at + len(codes)] = product.encode(codes.astype(np.float32) * scales[:, None])
+            else:
+                out = np.lib.format.open_memmap(folder / TOKENS, "w+", self._spilled, (total, self.head.dim))
+                kept_scales = (np.lib.format.open_memmap(folder / SCALES, "w+", np.float32, (total,))
+                               if self.dtype == "int8" else None)
+                for at, codes, scales in self._in_chunk_order(spilled, spilled_scales, chunks, block_rows):
+                    out[at:at + len(codes)] = codes
+                    if kept_scales is not None:
+                        kept_scales[at:at + len(codes)] = scales
+                if kept_scales is not None:
+                    kept_scales.flush()
+                    files.append(SCALES)
+            if total:
+                out.flush()
+                del out
+            np.save(folder / OFFSETS, offsets)
+        finally:
+            self._discard_spill()
+        return {"dtype": self.dtype, "dim": self.head.dim, "tokens": total, "chunks": chunks,
                 "bytes": sum((folder / f).stat().st_size for f in files), "files": files,
                 "projection_sha256": self.head.projection_sha256}
+
+    def _read_spill(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._rows == 0:
+            return np.zeros((0, self.head.dim), self._spilled), np.zeros(0, np.float32)
+        return (np.memmap(self._folder / SPILL_CODES, self._spilled, "r", shape=(self._rows, self.head.dim)),
+                np.memmap(self._folder / SPILL_SCALES, np.float32, "r", shape=(self._rows,)))
+
+    def _in_chunk_order(self, spilled: np.ndarray, scales: np.ndarray, chunks: int, block_rows: int):
+        """(first row in chunk order, codes, scales) for consecutive runs of about ``block_rows`` rows."""
+        at, parts, rows = 0, [], 0
+        for i in range(chunks):
+            start, n = self._where[i]
+            parts.append((start, n))
+            rows += n
+            if rows >= block_rows or i == chunks - 1:
+                codes = np.concatenate([spilled[s:s + n] for s, n in parts])
+                yield at, codes, np.concatenate([scales[s:s + n] for s, n in parts])
+                at, parts, rows = at + rows, [], 0
+
+    def _discard_spill(self) -> None:
+        for fh in (self._codes, self._scales):
+            if fh is not None and not fh.closed:
+                fh.close()
+        if self._folder is not None:
+            for name in (SPILL_CODES, SPILL_SCALES):
+                (self._folder / name).unlink(missing_ok=True)
+        if self._temporary is not None:
+            shutil.rmtree(self._temporary, ignore_errors=True)
+        self._codes = self._scales = self._folder = self._temporary = None
+        self._where.clear()
+        self._rows = 0
 
 
 class TokenVectors:

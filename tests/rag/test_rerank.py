@@ -9,12 +9,12 @@ import sys
 import numpy as np
 import pytest
 
-from rag.errors import ConfigurationError, IndexLoadError
+from rag.errors import ConfigurationError, IndexLoadError, IngestError
 from rag.rerank.features import RerankQuery, candidate_features
 from rag.rerank.head import DEFAULT_HEAD, FEATURES, RerankHead
 from rag.rerank.maxsim import Int8MaxSim, maxsim
 from rag.rerank.reranker import LateInteractionReranker
-from rag.rerank.store import TokenVectorWriter, load_token_vectors
+from rag.rerank.store import TokenVectorWriter, load_token_vectors, product_quantize, quantize_int8
 from rag.types import Hit
 
 
@@ -206,6 +206,46 @@ def test_product_coded_token_vectors_round_trip_and_rank_like_the_float_ones(tmp
     (tmp_path / "rerank_codebook.npy").unlink()
     with pytest.raises(IndexLoadError, match="cannot be read"):
         load_token_vectors(tmp_path, block, head, len(states))
+
+
+@pytest.mark.parametrize("dtype", ["int8", "fp16", "pq16"])
+def test_token_vectors_spill_to_disk_while_embedding_and_are_written_in_chunk_order(tmp_path, dtype):
+    rng = np.random.default_rng(7)
+    head = _head(rng, dim=32)
+    states = [rng.standard_normal((n, 24)).astype(np.float32) for n in rng.integers(3, 12, 50)]
+    blocks = {}
+    for block_rows in (7, 1 << 20):  # many blocks, one block: the same files
+        folder = tmp_path / str(block_rows)
+        folder.mkdir()
+        writer = TokenVectorWriter(head, dtype)
+        writer.spill_into(folder)
+        for i in rng.permutation(len(states)):
+            writer.add(int(i), states[i])
+        assert {p.name for p in folder.iterdir()} == {".rerank_tokens.spill", ".rerank_scales.spill"}
+        block = writer.write(folder, len(states), block_rows=block_rows)
+        assert not any(p.name.endswith(".spill") for p in folder.iterdir()), "the spill files are removed"
+        blocks[block_rows] = (block, np.load(folder / "rerank_tokens.npy"))
+    (small, small_codes), (large, large_codes) = blocks.values()
+    assert small == {**large, "bytes": small["bytes"]} and small_codes.shape[0] == sum(len(x) for x in states)
+    np.testing.assert_array_equal(small_codes, large_codes)
+    if dtype == "pq16":  # what the ingest writes is what product_quantize makes of the int8 vectors in chunk order
+        int8 = [quantize_int8(head.project(x)) for x in states]
+        coded, _ = product_quantize(np.concatenate([c for c, _ in int8]), np.concatenate([s for _, s in int8]), 16)
+        np.testing.assert_array_equal(small_codes, coded)
+    vectors = load_token_vectors(tmp_path / "7", small, head, len(states))
+    matrix, _ = vectors.gather([4])
+    exact = vectors.query_space(head.project(states[4]))
+    cosine = np.sum(matrix * exact, 1) / np.linalg.norm(matrix, axis=1) / np.linalg.norm(exact, axis=1)
+    assert cosine.min() > (0.9 if dtype == "pq16" else 0.999)
+
+
+def test_a_failed_write_leaves_no_spill_behind(tmp_path):
+    writer = TokenVectorWriter(_head(np.random.default_rng(0), dim=32), "pq16")
+    writer.spill_into(tmp_path)
+    writer.add(0, np.ones((5, 24), np.float32))
+    with pytest.raises(IngestError, match="needs at least 256"):
+        writer.write(tmp_path, 1)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_product_codes_must_divide_the_heads_dimensions():
