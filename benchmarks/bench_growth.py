@@ -50,7 +50,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--index", type=Path, default=Path("data/index/scifact"), help="the real index the corpora grow from")
     p.add_argument("--queries", type=Path, default=Path("datasets/scifact/queries.jsonl"), help="BEIR queries file")
-    p.add_argument("--sizes", default="real,30000,100000", help="comma list of chunk counts; 'real' = the index")
+    p.add_argument("--sizes", default="real,30000,100000",
+                   help="comma list of chunk counts, each optionally :pq64/:pq32/:pq16 (its token vectors as product "
+                        "codes); 'real' = the index")
     p.add_argument("--work", type=Path, default=Path("data/bench/growth"), help="where the larger corpora are built")
     p.add_argument("--requests", type=int, default=300, help="concurrency-1 requests per round")
     p.add_argument("--rounds", type=int, default=2)
@@ -68,9 +70,10 @@ def _sentences(text: str) -> list[str]:
     return parts or [text]
 
 
-def grow(real: Path, size: int, work: Path, seed: int) -> tuple[Path, dict]:
-    """An index folder at ``work/<size>`` whose one generation holds ``size`` chunks grown from ``real``; with the
-    seconds each part took to build. Reused when it exists with this size."""
+def grow(real: Path, size: int, work: Path, seed: int, token_dtype: str = "int8") -> tuple[Path, dict]:
+    """An index folder at ``work/<size>[-<token_dtype>]`` whose one generation holds ``size`` chunks grown from
+    ``real``, its token vectors stored as ``token_dtype`` (int8, or product codes learnt from the grown int8 ones as an
+    ingest learns them); with the seconds each part took to build. Reused when it exists with this size."""
     from rag.index import dense, sparse
     from rag.index.store import CHUNKS, IndexWriter, read_chunks, read_manifest, resolve_generation, write_chunks
     from rag.ingest.pipeline import passage_text
@@ -78,7 +81,7 @@ def grow(real: Path, size: int, work: Path, seed: int) -> tuple[Path, dict]:
     from rag.settings import IndexSettings
     from rag.types import Chunk
 
-    target = work / str(size)
+    target = work / (str(size) if token_dtype == "int8" else f"{size}-{token_dtype}")
     if (target / "current").exists() and read_manifest(target)["counts"]["chunks"] == size:
         return target, json.loads((target / "build.json").read_text())
     folder = resolve_generation(real)
@@ -129,6 +132,10 @@ def grow(real: Path, size: int, work: Path, seed: int) -> tuple[Path, dict]:
         t = time.perf_counter()
         rerank = _grow_tokens(folder, manifest["rerank"], sources, n_real, writer.folder, rng)
         timings["rerank_tokens"] = time.perf_counter() - t
+        if token_dtype != "int8":
+            t = time.perf_counter()
+            rerank = _product_code(writer.folder, rerank, token_dtype)
+            timings["rerank_codes"] = time.perf_counter() - t
         grown_manifest = {**{k: v for k, v in manifest.items() if k not in ("generation", "format_version")},
                           "graph": None, "rerank": rerank, "fingerprint": f"grown-{size}",
                           "corpus": {**manifest["corpus"], "name": f"{manifest['corpus']['name']}-grown-{size}"},
@@ -175,13 +182,37 @@ def _grow_tokens(folder: Path, block: dict, sources: np.ndarray, n_real: int, ou
             "bytes": sum((out / f).stat().st_size for f in files)}
 
 
+def _product_code(folder: Path, block: dict, dtype: str, block_rows: int = 1 << 20) -> dict:
+    """The generation's int8 token vectors replaced by product codes (``rag.rerank.store``), as an ingest with
+    ``rerank.token_dtype`` ``dtype`` would have written them."""
+    from rag.rerank.store import CODEBOOK, OFFSETS, ROTATION, SCALES, TOKENS, learn_product, product_bytes
+
+    codes = np.load(folder / TOKENS, mmap_mode="r")
+    scales = np.load(folder / SCALES, mmap_mode="r")
+    pieces = product_bytes(dtype)
+    product = learn_product(codes, scales, pieces)
+    coded = np.lib.format.open_memmap(folder / f"{TOKENS}.coding", "w+", np.uint8, (len(codes), pieces))
+    for begin in range(0, len(codes), block_rows):
+        end = begin + block_rows
+        coded[begin:end] = product.encode(codes[begin:end].astype(np.float32) * scales[begin:end, None])
+    coded.flush()
+    del coded, codes, scales
+    os.replace(folder / f"{TOKENS}.coding", folder / TOKENS)
+    (folder / SCALES).unlink()
+    np.save(folder / CODEBOOK, product.codebook)
+    np.save(folder / ROTATION, product.rotation)
+    files = [TOKENS, OFFSETS, CODEBOOK, ROTATION]
+    return {**block, "dtype": dtype, "files": files, "bytes": sum((folder / f).stat().st_size for f in files)}
+
+
 # -- measuring one size --------------------------------------------------------------------------------
 def disk_by_part(index: Path) -> dict:
     from rag.index.store import resolve_generation
 
     folder = resolve_generation(index)
     parts = {"dense": ["dense.faiss"], "bm25": ["bm25", "idf.json"], "chunks": ["chunks.jsonl"],
-             "rerank_tokens": ["rerank_tokens.npy", "rerank_offsets.npy", "rerank_scales.npy"]}
+             "rerank_tokens": ["rerank_tokens.npy", "rerank_offsets.npy", "rerank_scales.npy", "rerank_codebook.npy",
+                               "rerank_rotation.npy"]}
     out = {}
     for part, names in parts.items():
         total = 0
@@ -321,6 +352,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if SMOKE:
         args.requests, args.rounds, args.round_s = 20, 1, 1.0
+    from rag.index.store import read_manifest
+
     queries = [json.loads(line)["text"] for line in args.queries.open()]
     run = BenchmarkRun("growth")
     sizes = {}
@@ -331,13 +364,15 @@ def main(argv: list[str] | None = None) -> None:
                 shutil.rmtree(index)
             link_generation(args.index, index)
         else:
-            print(f"growing {args.index} to {int(spec):,} chunks in {args.work}", flush=True)
-            index, build = grow(args.index, int(spec), args.work, args.seed)
+            size, _, token_dtype = spec.partition(":")
+            print(f"growing {args.index} to {int(size):,} chunks in {args.work}", flush=True)
+            index, build = grow(args.index, int(size), args.work, args.seed, token_dtype or "int8")
         print(f"measuring {index}", flush=True)
         result = measure(index, queries, args)
         result["built_s"] = build
         result["grown"] = spec != "real"
-        sizes[str(result["chunks"])] = result
+        result["token_dtype"] = read_manifest(index)["rerank"]["dtype"]
+        sizes[spec if spec != "real" else str(result["chunks"])] = result
         print(f"  {result['chunks']:,} chunks: start-up {result['startup_s']:.1f} s, RSS "
               f"{result['rss_bytes'] / 2**30:.2f} GiB, c=1 P50 {result['e2e_ms']['p50']:.2f} ms, "
               f"{result['closed_loop']['answers_per_s']:.0f} answers/s, swap {result['hot_swap']['swap_s']:.1f} s",

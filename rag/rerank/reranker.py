@@ -1,7 +1,8 @@
 """``LateInteractionReranker``: the ``rerank`` stage. The top ``candidates`` fused hits are rescored by the head's
 combination of MaxSim (query token vectors against the stored document token vectors) with their first-stage
 scores; hits past ``candidates`` keep their fused order after them. No torch: the head's projection and, for int8
-vectors (the default), MaxSim's product run on ONNX Runtime; fp16 vectors take numpy's float product."""
+vectors (the default) and product codes (decoded to int8), MaxSim's product run on ONNX Runtime; fp16 vectors take
+numpy's float product."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ class LateInteractionReranker:
         if candidates < 1:
             raise ValueError(f"candidates must be greater than 0. Currently, the candidates is {candidates}")
         self.head, self.vectors, self.candidates = head, vectors, candidates
-        self._int8 = Int8MaxSim() if vectors.scales is not None and not float_product else None
+        self._int8 = Int8MaxSim() if vectors.integer and not float_product else None
 
     def warm_up(self, memory: str = "default") -> None:
         """Bring the memory-mapped token vectors into memory and run the scoring path once (the head's and the
@@ -57,7 +58,7 @@ class LateInteractionReranker:
         projected = self.head.project(query.token_states)
         ids = [h.chunk_id for h in candidates]
         if self._int8 is not None:
-            similarity = self._int8(projected, *self.vectors.gather_codes(ids))
+            similarity = self._int8(self.vectors.query_space(projected), *self.vectors.gather_codes(ids))
         else:
             similarity = maxsim(self.vectors.query_space(projected), *self.vectors.gather(ids))
         return self.head.combine(candidate_features(similarity, candidates, query.first_stage))

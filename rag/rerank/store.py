@@ -76,6 +76,10 @@ class ProductCodes:
         # piece's offset names one row (faster than faiss' decode on the rerank stage's few thousand tokens).
         self._rows = self.codebook.reshape(pieces * CENTROIDS, width)
         self._piece_offsets = (np.arange(pieces, dtype=np.int32) * CENTROIDS)
+        # The same rows as int8 with one scale for the whole codebook, as offset bytes (``Int8MaxSim``'s input):
+        # decoded so, the rerank stage scores on the integer product as it does over int8 vectors.
+        self.byte_scale = float(max(np.abs(self.codebook).max(), 1e-12) / 127.0)
+        self._byte_rows = (np.rint(self._rows / self.byte_scale) + 128).astype(np.uint8)
 
     @property
     def pieces(self) -> int:
@@ -111,8 +115,14 @@ class ProductCodes:
 
     def decode(self, codes: np.ndarray) -> np.ndarray:
         """The coded vectors, in the rotated space."""
-        rows = (codes.astype(np.int32) + self._piece_offsets).ravel()
-        return np.take(self._rows, rows, axis=0).reshape(len(codes), -1)
+        return np.take(self._rows, self._row_numbers(codes), axis=0).reshape(len(codes), -1)
+
+    def decode_bytes(self, codes: np.ndarray) -> np.ndarray:
+        """The coded vectors in the rotated space as int8 offset bytes (uint8, int8 + 128) of scale ``byte_scale``."""
+        return np.take(self._byte_rows, self._row_numbers(codes), axis=0).reshape(len(codes), -1)
+
+    def _row_numbers(self, codes: np.ndarray) -> np.ndarray:
+        return (codes.astype(np.int32) + self._piece_offsets).ravel()
 
 
 def training_sample(tokens: int, seed: int = 0) -> np.ndarray:
@@ -347,13 +357,22 @@ class TokenVectors:
         """The store's row numbers of the spans, in order."""
         return np.arange(int(lengths.sum()), dtype=np.int64) + np.repeat(begin - starts, lengths)
 
+    @property
+    def integer(self) -> bool:
+        """Whether ``gather_codes`` can serve these vectors (int8, or product codes decoded to int8)."""
+        return self.scales is not None or self.product is not None
+
     def gather_codes(self, ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """int8 vectors only: the listed chunks' codes as offset bytes (int8 + 128, uint8: ``Int8MaxSim``'s input),
-        their per-token scales and where each chunk starts; one gather of the rows, no float matrix."""
-        if self.scales is None:
-            raise ValueError("gather_codes needs int8 token vectors; these are fp16 (use gather)")
+        """int8 vectors and product codes: the listed chunks' vectors as int8 offset bytes (int8 + 128, uint8:
+        ``Int8MaxSim``'s input; product codes decoded so, in the rotated space), their per-token scales and where each
+        chunk starts; one gather of the rows, no float matrix."""
+        if not self.integer:
+            raise ValueError("gather_codes needs int8 token vectors or product codes; these are fp16 (use gather)")
         begin, lengths, starts = self._spans(ids)
         rows = self._rows(begin, lengths, starts)
+        if self.product is not None:
+            return (self.product.decode_bytes(self._array[rows]), np.full(len(rows), self.product.byte_scale, np.float32),
+                    starts)
         codes = self._array.view(np.uint8)[rows]
         np.bitwise_xor(codes, 0x80, out=codes)  # flip the sign bit
         return codes, self.scales[rows], starts
