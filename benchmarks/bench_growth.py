@@ -81,8 +81,9 @@ def grow(real: Path, size: int, work: Path, seed: int, token_dtype: str = "int8"
     from rag.settings import IndexSettings
     from rag.types import Chunk
 
-    target = work / (str(size) if token_dtype == "int8" else f"{size}-{token_dtype}")
-    if (target / "current").exists() and read_manifest(target)["counts"]["chunks"] == size:
+    target = work / f"{size}-{token_dtype}-seed{seed}"
+    if (target / "current").exists() and (target / "build.json").exists() and \
+            read_manifest(target)["counts"]["chunks"] == size:
         return target, json.loads((target / "build.json").read_text())
     folder = resolve_generation(real)
     manifest = read_manifest(real)
@@ -140,8 +141,8 @@ def grow(real: Path, size: int, work: Path, seed: int, token_dtype: str = "int8"
                           "graph": None, "rerank": rerank, "fingerprint": f"grown-{size}",
                           "corpus": {**manifest["corpus"], "name": f"{manifest['corpus']['name']}-grown-{size}"},
                           "counts": {"documents": size, "chunks": size, "vocabulary": len(idf)}}
+        (target / "build.json").write_text(json.dumps(timings))  # before the corpus is published: reuse finds both
         writer.publish(grown_manifest)
-    (target / "build.json").write_text(json.dumps(timings))
     return target, timings
 
 
@@ -192,9 +193,9 @@ def _product_code(folder: Path, block: dict, dtype: str, block_rows: int = 1 << 
     pieces = product_bytes(dtype)
     product = learn_product(codes, scales, pieces)
     coded = np.lib.format.open_memmap(folder / f"{TOKENS}.coding", "w+", np.uint8, (len(codes), pieces))
-    for begin in range(0, len(codes), block_rows):
+    for begin in range(0, len(codes), block_rows):  # a block at a time: the int8 vectors may exceed memory
         end = begin + block_rows
-        coded[begin:end] = product.encode(codes[begin:end].astype(np.float32) * scales[begin:end, None])
+        coded[begin:end] = product.encode_int8(codes[begin:end], scales[begin:end])
     coded.flush()
     del coded, codes, scales
     os.replace(folder / f"{TOKENS}.coding", folder / TOKENS)
@@ -280,13 +281,13 @@ def measure(index: Path, queries: list[str], args) -> dict:
                     stages.setdefault(stage["name"], []).append(stage["ms"] / 1000)
         rounds = []
         for _ in range(args.rounds):
-            cpu0, count, stop = cpu_seconds(service.pid), [0], time.monotonic() + args.round_s
+            cpu0, counts, stop = cpu_seconds(service.pid), [0] * args.clients, time.monotonic() + args.round_s
 
             def load(k: int) -> None:
                 own, i = _Client(service.url), k
                 while time.monotonic() < stop:
                     own.query(queries[i % len(queries)])
-                    count[0] += 1
+                    counts[k] += 1  # one counter per thread: no update is lost
                     i += args.clients
 
             t = time.perf_counter()
@@ -294,8 +295,8 @@ def measure(index: Path, queries: list[str], args) -> dict:
             [th.start() for th in threads]
             [th.join() for th in threads]
             wall = time.perf_counter() - t
-            rounds.append({"answers_per_s": count[0] / wall,
-                           "cpu_ms_per_answer": 1000 * (cpu_seconds(service.pid) - cpu0) / count[0]})
+            rounds.append({"answers_per_s": sum(counts) / wall,
+                           "cpu_ms_per_answer": 1000 * (cpu_seconds(service.pid) - cpu0) / sum(counts)})
         swap = _hot_swap(index, service, _Client(service.url), queries)
         rss_after = _rss_bytes(service.pid)
     manifest = read_manifest(index)
@@ -312,18 +313,12 @@ def measure(index: Path, queries: list[str], args) -> dict:
 def link_generation(source: Path, index: Path) -> str:
     """Publish the generation ``source`` points at into the index folder ``index`` as a new generation whose files
     are hard links to its own (no build cost); returns the new generation's name."""
-    from rag.index.store import MANIFEST, IndexWriter, read_manifest, resolve_generation
+    from rag.index.store import MANIFEST, IndexWriter, link_files, read_manifest, resolve_generation
 
     served = resolve_generation(source)
     manifest = {k: v for k, v in read_manifest(source).items() if k not in ("generation", "format_version")}
     with IndexWriter.open(index) as writer:
-        for path in served.rglob("*"):
-            target = writer.folder / path.relative_to(served)
-            if path.is_dir():
-                target.mkdir(parents=True, exist_ok=True)
-            elif path.name != MANIFEST:
-                target.parent.mkdir(parents=True, exist_ok=True)
-                os.link(path, target)
+        link_files(served, writer.folder, skip={MANIFEST})
         writer.publish(manifest)
         return writer.generation
 

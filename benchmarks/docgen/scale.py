@@ -110,7 +110,8 @@ def growth(d: dict) -> str:
     before = sizes[-2] if len(sizes) > 1 else None
     per_chunk = ((largest["rss_bytes"] - before["rss_bytes"]) / (largest["chunks"] - before["chunks"])
                  if before is not None and largest["chunks"] > before["chunks"] else None)
-    at_million = (largest["rss_bytes"] + per_chunk * (million - largest["chunks"])) / 2**30 if per_chunk else None
+    at_million = ((largest["rss_bytes"] + per_chunk * (million - largest["chunks"])) / 2**30
+                  if per_chunk is not None and per_chunk > 0 else None)
     tokens_at_million = largest["disk_bytes"]["rerank_tokens"] * million / largest["chunks"] / 2**30
     return f"""\
 One `ragheat serve` at a time on each corpus (the graph off), the same SciFact claims; the slope is that of the
@@ -122,7 +123,8 @@ costs are representative, their relevance is not: no quality figure is reported 
 {_coded_sentence(coded, stored)}
 Extrapolated, not measured: at {count(million)} chunks the service's memory once ready would be about
 {opt(at_million, 1)} GiB (the memory each chunk added between the two largest corpora, times the chunks still to
-come), of which the int8 token vectors {num(tokens_at_million, 1)} GiB; the machine has {num(g['memory_gib'], 1)} GiB. The token vectors are the first wall: product codes
+come), of which the {stored} token vectors {num(tokens_at_million, 1)} GiB; the machine has
+{num(g['memory_gib'], 1)} GiB. The token vectors are the first wall: product codes
 (the next section) shrink them, and the ingest's embedding (the rate in "Ingestion") makes a corpus this size a
 matter of hours to build here."""
 

@@ -59,7 +59,7 @@ class Neo4jStore:
 
     def run(self, cypher: str, params: Mapping[str, Any] | None = None, *, write: bool = False) -> list[tuple]:
         import neo4j
-        from neo4j.exceptions import ServiceUnavailable, SessionExpired, TransientError
+        from neo4j.exceptions import ClientError, ServiceUnavailable, SessionExpired, TransientError
 
         driver = self._driver
         if driver is None:
@@ -74,8 +74,12 @@ class Neo4jStore:
             self._ok = False
             raise GraphStoreUnavailable(f"the neo4j graph store at {self.uri} did not answer: "
                                         f"{type(exc).__name__}: {exc}") from exc
-        except TransientError as exc:  # timed out, or the server is overloaded: unavailable for now
-            raise GraphStoreTimeout(f"the neo4j graph store at {self.uri}: {exc}") from exc
+        except (TransientError, ClientError) as exc:
+            if "Timeout" in (exc.code or "") or "TimedOut" in (exc.code or ""):  # the query's own limit: late, alive
+                raise GraphStoreTimeout(f"the neo4j graph store at {self.uri} answered late: {exc}") from exc
+            if isinstance(exc, TransientError):  # overloaded, deadlocked, out of memory: unavailable for now
+                raise GraphStoreUnavailable(f"the neo4j graph store at {self.uri}: {exc}") from exc
+            raise
         self._ok = True
         return [tuple(record.values()) for record in records]
 

@@ -22,7 +22,8 @@ log = logging.getLogger("ragheat.graph")
 
 RESTART_BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 # A store that is alive but late is restarted only when it stays late: one slow answer on a busy host is skipped
-# for that query alone, while a hung store (alive, answering nothing) is restarted after this many in a row.
+# for that query alone, while a hung store (alive, answering nothing) is restarted after this many in a row. In a
+# row: each late query started after the previous late answer came, so queries late together count once.
 RESTART_AFTER_TIMEOUTS = 3
 
 
@@ -53,6 +54,7 @@ class SupervisedStore:
         self.timeouts = 0
         self.restarts = 0
         self._late_in_a_row = 0
+        self._last_late = float("-inf")  # when the latest late answer came (time.monotonic())
         self._lock = threading.Lock()
         self._restarting: threading.Thread | None = None
         self._closed = threading.Event()
@@ -63,20 +65,28 @@ class SupervisedStore:
     def run(self, cypher: str, params: Mapping[str, Any] | None = None, *, write: bool = False) -> list[tuple]:
         if self._restarting is not None:
             raise GraphStoreUnavailable(f"the {self.name} graph store is restarting")
+        started = time.monotonic()
         try:
             rows = self.store.run(cypher, params, write=write)
         except GraphStoreTimeout:
-            self.errors += 1
-            self.timeouts += 1
-            self._late_in_a_row += 1
-            if self._late_in_a_row >= RESTART_AFTER_TIMEOUTS or not self.store.healthy():
+            with self._lock:
+                self.errors += 1
+                self.timeouts += 1
+                if started >= self._last_late:
+                    self._late_in_a_row += 1
+                self._last_late = time.monotonic()
+                stays_late = self._late_in_a_row >= RESTART_AFTER_TIMEOUTS
+            if stays_late or not self.store.healthy():
                 self.restart()
             raise
         except GraphStoreUnavailable:
             self.errors += 1
             self.restart()
             raise
-        self._late_in_a_row = 0
+        if self._late_in_a_row and started >= self._last_late:  # asked after the latest late answer: in time again
+            with self._lock:
+                if started >= self._last_late:
+                    self._late_in_a_row = 0
         return rows
 
     def healthy(self) -> bool:
@@ -103,7 +113,8 @@ class SupervisedStore:
                 try:
                     self.store.restart()
                     self.restarts += 1
-                    self._late_in_a_row = 0
+                    with self._lock:
+                        self._late_in_a_row = 0
                     log.warning("the %s graph store is back after %d attempt(s)", self.name, attempt + 1)
                     return
                 except Exception as exc:  # noqa: BLE001 - keep trying: the service stays up meanwhile

@@ -127,6 +127,24 @@ def write_chunks(path: Path, chunks: list[Chunk]) -> None:
                                  "end": c.end}, ensure_ascii=False) + "\n")
 
 
+def link_files(source: Path, target: Path, skip: frozenset[str] | set[str] = frozenset()) -> None:
+    """Hard-link every file under ``source`` into ``target`` (a copy where a link cannot be made, e.g. across
+    filesystems), except the top-level names in ``skip`` and sockets."""
+    for path in source.rglob("*"):
+        relative = path.relative_to(source)
+        if relative.parts[0] in skip or path.is_socket():
+            continue
+        destination = target / relative
+        if path.is_dir():
+            destination.mkdir(parents=True, exist_ok=True)
+            continue
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(path, destination)
+        except OSError:
+            shutil.copy2(path, destination)
+
+
 def _fsync_tree(folder: Path) -> None:
     for path in sorted(folder.rglob("*"), reverse=True):
         if path.is_file():

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +13,7 @@ from rag import __version__
 from rag.embedding.embedder import OnnxEmbedder
 from rag.index import dense, sparse
 from rag.graph.ingest import build_generation_graph, graph_config, prune_store_generations
-from rag.index.store import (CHUNKS, GENERATIONS, MANIFEST, IndexWriter, read_chunks, read_manifest,
+from rag.index.store import (CHUNKS, GENERATIONS, MANIFEST, IndexWriter, link_files, read_chunks, read_manifest,
                              resolve_generation, write_chunks)
 from rag.errors import IndexLoadError, IngestError
 from rag.ingest.chunking import SemanticDensityChunker, TokenWindowChunker
@@ -176,16 +174,20 @@ def _build_indexes(corpus: Corpus, chunker, embedder: OnnxEmbedder, analyzer: Le
     t = time.perf_counter()
     if tokens is not None:
         tokens.spill_into(folder)  # the token vectors go to disk as they come, not into memory
-    vectors = embedder.embed_many(texts, progress=steps.start("embed", len(texts)),
-                                  on_tokens=None if tokens is None else tokens.add)
-    timings["embed"] = time.perf_counter() - t
-    rerank = None
-    if tokens is not None:
-        t = time.perf_counter()
-        advance = steps.start(f"rerank token vectors ({tokens.dtype})", 1)  # product codes learn a codebook here
-        rerank = tokens.write(folder, len(chunks))
-        advance()
-        timings["rerank_tokens"] = time.perf_counter() - t
+    try:
+        vectors = embedder.embed_many(texts, progress=steps.start("embed", len(texts)),
+                                      on_tokens=None if tokens is None else tokens.add)
+        timings["embed"] = time.perf_counter() - t
+        rerank = None
+        if tokens is not None:
+            t = time.perf_counter()
+            advance = steps.start(f"rerank token vectors ({tokens.dtype})", 1)  # product codes learn a codebook here
+            rerank = tokens.write(folder, len(chunks))
+            advance()
+            timings["rerank_tokens"] = time.perf_counter() - t
+    finally:
+        if tokens is not None:
+            tokens.discard()  # nothing left to discard once written; the spill files after a failure
 
     t = time.perf_counter()
     advance = steps.start(f"dense index ({settings.index.kind})", 1)
@@ -207,20 +209,7 @@ def _build_indexes(corpus: Corpus, chunker, embedder: OnnxEmbedder, analyzer: Le
 def _reuse_indexes(current: Path, folder: Path) -> tuple[list[Chunk], dict, int, dict | None]:
     """Hard-link (or copy) the current generation's files, except its manifest and graph, into ``folder``."""
     manifest = json.loads((current / MANIFEST).read_text())
-    skip = {MANIFEST, *((manifest.get("graph") or {}).get("files", ()))}
-    for path in current.rglob("*"):
-        relative = path.relative_to(current)
-        if relative.parts[0] in skip or path.is_socket():
-            continue
-        target = folder / relative
-        if path.is_dir():
-            target.mkdir(parents=True, exist_ok=True)
-            continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.link(path, target)
-        except OSError:
-            shutil.copy2(path, target)
+    link_files(current, folder, skip={MANIFEST, *((manifest.get("graph") or {}).get("files", ()))})
     return (read_chunks(folder / CHUNKS), manifest["dense"], manifest["counts"]["vocabulary"],
             manifest.get("rerank"))
 

@@ -113,6 +113,14 @@ class ProductCodes:
     def encode(self, vectors: np.ndarray) -> np.ndarray:
         return self._pq.compute_codes(np.ascontiguousarray(self.rotate(vectors)))
 
+    def encode_int8(self, codes: np.ndarray, scales: np.ndarray, block: int = 1 << 20) -> np.ndarray:
+        """int8 token vectors (``codes * scales[:, None]``) coded, ``block`` rows at a time (bounded extra memory)."""
+        out = np.empty((len(codes), self.pieces), np.uint8)
+        for begin in range(0, len(codes), block):
+            end = begin + block
+            out[begin:end] = self.encode(np.asarray(codes[begin:end], np.float32) * scales[begin:end, None])
+        return out
+
     def decode(self, codes: np.ndarray) -> np.ndarray:
         """The coded vectors, in the rotated space."""
         return np.take(self._rows, self._row_numbers(codes), axis=0).reshape(len(codes), -1)
@@ -143,11 +151,7 @@ def product_quantize(codes: np.ndarray, scales: np.ndarray, pieces: int, seed: i
                      block: int = 1 << 20) -> tuple[np.ndarray, ProductCodes]:
     """int8 token vectors as product codes (``learn_product``), every token coded ``block`` tokens at a time."""
     product = learn_product(codes, scales, pieces, seed)
-    out = np.empty((len(codes), pieces), np.uint8)
-    for begin in range(0, len(codes), block):
-        end = begin + block
-        out[begin:end] = product.encode(codes[begin:end].astype(np.float32) * scales[begin:end, None])
-    return out, product
+    return product.encode_int8(codes, scales, block), product
 
 
 class TokenVectorWriter:
@@ -177,8 +181,12 @@ class TokenVectorWriter:
         if self._codes is not None:
             raise RuntimeError("the token vectors already spill elsewhere")
         self._folder = Path(folder)
-        self._codes = open(self._folder / SPILL_CODES, "wb")
-        self._scales = open(self._folder / SPILL_SCALES, "wb")
+        try:
+            self._codes = open(self._folder / SPILL_CODES, "wb")
+            self._scales = open(self._folder / SPILL_SCALES, "wb")
+        except OSError:
+            self.discard()
+            raise
 
     def add(self, index: int, states: np.ndarray) -> None:
         if self._codes is None:
@@ -197,12 +205,13 @@ class TokenVectorWriter:
         self._rows += len(codes)
 
     def write(self, folder: Path, chunks: int, block_rows: int = 1 << 20) -> dict:
-        """Write the files for chunks ``0..chunks-1``; returns the manifest's ``rerank`` block."""
-        missing = [i for i in range(chunks) if i not in self._where]
-        if missing:
-            raise ValueError(f"rerank token vectors are missing for {len(missing)} chunks (first: {missing[0]})")
+        """Write the files for chunks ``0..chunks-1``; returns the manifest's ``rerank`` block. The spill is discarded
+        whatever happens."""
         folder = Path(folder)
         try:
+            missing = [i for i in range(chunks) if i not in self._where]
+            if missing:
+                raise ValueError(f"rerank token vectors are missing for {len(missing)} chunks (first: {missing[0]})")
             for fh in (self._codes, self._scales):
                 if fh is not None:
                     fh.close()
@@ -233,7 +242,7 @@ class TokenVectorWriter:
                 files += [CODEBOOK, ROTATION]
                 out = np.lib.format.open_memmap(folder / TOKENS, "w+", np.uint8, (total, self.pieces))
                 for at, codes, scales in self._in_chunk_order(spilled, spilled_scales, chunks, block_rows):
-                    out[at:at + len(codes)] = product.encode(codes.astype(np.float32) * scales[:, None])
+                    out[at:at + len(codes)] = product.encode_int8(codes, scales)
             else:
                 out = np.lib.format.open_memmap(folder / TOKENS, "w+", self._spilled, (total, self.head.dim))
                 kept_scales = (np.lib.format.open_memmap(folder / SCALES, "w+", np.float32, (total,))
@@ -250,7 +259,7 @@ class TokenVectorWriter:
                 del out
             np.save(folder / OFFSETS, offsets)
         finally:
-            self._discard_spill()
+            self.discard()
         return {"dtype": self.dtype, "dim": self.head.dim, "tokens": total, "chunks": chunks,
                 "bytes": sum((folder / f).stat().st_size for f in files), "files": files,
                 "projection_sha256": self.head.projection_sha256}
@@ -273,7 +282,8 @@ class TokenVectorWriter:
                 yield at, codes, np.concatenate([scales[s:s + n] for s, n in parts])
                 at, parts, rows = at + rows, [], 0
 
-    def _discard_spill(self) -> None:
+    def discard(self) -> None:
+        """Close and remove the spill (what ``add`` collected and ``write`` has not written)."""
         for fh in (self._codes, self._scales):
             if fh is not None and not fh.closed:
                 fh.close()

@@ -165,6 +165,39 @@ def test_a_late_store_is_restarted_only_when_it_stays_late(tmp_path):
         supervised.close()
 
 
+def test_queries_late_together_count_once(tmp_path):
+    import threading
+
+    with FalkorDBStore(tmp_path, persist=True) as store:
+        store.run("CREATE (:T {id: 7})", write=True)
+        store.save()
+    supervised = SupervisedStore(FalkorDBStore(tmp_path, timeout_ms=200))
+    try:
+        supervised.warm_up()
+        pid = supervised.store.child.pid
+        os.kill(pid, signal.SIGSTOP)  # one slow moment on a busy host: every query in flight is late at once
+        start, late = threading.Barrier(RESTART_AFTER_TIMEOUTS), []
+
+        def ask() -> None:
+            start.wait()
+            try:
+                supervised.run("MATCH (n:T) RETURN n.id")
+            except GraphStoreTimeout:
+                late.append(1)
+
+        threads = [threading.Thread(target=ask) for _ in range(RESTART_AFTER_TIMEOUTS)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+        os.kill(pid, signal.SIGCONT)
+        assert len(late) == supervised.timeouts == RESTART_AFTER_TIMEOUTS
+        assert supervised.restarts == 0 and supervised.healthy() and supervised.store.child.pid == pid
+        assert supervised.run("MATCH (n:T) RETURN n.id") == [(7,)]
+    finally:
+        supervised.close()
+
+
 PARENT = textwrap.dedent("""
     import sys, threading, time
     sys.path.insert(0, sys.argv[1])
