@@ -132,6 +132,12 @@ matter of hours to build here."""
 def _coded_sentence(coded: list[dict], stored: str) -> str:
     if not coded:
         return ""
+    served = " ".join(
+        f"With its token vectors as {s['token_dtype']}, the {count(s['chunks'])}-chunk corpus is served by one process "
+        f"in {num(s['rss_bytes'] / 2**30, 1)} GiB once ready: c=1 P50 {num(s['e2e_ms']['p50'])} ms, P99 "
+        f"{num(s['e2e_ms']['p99'])} ms, {num(s['closed_loop']['answers_per_s'], 0)} answers/s; its hot swap takes "
+        f"{num(s['hot_swap']['swap_s'], 1)} s, and the slowest request meanwhile {num(s['hot_swap']['slowest_ms'], 0)} "
+        f"ms (the new generation loads on the same cores)." for s in coded)
     return (f"\nThe last column{'s' if len(coded) > 1 else ''} stores the token vectors as product codes instead of "
             f"{stored} (learnt from the grown {stored} vectors, as an ingest learns them): measured, outside the "
-            f"slopes, which compare corpora stored alike.\n")
+            f"slopes, which compare corpora stored alike. {served}\n")
