@@ -3,6 +3,7 @@ even when started from a thread that has since exited), its socket, and the Falk
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import signal
@@ -139,13 +140,22 @@ def test_a_store_killed_is_restarted_from_its_file(tmp_path):
         assert store.run("MATCH (n:T) RETURN n.id") == [(7,)]
 
 
-def test_a_late_store_is_restarted_only_when_it_stays_late(tmp_path):
-    with FalkorDBStore(tmp_path, persist=True) as store:
+@contextlib.contextmanager
+def supervised_store(folder):
+    """A supervised store over a saved graph of one node (7), answering within 200 ms or late."""
+    with FalkorDBStore(folder, persist=True) as store:
         store.run("CREATE (:T {id: 7})", write=True)
         store.save()
-    supervised = SupervisedStore(FalkorDBStore(tmp_path, timeout_ms=200))
+    supervised = SupervisedStore(FalkorDBStore(folder, timeout_ms=200))
     try:
         supervised.warm_up()
+        yield supervised
+    finally:
+        supervised.close()
+
+
+def test_a_late_store_is_restarted_only_when_it_stays_late(tmp_path):
+    with supervised_store(tmp_path) as supervised:
         old = supervised.store.child.pid
         os.kill(old, signal.SIGSTOP)  # alive, answering nothing: a hung store
         for late in range(1, RESTART_AFTER_TIMEOUTS):
@@ -161,19 +171,12 @@ def test_a_late_store_is_restarted_only_when_it_stays_late(tmp_path):
         assert supervised.wait_until_healthy(60), "a store late every time is restarted"
         assert supervised.restarts == 1 and supervised.store.child.pid != old and wait_gone(old)
         assert supervised.run("MATCH (n:T) RETURN n.id") == [(7,)]
-    finally:
-        supervised.close()
 
 
 def test_queries_late_together_count_once(tmp_path):
     import threading
 
-    with FalkorDBStore(tmp_path, persist=True) as store:
-        store.run("CREATE (:T {id: 7})", write=True)
-        store.save()
-    supervised = SupervisedStore(FalkorDBStore(tmp_path, timeout_ms=200))
-    try:
-        supervised.warm_up()
+    with supervised_store(tmp_path) as supervised:
         pid = supervised.store.child.pid
         os.kill(pid, signal.SIGSTOP)  # one slow moment on a busy host: every query in flight is late at once
         start, late = threading.Barrier(RESTART_AFTER_TIMEOUTS), []
@@ -194,8 +197,6 @@ def test_queries_late_together_count_once(tmp_path):
         assert len(late) == supervised.timeouts == RESTART_AFTER_TIMEOUTS
         assert supervised.restarts == 0 and supervised.healthy() and supervised.store.child.pid == pid
         assert supervised.run("MATCH (n:T) RETURN n.id") == [(7,)]
-    finally:
-        supervised.close()
 
 
 PARENT = textwrap.dedent("""
