@@ -208,21 +208,19 @@ def _product_code(folder: Path, block: dict, dtype: str, block_rows: int = 1 << 
 
 # -- measuring one size --------------------------------------------------------------------------------
 def disk_by_part(index: Path) -> dict:
-    from rag.index.store import resolve_generation
+    """Bytes on disk of the served generation's parts (the token vectors: the files its manifest lists)."""
+    from rag.index.dense import DENSE_FILE
+    from rag.index.sparse import BM25_DIR, IDF_FILE
+    from rag.index.store import CHUNKS, read_manifest, resolve_generation
 
     folder = resolve_generation(index)
-    parts = {"dense": ["dense.faiss"], "bm25": ["bm25", "idf.json"], "chunks": ["chunks.jsonl"],
-             "rerank_tokens": ["rerank_tokens.npy", "rerank_offsets.npy", "rerank_scales.npy", "rerank_codebook.npy",
-                               "rerank_rotation.npy"]}
-    out = {}
-    for part, names in parts.items():
-        total = 0
-        for name in names:
-            path = folder / name
-            total += sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else (
-                path.stat().st_size if path.exists() else 0)
-        out[part] = total
-    return out
+    parts = {"dense": [DENSE_FILE], "bm25": [BM25_DIR, IDF_FILE], "chunks": [CHUNKS],
+             "rerank_tokens": read_manifest(index)["rerank"]["files"]}
+
+    def size(path: Path) -> int:
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else path.stat().st_size
+
+    return {part: sum(size(folder / name) for name in names) for part, names in parts.items()}
 
 
 def _rss_bytes(pid: int) -> int:

@@ -120,9 +120,11 @@ def measure_set(spec: str, codes: list[str], queries: int | None, cost_queries: 
 
 def choose(sets: dict, codes: list[str]) -> dict:
     """The smallest code whose nDCG@10 loss against int8 is within ``MAX_LOSS`` on every set."""
+    from rag.rerank.store import product_bytes
+
     fitting = [dtype for dtype in codes
                if all(-s["quality"][dtype]["difference"] <= MAX_LOSS for s in sets.values())]
-    smallest = min(fitting, key=lambda d: sets[next(iter(sets))]["sizes"][d]["bytes_per_token"], default=None)
+    smallest = min(fitting, key=product_bytes, default=None)
     return {"max_loss": MAX_LOSS, "within": fitting, "smallest_within": smallest}
 
 
