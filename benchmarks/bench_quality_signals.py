@@ -56,8 +56,9 @@ class RotatedQueries:
         q, _ = np.linalg.qr(np.random.default_rng(seed).standard_normal((dim, dim)))
         self.inner, self.rotation, self.name = inner, q.astype(np.float32), inner.name
 
-    def retrieve(self, query, vector, k):
-        return self.inner.retrieve(query, (self.rotation @ np.asarray(vector, np.float32)).astype(np.float32), k)
+    def retrieve(self, query, vector, k, **options):
+        return self.inner.retrieve(query, (self.rotation @ np.asarray(vector, np.float32)).astype(np.float32), k,
+                                   **options)
 
 
 class ShuffledChunks:
@@ -67,8 +68,8 @@ class ShuffledChunks:
         self.inner, self.name = inner, inner.name
         self.permutation = np.random.default_rng(seed).permutation(chunks)
 
-    def retrieve(self, query, vector, k):
-        result = self.inner.retrieve(query, vector, k)
+    def retrieve(self, query, vector, k, **options):
+        result = self.inner.retrieve(query, vector, k, **options)
         hits = [dataclasses.replace(h, chunk_id=int(self.permutation[h.chunk_id])) for h in result.hits]
         return dataclasses.replace(result, hits=hits)
 

@@ -181,6 +181,12 @@ step_graph() {
   "$PY" benchmarks/bench_graph.py --beir "$HOTPOT" --split "$HOTPOT_SPLIT" --index "$index" "${GRAPH_ARGS[@]}" \
     --json "$RESULTS/graph.json"
 }
+step_routing() {  # the default (routed: retrievers and reranker per question) against every fixed configuration,
+  # on the eval and graph steps' indexes, with the shipped router (its training command is in the results)
+  "$PY" benchmarks/bench_routing.py --set "$NAME=$BEIR:$SPLIT:$INDEX" \
+    --set "$(basename "$HOTPOT")=$HOTPOT:$HOTPOT_SPLIT:$INDEX_ROOT/$(basename "$HOTPOT")" \
+    --results-file "$RESULTS/routing.json"
+}
 step_rerank() {  # quality, held out: SciFact 5-fold CV; each set scored with a head trained on the other
   local sci=$INDEX_ROOT/$NAME-tokens hot=$INDEX_ROOT/$(basename "$HOTPOT")-tokens
   local sci_hot=$INDEX_ROOT/$NAME-tokens-$(basename "$HOTPOT")-head hot_head=$LOGS/rerank-head-$(basename "$HOTPOT").npz
@@ -260,7 +266,7 @@ step_render() {
 }
 
 ALL=(ingest eval eval-fp32 fusion query quiet-case quality-signals quality-drill telemetry telemetry-recording observe loadgen knee examples explain explain-cold-cache explain-example ann probes
-     tune-vllm tune-vllm-real boards-llm embedding graph vllm-ttft rerank rerank-latency growth token-codes cache capacity steering batching replicas answers hyde judge tune render)
+     tune-vllm tune-vllm-real boards-llm embedding graph routing vllm-ttft rerank rerank-latency growth token-codes cache capacity steering batching replicas answers hyde judge tune render)
 if [ "${1:-}" = --list ]; then printf '%s\n' "${ALL[@]}"; exit 0; fi
 steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=("${ALL[@]}")

@@ -6,8 +6,8 @@ has done.
 
 ``rerank`` (``rerank.enabled``, or per call) rescores the top fused candidates by late interaction (rag/rerank) with
 the query's token states from the embed stage's own model run. ``link_entities`` and ``route`` run for requests that
-use the knowledge graph or the router: a ``routed`` request lets the router pick its retrievers and their fusion
-weights; the graph runs only for a query that linked an entity, and when its store is down the stage is skipped and
+use the knowledge graph or the router: a ``routed`` request lets the router pick its retrievers, their fusion
+weights and whether the reranker runs for it (within what the request and its quality level allow); the graph runs only for a query that linked an entity, and when its store is down the stage is skipped and
 the answer says it is degraded. A streamed (language-model) answer is timed as ``generate_prefill`` (request sent ->
 first token), ``generate_decode`` (first -> last token), then ``support_check``; when the model is down or slow, or
 none of its sentences is supported by the passages, ``generate`` runs the extractive fallback and the result says
@@ -203,7 +203,8 @@ class RagPipeline:
         self._route_fusers = {arm: WeightedRRF(w, k=s.retrieval.rrf_k) for arm, w in weights.items()}
         available = set(self.retrievers) | ({"graph"} if self.graph_retriever else set())
         try:
-            self.router = LogisticRouter.load(s.retrieval.router_model, weights, index.idf, analyzer, available)
+            self.router = LogisticRouter.load(s.retrieval.router_model, weights, index.idf, analyzer, available,
+                                              can_rerank=s.rerank.enabled)
         except IndexLoadError as exc:
             if ROUTED in s.retrieval.retrievers:
                 raise
@@ -321,6 +322,8 @@ class RagPipeline:
                                deadline, self._stage_options, level=rung, rerank_depth=depth)
         if names != (ROUTED,):
             context.names = context.cut_by_level(names)
+        elif not rung.dense:  # the level leaves BM25 alone: nothing for the router to choose, nothing to link
+            context.names = ("bm25",)
         if arrival is not None:
             context.add_wait(arrival, time.perf_counter() - arrival)
         return context
@@ -358,6 +361,8 @@ class RagPipeline:
         """Stages ``link_entities`` and ``route``: which retrievers run, with which fusion weights."""
         names = context.names
         routed = names == (ROUTED,)
+        if routed:  # every route searches dense: embedded first, in the stage table's order
+            self._embedding(context)
         if self.linker is not None and (routed or "graph" in names):
             vector = self._embedding(context) if self.linker.needs_vector else context.vector
             with context.stage("link_entities"):
@@ -369,6 +374,9 @@ class RagPipeline:
             with context.stage("route"):
                 route = self.router.route(context.query, context.linked)
             context.names, context.route, context.fuser = route.retrievers, route.name, self._route_fusers[route.name]
+            context.route_reranks = route.rerank
+            if not route.rerank:  # the router keeps the fused order for this query: not a skip, not degraded
+                context.rerank, context.rerank_depth = False, 0
             if (cut := context.cut_by_level(route.retrievers)) != route.retrievers:  # the arm, less what the level cuts
                 context.names, context.route = cut, route_label(cut)
             return
@@ -390,7 +398,8 @@ class RagPipeline:
         hyde_vector = (self._hyde(context) if context.hyde and "dense" in names and context.fits("hyde")
                        else None)
         fused_k = self._candidates(context)
-        depth = fused_k if len(names) == 1 else max(fused_k, self.settings.retrieval.candidates)
+        effort = context.level.search_effort
+        depth = fused_k if len(names) == 1 else max(fused_k, round(self.settings.retrieval.candidates * effort))
         for name in names:
             if name == "graph" and not context.fits("retrieve_graph"):
                 continue  # the deadline cannot hold it: answered without the graph, flagged degraded
@@ -402,7 +411,7 @@ class RagPipeline:
                         context.skipped["retrieve_graph"] = str(exc)
                         continue
                 else:
-                    result = self.retrievers[name].retrieve(context.query, context.vector, depth)
+                    result = self.retrievers[name].retrieve(context.query, context.vector, depth, effort=effort)
                     if name == "dense" and result.hits:
                         context.best_similarity = result.hits[0].score
                     if name == "dense" and hyde_vector is not None:

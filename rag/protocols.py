@@ -44,11 +44,14 @@ class Embedder(Protocol):
 
 @runtime_checkable
 class Retriever(Protocol):
-    """Returns the ``k`` best chunk ids for a query; ``name`` is a closed label (dense, bm25)."""
+    """Returns the ``k`` best chunk ids for a query; ``name`` is a closed label (dense, bm25). ``effort``: the share of
+    the retriever's configured search effort a request's quality level allows (a retriever without such a knob, an
+    exact one, ignores it)."""
 
     name: str
 
-    def retrieve(self, query: str, query_vector: np.ndarray | None, k: int) -> RetrievalResult: ...
+    def retrieve(self, query: str, query_vector: np.ndarray | None, k: int, *,
+                 effort: float = 1.0) -> RetrievalResult: ...
 
 
 @runtime_checkable

@@ -82,6 +82,7 @@ class QueryContext:
     rerank_depth: int = 0  # fused candidates the reranker rescores, when reranking
     stages: list[StageTiming] = field(default_factory=list)
     route: str = "none"  # a closed label (rag.stages.RETRIEVAL_ROUTES)
+    route_reranks: bool = True  # a routed request: whether the router's choice keeps the reranker
     linked: LinkedEntities = NO_ENTITIES
     fuser: Fuser | None = None  # the fusion weights: the route's own when routed
     vector: np.ndarray | None = None  # the query's embedding, once the embed stage has run

@@ -43,8 +43,10 @@ STAGE_TABLE: tuple[Stage, ...] = (
                    "entity linker (when it reads vectors), dense retrieval or the reranker", by_default=True),
     Stage("cache_lookup", "the query's embedding looked up in the semantic answer cache (rag/cache); a hit ends here",
           conditional=True),
-    Stage("link_entities", "the knowledge-graph entities the query names (graph or routed requests)", conditional=True),
-    Stage("route", "the router picks the retrievers and their fusion weights (routed requests)", conditional=True),
+    Stage("link_entities", "the knowledge-graph entities the query names (graph or routed requests)", conditional=True,
+          by_default=True),
+    Stage("route", "the router picks the retrievers, their fusion weights and whether the reranker runs (routed "
+                   "requests)", conditional=True, by_default=True),
     Stage("hyde", "the language model writes a hypothetical passage, embedded to drive dense retrieval beside the "
                   "question", optional=True, conditional=True),
     Stage("retrieve_dense", "FAISS search with the query's vector", by_default=True),
@@ -73,7 +75,9 @@ SKIPPABLE_STAGES = tuple(s.name for s in STAGE_TABLE if s.skippable)
 LANGUAGE_MODEL_STAGES = tuple(s.name for s in STAGE_TABLE if s.language_model)
 WAIT_STAGES = tuple(s.name for s in STAGE_TABLE if s.wait)
 DEFAULT_STAGES = tuple(s.name for s in STAGE_TABLE if s.by_default)
-"""The stages the default service runs for a query, in order: hybrid retrieval, reranked, the extractive answer."""
+"""The stages the default service runs for a question that names no entity, in order: routed (its entities looked
+for, the router's choice), hybrid retrieval, reranked when the router keeps the reranker, the extractive answer. A
+question that names an entity also runs ``retrieve_graph``."""
 
 
 def estimated_as(name: str) -> tuple[str, ...]:
@@ -142,7 +146,9 @@ class QualityLevel:
     """One rung of the quality ladder: what a request runs at this level, of what the service is configured to run
     (a knob the service does not use changes nothing). Each rung keeps the cuts of the rungs above it.
 
-    ``rerank_candidates``: None = ``rerank.candidates``; a number caps it; 0 = no rerank."""
+    ``rerank_candidates``: None = ``rerank.candidates``; a number caps it; 0 = no rerank. ``search_effort``: the share
+    of the dense search's effort (HNSW efSearch, IVF nprobe) and of the candidates each retriever hands to fusion
+    (``retrieval.candidates``)."""
 
     name: str
     summary: str
@@ -151,6 +157,7 @@ class QualityLevel:
     graph: bool = True
     rerank_candidates: int | None = None
     dense: bool = True
+    search_effort: float = 1.0
 
 
 LEVEL_TABLE: tuple[QualityLevel, ...] = (
@@ -163,8 +170,10 @@ LEVEL_TABLE: tuple[QualityLevel, ...] = (
                  rerank_candidates=20),
     QualityLevel("no_rerank", "the fused lists without reranking", hyde=False, language_model=False, graph=False,
                  rerank_candidates=0),
+    QualityLevel("light_search", "a quarter of the dense search's effort and of the candidates fused", hyde=False,
+                 language_model=False, graph=False, rerank_candidates=0, search_effort=0.25),
     QualityLevel("bm25_only", "BM25 alone: the query is never embedded", hyde=False, language_model=False,
-                 graph=False, rerank_candidates=0, dense=False),
+                 graph=False, rerank_candidates=0, dense=False, search_effort=0.25),
 )
 LEVEL_BY_NAME = {level.name: level for level in LEVEL_TABLE}
 QUALITY_LEVELS = tuple(level.name for level in LEVEL_TABLE)

@@ -291,12 +291,14 @@ class CacheStats:
 @dataclass(frozen=True)
 class Route:
     """A router's choice for one query (stage ``route``): its name (one of ``rag.stages.ROUTER_ARMS``), the
-    retrievers to run and their weights in fusion, and how long deciding took."""
+    retrievers to run and their weights in fusion, how long deciding took, and whether the reranker runs when the
+    request asks for it (False: the fused order is kept for this query)."""
 
     name: str
     retrievers: tuple[str, ...]
     weights: Mapping[str, float]
     seconds: float = 0.0
+    rerank: bool = True
 
 
 @dataclass(frozen=True)

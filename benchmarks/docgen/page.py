@@ -64,6 +64,8 @@ PAGE: list[str | Section] = [
     Section("embedding", "### Embedding quantisation schemes side by side", ("embedding",), quality.embedding),
     "## Multi-hop questions: hotpotqa-dev, the knowledge graph and the router",
     Section("graph", "### Graph retrieval and routing", ("graph",), quality.graph),
+    Section("routing", "### The default: the router picks each question's retrievers and reranker", ("routing",),
+            quality.routing),
     "## Reranking",
     Section("rerank", "### Late-interaction reranker: quality, held out", ("rerank",), quality.rerank),
     Section("rerank-latency", "### Late-interaction reranker: what it costs", ("rerank-latency",),

@@ -162,7 +162,7 @@ class QueryResponse(BaseModel):
                                               "served below the quality ladder's top rung (quality_level)")
     quality_level: Literal[QUALITY_LEVELS] = Field("full", description="the quality ladder's rung that served it: full, or a cheaper one "
                                                    "the load controller stepped down to (steering.enabled): no_hyde, "
-                                                   "extractive, no_graph, shallow_rerank, no_rerank, bm25_only")
+                                                   "extractive, no_graph, shallow_rerank, no_rerank, light_search, bm25_only")
     degraded_reason: Literal["unavailable", "slow", "unsupported"] | None = Field(
         None, description="why it is degraded: unavailable (down, refusing, erroring), slow (no token within "
                           "generation.first_token_timeout_s or not done by deadline_s), unsupported (no written "

@@ -5,7 +5,7 @@ Names (``--retrievers``): ``dense``, ``bm25``, ``graph``, ``hybrid`` (= dense+bm
 ``RagPipeline.retrieve``, exactly as a request would be, so what is scored is what is served. Any of them followed
 by ``+rerank`` (``hybrid+rerank``) also runs the late-interaction reranker (``rag.rerank``) over the fused
 candidates, from the first stage recorded while ``retrieve`` ran (the query's token states come from its one
-embed run). ``+hyde`` (``hybrid+hyde``, before ``+rerank``: ``hybrid+hyde+rerank``) runs the ``hyde`` stage: the
+embed run); ``routed+rerank`` reranks the queries whose route keeps the reranker, as the service does. ``+hyde`` (``hybrid+hyde``, before ``+rerank``: ``hybrid+hyde+rerank``) runs the ``hyde`` stage: the
 language model's hypothetical passage searched beside the question in the dense run (``rag.generation.hyde``; the
 pipeline needs ``generation.generator`` openai or vllm). Sets without it are scored without HyDE, whatever
 ``hyde.enabled`` says. ``default`` is what the service serves by default: ``retrieval.retrievers``, with ``+hyde``
@@ -129,10 +129,12 @@ def _run_reranked(pipeline: RagPipeline, queries: Mapping[str, str], retrievers:
         for qid, text in queries.items():
             start = time.perf_counter()
             fused = pipeline.retrieve(text, chunk_depth, retrievers, rerank=False, hyde=hyde)
-            reranked = reranker.rerank(recorder.take(text), fused.hits, chunk_depth)
+            first_stage = recorder.take(text)
+            # A routed query whose route keeps the fused order is scored as the service serves it: not reranked.
+            hits = reranker.rerank(first_stage, fused.hits, chunk_depth).hits if fused.route_reranks else fused.hits
             latencies.append(time.perf_counter() - start)
             runs.append(fused)
-            run[qid] = [doc for doc, _ in pipeline.chunk_hits_to_docs(reranked.hits)][:depth]
+            run[qid] = [doc for doc, _ in pipeline.chunk_hits_to_docs(hits)][:depth]
             if advance:
                 advance()
     return run, latencies, runs
@@ -160,6 +162,9 @@ def evaluate(pipeline: RagPipeline, queries: Mapping[str, str], qrels: Qrels,
         metrics["retrievers_per_query"] = float(np.mean(ran)) if ran else 0.0
         routes = Counter(r.route for r in runs)
         metrics["routes"] = {route: count / len(runs) for route, count in sorted(routes.items())} if runs else {}
+        # Reranked: the set asks for it and, when routed, the query's route kept it.
+        asked = split_rerank(retrievers)[1]
+        metrics["reranked_share"] = float(np.mean([asked and r.route_reranks for r in runs])) if runs else 0.0
         metrics["skipped"] = sum(1 for r in runs if r.skipped)
         metrics["hyde_skipped"] = sum(1 for r in runs if "hyde" in r.skipped)  # no passage in time: question only
         metrics["graph_skipped"] = sum(1 for r in runs if "retrieve_graph" in r.skipped)  # the store was down

@@ -169,12 +169,13 @@ class FalkorDBStore:
             self._stop()
 
     def _stop(self) -> None:
-        if self._client is not None:
+        # Readers see the store gone before its socket closes under them (``run`` tells the two apart by that).
+        client, self._client, self._graph = self._client, None, None
+        if client is not None:
             try:
-                self._client.connection.close()
+                client.connection.close()
             except Exception:  # noqa: BLE001 - closing a client of a dead server
                 pass
-        self._client = self._graph = None
         if self.child is not None:
             self.child.stop()  # SIGTERM: redis' clean shutdown, which writes nothing without save points
             self.child = None
@@ -199,10 +200,10 @@ class FalkorDBStore:
             raise GraphStoreTimeout(f"the falkordb graph store did not answer within {self.timeout_ms} ms") from exc
         except (RedisConnectionError, BusyLoadingError, OSError) as exc:
             raise GraphStoreUnavailable(f"the falkordb graph store did not answer: {type(exc).__name__}: {exc}") from exc
-        except ValueError as exc:
+        except (ValueError, AttributeError) as exc:
             # A restart after the store died closes the shared client while another request still reads from it:
-            # redis-py then fails on its closed socket buffer ("I/O operation on closed file"). The store is away,
-            # not the query wrong.
+            # redis-py then fails on its closed socket buffer ("I/O operation on closed file", or the buffer it
+            # dropped being None). The store is away, not the query wrong.
             if graph is not self._graph or "closed file" in str(exc):
                 raise GraphStoreUnavailable(f"the falkordb graph store went away mid-query: {exc}") from exc
             raise

@@ -108,7 +108,21 @@ def to_device(index: faiss.Index, device: str) -> faiss.Index:
     return faiss.index_cpu_to_gpu(resources, 0, index)  # pragma: no cover
 
 
-def search(index: faiss.Index, vector: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    scores, ids = index.search(np.ascontiguousarray(vector.reshape(1, -1), dtype=np.float32), k)
+def search_params(index: faiss.Index, effort: float) -> faiss.SearchParameters | None:
+    """Per-call search parameters at ``effort`` (a share) of the index's configured efSearch (HNSW) or nprobe (IVF);
+    None at full effort, and for an exact or GPU index (nothing to cut). Per call, not set on the index: requests at
+    other levels search it at the same time."""
+    if effort >= 1.0 or on_gpu(index):
+        return None
+    if isinstance(index, faiss.IndexHNSW):
+        return faiss.SearchParametersHNSW(efSearch=max(1, round(index.hnsw.efSearch * effort)))
+    if isinstance(index, faiss.IndexIVF):
+        return faiss.SearchParametersIVF(nprobe=max(1, round(index.nprobe * effort)))
+    return None
+
+
+def search(index: faiss.Index, vector: np.ndarray, k: int,
+           params: faiss.SearchParameters | None = None) -> tuple[np.ndarray, np.ndarray]:
+    scores, ids = index.search(np.ascontiguousarray(vector.reshape(1, -1), dtype=np.float32), k, params=params)
     keep = ids[0] >= 0
     return ids[0][keep], scores[0][keep]

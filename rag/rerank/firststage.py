@@ -29,8 +29,8 @@ class _HitsRetriever:
         self._inner, self._recorder = inner, recorder
         self.name = inner.name
 
-    def retrieve(self, query, query_vector, k):
-        result = self._inner.retrieve(query, query_vector, k)
+    def retrieve(self, query, query_vector, k, **options):
+        result = self._inner.retrieve(query, query_vector, k, **options)
         self._recorder.hits[self.name] = result.hits
         return result
 

@@ -22,12 +22,17 @@ class DenseRetriever:
     def __init__(self, index: faiss.Index) -> None:
         self.index = index
         self.device_timer = DeviceTimer.for_device(dense.on_gpu(index))  # CUDA events for a GPU index only
+        self._params: dict[float, object] = {}  # effort -> faiss search parameters, made once per effort
 
-    def retrieve(self, query: str, query_vector: np.ndarray | None, k: int) -> RetrievalResult:
+    def retrieve(self, query: str, query_vector: np.ndarray | None, k: int, *,
+                 effort: float = 1.0) -> RetrievalResult:
         if query_vector is None:
             raise ValueError("the dense retriever needs the query embedding")
         start = time.perf_counter()
-        (ids, scores), device = self.device_timer.call(dense.search, self.index, query_vector, k)
+        if effort not in self._params:
+            self._params[effort] = dense.search_params(self.index, effort)
+        (ids, scores), device = self.device_timer.call(dense.search, self.index, query_vector, k,
+                                                       self._params[effort])
         hits = _hits(ids, scores)
         return RetrievalResult(self.name, hits, time.perf_counter() - start, device)
 
@@ -41,8 +46,9 @@ class BM25Retriever:
         self.model = model
         self.analyzer = analyzer
 
-    def retrieve(self, query: str, query_vector: np.ndarray | None, k: int) -> RetrievalResult:
-        start = time.perf_counter()
+    def retrieve(self, query: str, query_vector: np.ndarray | None, k: int, *,
+                 effort: float = 1.0) -> RetrievalResult:
+        start = time.perf_counter()  # BM25 scores every posting of the query's terms: no effort to cut
         ids, scores = sparse.bm25_top_k(self.model, self.analyzer.tokens(query), k)
         return RetrievalResult(self.name, _hits(ids, scores), time.perf_counter() - start)
 

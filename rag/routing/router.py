@@ -9,7 +9,7 @@ from typing import Mapping
 import numpy as np
 
 from rag.retrieval.lexical import LexicalAnalyzer
-from rag.routing.arms import ARM_MULTIPLIERS, without_graph
+from rag.routing.arms import ARM_MULTIPLIERS, ROUTER_CHOICES, split_choice, without_graph
 from rag.routing.features import FEATURE_NAMES, lexical_features
 from rag.routing.model import RouterModel
 from rag.types import LinkedEntities, Route
@@ -19,26 +19,34 @@ SHIPPED_MODEL = Path(__file__).with_name("router.npz")
 
 
 class LogisticRouter:
-    """Picks the arm the model scores highest among those that can run here (no graph arm without a graph), then
-    drops the graph from it when the query linked no entity."""
+    """Picks the choice the model scores highest among those that can run here (no graph arm without a graph, no
+    reranked choice without the reranker), then drops the graph from it when the query linked no entity. A model
+    whose choices never rerank leaves the reranker as the request asked (``Route.rerank`` True)."""
 
     def __init__(self, model: RouterModel, weights: Mapping[str, Mapping[str, float]], idf: Mapping[str, float],
-                 analyzer: LexicalAnalyzer, available: set[str]) -> None:
+                 analyzer: LexicalAnalyzer, available: set[str], can_rerank: bool = True) -> None:
         self.model, self.weights, self.idf, self.analyzer = model, weights, idf, analyzer
-        self.allowed = np.array([set(ARM_MULTIPLIERS[arm]) <= available for arm in model.arms])
+        self.choices = [split_choice(choice) for choice in model.arms]
+        self.decides_rerank = any(rerank for _, rerank in self.choices)
+        self.allowed = np.array([set(ARM_MULTIPLIERS[arm]) <= available and (can_rerank or not rerank)
+                                 for arm, rerank in self.choices])
         if not self.allowed.any():
-            raise ValueError(f"no route of the router model can run with the retrievers {sorted(available)}")
+            raise ValueError(f"no route of the router model can run with the retrievers {sorted(available)}"
+                             + ("" if can_rerank else " and no reranker"))
 
     @classmethod
-    def load(cls, path: Path | None, weights, idf, analyzer, available: set[str]) -> "LogisticRouter":
-        model = RouterModel.load(path or SHIPPED_MODEL, arms=tuple(ARM_MULTIPLIERS), features=FEATURE_NAMES)
-        return cls(model, weights, idf, analyzer, available)
+    def load(cls, path: Path | None, weights, idf, analyzer, available: set[str],
+             can_rerank: bool = True) -> "LogisticRouter":
+        model = RouterModel.load(path or SHIPPED_MODEL, arms=ROUTER_CHOICES, features=FEATURE_NAMES)
+        return cls(model, weights, idf, analyzer, available, can_rerank)
 
     def route(self, query: str, linked: LinkedEntities) -> Route:
         started = time.perf_counter()
         x = lexical_features(query, linked, self.idf, self.analyzer)
-        arm = self.model.arms[int(self.model.predict(x, self.allowed)[0])]
+        arm, rerank = self.choices[int(self.model.predict(x, self.allowed)[0])]
         if not linked.seeds:
             arm = without_graph(arm)  # nothing to expand: no graph stage, no round trip
         weights = self.weights[arm]
-        return Route(arm, tuple(weights), dict(weights), time.perf_counter() - started)
+        return Route(arm, tuple(weights), dict(weights), time.perf_counter() - started,
+                     rerank=rerank or not self.decides_rerank)
+

@@ -30,6 +30,7 @@ class Plan:
     graph: bool
     rerank_candidates: int  # 0 = no rerank
     dense: bool
+    search_effort: float  # 1 = as configured
 
 
 def plan(level: QualityLevel, settings) -> Plan:
@@ -39,11 +40,14 @@ def plan(level: QualityLevel, settings) -> Plan:
     rerank = settings.rerank.candidates if settings.rerank.enabled else 0
     if level.rerank_candidates is not None:
         rerank = min(rerank, level.rerank_candidates)
+    dense = level.dense and (routed or "dense" in retrievers)
+    # Less effort cuts the candidates fused (several lists) and an approximate index's search (not an exact one's).
+    cuts_search = dense and (routed or len(retrievers) > 1 or settings.index.kind != "flat")
     return Plan(hyde=level.hyde and settings.hyde.enabled,
                 language_model=level.language_model and settings.generation.generator != "extractive",
                 graph=level.graph and settings.graph.enabled and (routed or "graph" in retrievers),
-                rerank_candidates=rerank,
-                dense=level.dense and (routed or "dense" in retrievers))
+                rerank_candidates=rerank, dense=dense,
+                search_effort=level.search_effort if cuts_search else 1.0)
 
 
 def distinct_levels(settings) -> tuple[str, ...]:

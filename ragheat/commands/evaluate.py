@@ -80,6 +80,8 @@ def evaluate(
     for name, m in report["retrievers"].items():
         if name == "routed" or len(m["routes"]) > 1:
             out.print(f"{name} routes: " + ", ".join(f"{r} {share:.1%}" for r, share in m["routes"].items()))
+        if 0 < m["reranked_share"] < 1:  # the router kept the fused order for the others
+            out.print(f"{name}: reranked {m['reranked_share']:.1%} of the queries")
         if m["skipped"]:
             if m.get("graph_skipped"):
                 out.print(f"[yellow]{name}: the graph stage was skipped for {m['graph_skipped']} queries (store "

@@ -26,7 +26,8 @@ def train_router(
     seed: int = typer.Option(0, help="seed of the cross-validation folds (training itself is deterministic)"),
     json_out: Optional[Path] = typer.Option(None, "--json", help="write the training report here"),
 ) -> None:
-    """Retrain the query router from per-query outcomes of every route on BEIR training splits."""
+    """Retrain the query router from per-query outcomes of every route, with and without the reranker
+    (rerank.enabled), on BEIR training splits."""
     import sys
 
     from rag.eval.beir import load_qrels, load_queries
@@ -66,9 +67,11 @@ def train_router(
     model.save(target)
     for name, d in report["datasets"].items():
         cv, best = d["router_nested_cv"], max(d["fixed"].items(), key=lambda kv: kv[1]["ndcg@10"])
+        rules = "; ".join(f"{rule.replace('_', '-')} {d[rule]['ndcg@10']:.4f}"
+                          for rule in ("graph_if_linked", "graph_if_linked_else_rerank") if rule in d)
         out.print(f"{name}: router (nested CV) nDCG@10 {cv['ndcg@10']:.4f} ±{cv['ndcg@10_std_over_repeats']:.4f}, "
                   f"{cv['retrievers_per_query']:.2f} retrievers/query; best fixed {best[0]} {best[1]['ndcg@10']:.4f}; "
-                  f"graph-if-linked {d['graph_if_linked']['ndcg@10']:.4f}")
+                  f"{rules}")
     out.print(f"[green]wrote[/] {target} (l2 {report['l2']})")
     if json_out:
         json_out.parent.mkdir(parents=True, exist_ok=True)

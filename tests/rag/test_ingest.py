@@ -239,7 +239,7 @@ def test_product_coded_token_vectors_are_learnt_at_ingest_and_rerank_what_is_ser
     try:
         pipeline.warm_up()
         assert pipeline.reranker.vectors.product is not None
-        result = pipeline.query("Where does magma come out of the crust?", top_k=3)
+        result = pipeline.query("Where does magma come out of the crust?", 3, ["hybrid"])  # hybrid: always reranked
         assert "rerank" in [stage.name for stage in result.stages]
         assert all("magma" in source.chunk.text for source in result.sources[:3]), [
             source.chunk.text for source in result.sources]

@@ -93,8 +93,8 @@ def test_default_is_what_the_service_serves_by_default():
     from rag.settings import RagheatSettings
 
     assert parse_retriever_sets("default,hybrid", RagheatSettings()) == {
-        "default": ("dense", "bm25", "rerank"), "hybrid": ("dense", "bm25")}
-    plain = RagheatSettings(retrieval={"retrievers": ["routed"]}, rerank={"enabled": False})
-    assert parse_retriever_sets("default", plain) == {"default": ("routed",)}
+        "default": ("routed", "rerank"), "hybrid": ("dense", "bm25")}
+    plain = RagheatSettings(retrieval={"retrievers": ["dense", "bm25"]}, rerank={"enabled": False})
+    assert parse_retriever_sets("default", plain) == {"default": ("dense", "bm25")}
     with pytest.raises(ValueError, match="settings"):
         parse_retriever_sets("default")

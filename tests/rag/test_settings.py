@@ -22,7 +22,7 @@ def test_defaults_without_environment():
     s = RagheatSettings()
     assert s.index.kind == "hnsw"
     assert s.server.port == 8000
-    assert s.retrieval.retrievers == ["dense", "bm25"]
+    assert s.retrieval.retrievers == ["routed"]
 
 
 def test_nested_environment_variables_are_read(monkeypatch):

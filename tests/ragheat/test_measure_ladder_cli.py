@@ -15,7 +15,8 @@ def test_every_rung_of_the_default_service_is_measured_and_loadable(scifact_subs
                      str(subset_index), "--rounds", "1", "--limit", "20", "--out", str(out), cwd=tmp_path)
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
-    assert list(data["levels"]) == ["full", "shallow_rerank", "no_rerank", "bm25_only"]
+    assert list(data["levels"]) == ["full", "no_graph", "shallow_rerank", "no_rerank", "light_search",
+                                   "bm25_only"]
     row = data["levels"]["bm25_only"]["corpora"][scifact_subset.name]
     assert row["queries"] == 20 and 0 <= row["ndcg@10"] <= 1 and row["p99_ms"] >= row["p50_ms"] > 0
     ladder = Ladder.load(out)

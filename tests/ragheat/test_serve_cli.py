@@ -23,6 +23,7 @@ from stack.servers import BackgroundServer
 from rag.errors import IndexLoadError
 from rag.index.store import resolve_generation
 from rag.pipeline import RagPipeline
+from rag.stages import DEFAULT_STAGES
 from ragheat.cli import app
 
 RAGHEAT = Path(sys.executable).parent / "ragheat"
@@ -170,7 +171,7 @@ def test_warm_up_succeeds_on_an_intact_copy(settings, index_copy, pipeline):
 
 
 def test_query_in_process_prints_json(subset_index):
-    # The graph is not in this path (no entity-linked retriever asked for): its store is not started.
+    # Without the graph the router still picks (among the routes without it); no entities are looked for.
     result = query_cli(QUERY, "--index", str(subset_index), "--top-k", "3", "--json",
                        env={"RAGHEAT_GRAPH__ENABLED": "false"})
     assert result.exit_code == 0, result.stderr
@@ -180,7 +181,7 @@ def test_query_in_process_prints_json(subset_index):
     assert [c["number"] for c in data["citations"]] == [1, 2, 3]
     assert all(c["doc_id"] and c["chunk_end"] > c["chunk_start"] for c in data["citations"])
     assert data["generator"] == "extractive"
-    assert [s["name"] for s in data["stages"]] == ["embed", "retrieve_dense", "retrieve_bm25", "fuse", "rerank", "generate"]
+    assert [s["name"] for s in data["stages"]] == [s for s in DEFAULT_STAGES if s != "link_entities"]  # no graph
 
 
 def test_query_against_a_server_matches_in_process(server_url, pipeline):

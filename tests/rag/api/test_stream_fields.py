@@ -55,8 +55,9 @@ def titled(served, scifact_subset) -> str:
 
 
 @pytest.mark.parametrize("retrievers, route, graph_runs", [
-    (None, "hybrid", False), (["bm25"], "bm25", False), (["hybrid+graph"], "hybrid+graph", True),
+    (["dense", "bm25"], "hybrid", False), (["bm25"], "bm25", False), (["hybrid+graph"], "hybrid+graph", True),
     (["graph"], "graph", True),
+    (None, "hybrid+graph", True),  # the default routes: a question that names an entity gets the graph
 ])
 def test_done_names_the_route_as_the_json_response_does(served, titled, retrievers, route, graph_runs):
     _, client = served

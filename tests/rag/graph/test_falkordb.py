@@ -249,3 +249,42 @@ def test_a_store_slow_to_answer_while_starting_is_waited_for(tmp_path, monkeypat
     monkeypatch.setattr(FalkorDBStore, "_connect", slow_first_answers)
     with FalkorDBStore(tmp_path) as store:
         assert len(slow) == 3 and count_generation(store, "g1") == before
+
+
+class _ClosedUnderIt:
+    """A client graph whose read fails as redis-py does when another thread closed its socket (the buffer gone),
+    optionally after that thread has taken the store's client away (a restart)."""
+
+    def __init__(self, store: FalkorDBStore, restarted: bool) -> None:
+        self.store, self.restarted = store, restarted
+
+    def ro_query(self, *args, **kwargs):
+        if self.restarted:
+            self.store._graph = None
+        raise AttributeError("'NoneType' object has no attribute 'readline'")
+
+
+def test_a_read_whose_socket_a_restart_closed_is_the_store_away_not_a_failed_query(tmp_path):
+    from rag.graph.errors import GraphStoreUnavailable
+
+    store = FalkorDBStore(tmp_path)
+    store._graph = _ClosedUnderIt(store, restarted=True)
+    with pytest.raises(GraphStoreUnavailable, match="went away mid-query"):
+        store.run("MATCH (n) RETURN n")
+    store._graph = _ClosedUnderIt(store, restarted=False)  # the same error with the store still in place: a bug, raised
+    with pytest.raises(AttributeError):
+        store.run("MATCH (n) RETURN n")
+
+
+def test_stopping_takes_the_client_away_before_closing_its_socket(tmp_path):
+    store = FalkorDBStore(tmp_path)
+    seen = []
+
+    class Connection:
+        def close(self):
+            seen.append(store._graph)
+
+    store._client = type("Client", (), {"connection": Connection()})()
+    store._graph = object()
+    store._stop()
+    assert seen == [None] and store._client is None

@@ -4,6 +4,7 @@ does to a request."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -69,7 +70,7 @@ def test_the_default_hybrid_request_is_unchanged_by_the_graph(graph_pipeline):
 
 def test_routed_picks_a_route_per_query_and_never_the_graph_without_entities(graph_pipeline, hotpot_subset):
     run = graph_pipeline.retrieve(UNLINKED, 10, ["routed"])
-    assert names(run.stages)[:2] == ["link_entities", "route"] and "retrieve_graph" not in names(run.stages)
+    assert names(run.stages)[:3] == ["embed", "link_entities", "route"] and "retrieve_graph" not in names(run.stages)
     assert run.route in ROUTER_ARMS and "graph" not in run.route
     questions = [json.loads(line)["text"] for line in (hotpot_subset / "queries.jsonl").read_text().splitlines()]
     routes = set()
@@ -157,17 +158,43 @@ def test_eval_scores_every_name_and_counts_retrievers_and_routes(graph_pipeline,
 
 
 def test_the_router_is_trained_on_exactly_what_routed_serves(graph_pipeline, hotpot_subset):
-    """The outcome table's nDCG of the arm the router picks, per query, averages to what ``ragheat eval`` measures
-    for routed: training and serving fuse the same lists the same way."""
+    """The outcome table's nDCG of the choice the router picks, per query, averages to what ``ragheat eval``
+    measures for routed (arm alone) and routed+rerank (arm, reranked when the choice says so): training and serving
+    fuse and rerank the same lists the same way."""
     from rag.eval.beir import load_qrels, load_queries
     from rag.eval.runner import evaluate
-    from rag.routing.train import ARMS, collect_outcomes
+    from rag.routing.arms import RERANKED
+    from rag.routing.train import collect_outcomes
 
     queries, qrels = load_queries(hotpot_subset), load_qrels(hotpot_subset, "dev")
     table = collect_outcomes(graph_pipeline, "subset", queries, qrels)
-    picks = [ARMS.index(graph_pipeline.router.route(queries[q], graph_pipeline.linker.link(queries[q])).name)
-             for q in table.qids]
-    served = evaluate(graph_pipeline, queries, qrels, ["routed", "hybrid+graph"])["retrievers"]
-    assert served["routed"]["ndcg@10"] == pytest.approx(float(table.ndcg[range(len(picks)), picks].mean()), abs=1e-12)
-    assert served["hybrid+graph"]["ndcg@10"] == pytest.approx(float(table.ndcg[:, ARMS.index("hybrid+graph")].mean()),
-                                                              abs=1e-12)
+    assert len(table.choices) == 10 and table.ndcg.shape == (len(table.qids), 10)
+    routes = [graph_pipeline.router.route(queries[q], graph_pipeline.linker.link(queries[q])) for q in table.qids]
+    arms = [table.choices.index(r.name) for r in routes]
+    chosen = [table.choices.index(r.name + (RERANKED if r.rerank else "")) for r in routes]
+    served = evaluate(graph_pipeline, queries, qrels, ["routed", "routed+rerank", "hybrid+graph",
+                                                       "hybrid+graph+rerank"])["retrievers"]
+    rows = range(len(routes))
+    assert served["routed"]["ndcg@10"] == pytest.approx(float(table.ndcg[rows, arms].mean()), abs=1e-12)
+    assert served["routed+rerank"]["ndcg@10"] == pytest.approx(float(table.ndcg[rows, chosen].mean()), abs=1e-12)
+    for name in ("hybrid+graph", "hybrid+graph+rerank"):
+        assert served[name]["ndcg@10"] == pytest.approx(float(table.ndcg[:, table.choices.index(name)].mean()),
+                                                        abs=1e-12)
+
+
+def test_a_route_that_keeps_the_fused_order_runs_no_rerank_and_is_not_degraded(graph_pipeline, hotpot_subset,
+                                                                                monkeypatch):
+    question = linked_question(graph_pipeline, hotpot_subset)
+    route = graph_pipeline.router.route
+    monkeypatch.setattr(graph_pipeline.router, "route",
+                        lambda q, linked: dataclasses.replace(route(q, linked), rerank=False))
+    run = graph_pipeline.retrieve(question, 10, ["routed"])
+    assert "rerank" not in names(run.stages) and not run.skipped and run.reranked is None
+    assert run.route_reranks is False and run.hits
+    result = graph_pipeline.query(question, 5, ["routed"])
+    assert not result.degraded and "rerank" not in result.skipped
+    monkeypatch.setattr(graph_pipeline.router, "route",
+                        lambda q, linked: dataclasses.replace(route(q, linked), rerank=True))
+    assert "rerank" in names(graph_pipeline.retrieve(question, 10, ["routed"]).stages)
+    # A request that asks for no reranking gets none, whatever the route says.
+    assert "rerank" not in names(graph_pipeline.retrieve(question, 10, ["routed"], rerank=False).stages)

@@ -10,7 +10,8 @@ import pytest
 
 from rag.errors import IndexLoadError
 from rag.retrieval.lexical import LexicalAnalyzer
-from rag.routing.arms import ARM_MULTIPLIERS, arm_weights, retrievers_run, without_graph
+from rag.routing.arms import (ARM_MULTIPLIERS, RERANKED, ROUTER_CHOICES, arm_weights, retrievers_run, split_choice,
+                              without_graph)
 from rag.routing.features import FEATURE_NAMES, lexical_features
 from rag.routing.model import RouterModel, best_arm_labels, fit_logistic
 from rag.routing.names import expand, parse_eval_names, route_label
@@ -137,7 +138,8 @@ def test_a_saved_model_is_checked_when_loaded(tmp_path):
 
 
 def test_the_shipped_model_loads_and_says_how_it_was_trained():
-    model = RouterModel.load(SHIPPED_MODEL, arms=ARMS, features=FEATURE_NAMES)
+    model = RouterModel.load(SHIPPED_MODEL, arms=ROUTER_CHOICES, features=FEATURE_NAMES)
+    assert set(model.arms) == set(ROUTER_CHOICES)  # it decides the reranker per query too
     trained = model.metadata["trained"]
     assert trained["command"].startswith("ragheat train-router") and "seed" in trained
     assert {d["split"] for d in trained["datasets"]} and SHIPPED_MODEL.stat().st_size < 64 * 1024
@@ -156,3 +158,51 @@ def test_the_router_masks_routes_that_cannot_run_and_drops_an_unused_graph():
     assert without_seeds.name == "hybrid" and without_seeds.retrievers == ("dense", "bm25")
     no_graph = LogisticRouter(model, weights, {}, analyzer, {"dense", "bm25"})
     assert "graph" not in no_graph.route("q", LinkedEntities({1: 1.0}, 0.0)).name
+
+
+def test_every_choice_is_an_arm_with_or_without_the_reranker():
+    assert ROUTER_CHOICES[:len(ROUTER_ARMS)] == ROUTER_ARMS and len(ROUTER_CHOICES) == 2 * len(ROUTER_ARMS)
+    assert split_choice("hybrid+graph+rerank") == ("hybrid+graph", True)
+    assert split_choice("hybrid+graph") == ("hybrid+graph", False)
+    assert all(split_choice(c)[0] in ROUTER_ARMS for c in ROUTER_CHOICES)
+
+
+def _preferring(choices: tuple[str, ...], order: list[str]) -> RouterModel:
+    """A model scoring ``order`` highest first, whatever the query."""
+    X = np.zeros((len(choices), len(FEATURE_NAMES)))
+    model = fit_logistic(X, np.arange(len(choices)), np.ones(len(choices)), choices, FEATURE_NAMES)
+    model.W[:] = 0.0
+    model.b = np.array([len(order) - order.index(c) if c in order else -10.0 for c in choices], float)
+    return model
+
+
+def test_the_router_decides_the_reranker_per_query_within_what_can_run():
+    weights, analyzer = arm_weights(RagheatSettings()), LexicalAnalyzer("english")
+    everything = {"dense", "bm25", "graph"}
+    model = _preferring(ROUTER_CHOICES, ["hybrid+graph", "hybrid+rerank", "hybrid"])
+    router = LogisticRouter(model, weights, {}, analyzer, everything)
+    linked, unlinked = LinkedEntities({1: 1.0}, 0.0), LinkedEntities({}, 0.0)
+    graph_route = router.route("q", linked)
+    assert graph_route.name == "hybrid+graph" and graph_route.rerank is False  # the graph's order kept
+    # Without the graph the best choice that can run is the reranked hybrid.
+    assert LogisticRouter(model, weights, {}, analyzer, {"dense", "bm25"}).route("q", linked).rerank is True
+    # Without the reranker the reranked choices are masked.
+    no_reranker = LogisticRouter(_preferring(ROUTER_CHOICES, ["hybrid+rerank", "dense-heavy"]), weights, {},
+                                 analyzer, everything, can_rerank=False)
+    assert no_reranker.route("q", unlinked).name == "dense-heavy"
+    with pytest.raises(ValueError, match="no reranker"):
+        LogisticRouter(_preferring(("hybrid" + RERANKED,), []), weights, {}, analyzer, everything, can_rerank=False)
+
+
+def test_a_model_that_never_learnt_the_reranker_leaves_it_as_asked():
+    router = LogisticRouter(_preferring(ARMS, ["hybrid"]), arm_weights(RagheatSettings()), {},
+                            LexicalAnalyzer("english"), {"dense", "bm25", "graph"})
+    assert not router.decides_rerank and router.route("q", LinkedEntities({}, 0.0)).rerank is True
+
+
+def test_labels_prefer_the_choice_without_the_reranker_when_it_ties():
+    choices = ("hybrid", "hybrid" + RERANKED)
+    ndcg = np.array([[0.6, 0.6], [0.4, 0.7]])
+    costs = np.array([[2, 2.5], [2, 2.5]])
+    labels, _ = best_arm_labels(ndcg, costs)
+    assert [choices[i] for i in labels] == ["hybrid", "hybrid+rerank"]

@@ -43,13 +43,49 @@ def test_a_shallow_rerank_rescores_only_its_depth(pipeline):
     assert len(deep.hits) == len(shallow.hits) == 30
 
 
+def test_a_light_search_fuses_fewer_candidates_from_a_cheaper_dense_search(pipeline):
+    full = pipeline.retrieve(QUERY, 5, ["hybrid"], level="no_rerank")
+    light = pipeline.retrieve(QUERY, 5, ["hybrid"], level="light_search")
+    candidates = pipeline.settings.retrieval.candidates
+    assert full.retrieved["dense"] == candidates and light.retrieved["dense"] == candidates // 4
+    assert light.retrieved["bm25"] <= candidates // 4 and len(light.hits) == 5
+    # The fused top answers barely move: the best candidates are among each list's first quarter.
+    assert len({h.chunk_id for h in light.hits} & {h.chunk_id for h in full.hits}) >= 3
+
+
+def test_search_effort_is_a_per_call_parameter_of_an_approximate_index():
+    import faiss
+    import numpy as np
+
+    from rag.index.dense import search, search_params
+
+    vectors = np.random.default_rng(0).normal(size=(2000, 16)).astype(np.float32)
+    hnsw = faiss.IndexHNSWFlat(16, 8, faiss.METRIC_INNER_PRODUCT)
+    hnsw.add(vectors)
+    hnsw.hnsw.efSearch = 128
+    assert search_params(hnsw, 1.0) is None and search_params(hnsw, 0.25).efSearch == 32
+    ids, _ = search(hnsw, vectors[0], 10, search_params(hnsw, 0.25))
+    assert len(ids) == 10 and hnsw.hnsw.efSearch == 128  # the index's own setting is untouched
+    ivf = faiss.IndexIVFFlat(faiss.IndexFlatIP(16), 16, 8, faiss.METRIC_INNER_PRODUCT)
+    ivf.train(vectors)
+    ivf.nprobe = 8
+    assert search_params(ivf, 0.25).nprobe == 2
+    assert search_params(faiss.IndexFlatIP(16), 0.25) is None  # exact: nothing to cut
+
+
 def test_an_unknown_rung_is_refused_with_the_list(pipeline):
     with pytest.raises(ValueError, match="bm25_only"):
         pipeline.query(QUERY, 5, level="cheap")
 
 
 def test_rungs_that_cut_only_what_the_service_does_not_run_are_left_out():
-    assert distinct_levels(RagheatSettings()) == ("full", "shallow_rerank", "no_rerank", "bm25_only")
+    # The default service routes (the graph is one of its choices), reranks and answers extractively.
+    assert distinct_levels(RagheatSettings()) == ("full", "no_graph", "shallow_rerank", "no_rerank", "light_search",
+                                                  "bm25_only")
+    hybrid = RagheatSettings(retrieval={"retrievers": ["dense", "bm25"]})
+    assert distinct_levels(hybrid) == ("full", "shallow_rerank", "no_rerank", "light_search", "bm25_only")
+    exact_dense = RagheatSettings(retrieval={"retrievers": ["dense"]}, index={"kind": "flat"})
+    assert "light_search" not in distinct_levels(exact_dense)  # one exact list: no effort to cut
     routed_with_model = RagheatSettings(retrieval={"retrievers": ["routed"]}, generation={"generator": "openai"},
                                         hyde={"enabled": True})
     assert distinct_levels(routed_with_model) == QUALITY_LEVELS
@@ -61,9 +97,10 @@ def test_the_shipped_ladder_is_measured_for_every_rung_of_the_default_service_an
     ladder = Ladder.load()
     served = distinct_levels(RagheatSettings())
     assert set(served) <= set(ladder.cpu_ms), "measure-ladder measured every rung the default service runs"
-    assert ladder.frontier(served) == served, "each rung costs less than the one above it"
-    costs = [ladder.cpu_ms[name] for name in served]
-    assert costs == sorted(costs, reverse=True)
+    steps = ladder.frontier(served)  # a rung that saves too little is measured, and left out of the steps
+    assert steps[0] == "full" and steps[-1] == "bm25_only" and len(steps) >= 3
+    costs = [ladder.cpu_ms[name] for name in steps]
+    assert costs == sorted(costs, reverse=True), "each step costs less than the one above it"
     source = json.loads(DEFAULT_LADDER.read_text())["source"]
     assert source["command"].startswith("ragheat measure-ladder")
 
