@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -34,32 +34,38 @@ class RungMeasurement:
                 "recall@10": round(self.recall_at_10, 4)}
 
 
-def measure_rung(pipeline, level: str, queries: Mapping[str, str], qrels: Qrels, rounds: int = 3,
-                 advance: Callable[[], None] | None = None) -> RungMeasurement:
-    """``rounds`` passes of the answers (CPU is the median pass's per answer) and one of the rankings."""
+def measure_rungs(pipeline, levels: Sequence[str], queries: Mapping[str, str], qrels: Qrels, rounds: int = 3,
+                  advance: Callable[[], None] | None = None) -> dict[str, RungMeasurement]:
+    """Each rung of ``levels``: ``rounds`` passes of the answers (CPU is the median pass's per answer), the rungs
+    taking turns within each round so that the machine's drift falls on all of them alike, then one pass of the
+    rankings."""
     judged = {qid: text for qid, text in queries.items() if qid in qrels}
     if not judged:
         raise ValueError("no query with relevance labels to measure the rung on")
     texts = list(judged.values())
-    latencies: list[float] = []
-    cpu_per_answer = []
+    latencies: dict[str, list[float]] = {level: [] for level in levels}
+    cpu_per_answer: dict[str, list[float]] = {level: [] for level in levels}
     for _ in range(rounds):
-        cpu_start = time.process_time()
-        for text in texts:
-            start = time.perf_counter()
-            pipeline.query(text, 5, level=level)
-            latencies.append(time.perf_counter() - start)
+        for level in levels:
+            cpu_start = time.process_time()
+            for text in texts:
+                start = time.perf_counter()
+                pipeline.query(text, 5, level=level)
+                latencies[level].append(time.perf_counter() - start)
+                if advance:
+                    advance()
+            cpu_per_answer[level].append((time.process_time() - cpu_start) / len(texts))
+    measured = {}
+    for level in levels:
+        run = {}
+        for qid, text in judged.items():
+            context = pipeline.retrieve(text, RANKED_DOCS * CHUNKS_PER_DOC, level=level)
+            run[qid] = [doc for doc, _ in pipeline.chunk_hits_to_docs(context.hits)][:RANKED_DOCS]
             if advance:
                 advance()
-        cpu_per_answer.append((time.process_time() - cpu_start) / len(texts))
-    run = {}
-    for qid, text in judged.items():
-        context = pipeline.retrieve(text, RANKED_DOCS * CHUNKS_PER_DOC, level=level)
-        run[qid] = [doc for doc, _ in pipeline.chunk_hits_to_docs(context.hits)][:RANKED_DOCS]
-        if advance:
-            advance()
-    scores = score_run(run, {qid: qrels[qid] for qid in judged})
-    ms = np.asarray(latencies) * 1000
-    return RungMeasurement(level, len(judged), float(np.median(cpu_per_answer)) * 1000,
-                           float(np.percentile(ms, 50)), float(np.percentile(ms, 99)),
-                           float(scores["ndcg@10"]), float(scores["recall@10"]))
+        scores = score_run(run, {qid: qrels[qid] for qid in judged})
+        ms = np.asarray(latencies[level]) * 1000
+        measured[level] = RungMeasurement(level, len(judged), float(np.median(cpu_per_answer[level])) * 1000,
+                                          float(np.percentile(ms, 50)), float(np.percentile(ms, 99)),
+                                          float(scores["ndcg@10"]), float(scores["recall@10"]))
+    return measured

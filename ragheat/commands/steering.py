@@ -35,7 +35,7 @@ def measure_ladder(
     from rag.ingest.pipeline import ingest as run_ingest
     from rag.pipeline import RagPipeline
     from rag.steering.ladder import DEFAULT_LADDER, distinct_levels
-    from rag.steering.measure import measure_rung
+    from rag.steering.measure import measure_rungs
 
     sets = beir_sets(beir, split, index)
     settings = load_settings()
@@ -52,10 +52,10 @@ def measure_ladder(
             pipeline = RagPipeline(settings, idx)
             pipeline.warm_up()
             try:
-                for level in levels:
-                    task = progress.add_task(f"{folder.name} {level}", total=len(queries) * (rounds + 1))
-                    row = measure_rung(pipeline, level, queries, qrels, rounds,
-                                       advance=lambda: progress.advance(task))
+                task = progress.add_task(f"{folder.name}: {len(levels)} rungs", total=len(queries) * (rounds + 1)
+                                         * len(levels))
+                rows = measure_rungs(pipeline, levels, queries, qrels, rounds, advance=lambda: progress.advance(task))
+                for level, row in rows.items():
                     measured[level][folder.name] = row.to_json()
             finally:
                 pipeline.close()
