@@ -63,11 +63,12 @@ loop for the rest."""
 
 
 KNEE_PIPELINE = """\
-This is the default pipeline: its one optional stage on by default is `rerank` (the late-interaction reranker over
-the fused candidates, on since it won on both held-out sets); the router and the graph retriever
-(`retrieval.retrievers` is `dense,bm25`), the answer cache and HyDE stay off. Each is measured in its own section: what reranking costs in capacity side by side in "Replicas behind
-nginx" (`direct-1` against `direct-1-no-rerank`) and in latency in "Late-interaction reranker: what it costs"; the
-answer cache's knee in "Semantic answer cache"; the graph retriever in "Graph retrieval and routing". At the knee the
+This is the default pipeline: the router picks each question's retrievers and whether the reranker runs
+(`retrieval.retrievers` is `routed`; on SciFact's claims it picks hybrid, reranked, for almost every one: "The
+default: the router picks each question's retrievers and reranker"); the answer cache and HyDE stay off. Each is
+measured in its own section: what reranking costs in capacity side by side in "Replicas behind nginx" (`direct-1`
+against `direct-1-no-rerank`) and in latency in "Late-interaction reranker: what it costs"; the answer cache's knee
+in "Semantic answer cache"; the graph retriever in "Graph retrieval and routing". At the knee the
 `embed` stage (one MiniLM run per query on one thread: "Embedding quantisation schemes side by side") is most of each
 query's CPU, then `rerank`, so the machine's cores, shared with the generator, bound the rate; batching queries into
 one run buys nothing on this CPU ("Micro-batched query embedding")."""

@@ -437,6 +437,12 @@ firing on any service whenever checked: **{latency_pages}**. After a healthy pas
 verdicts as they were and page on the retriever agreement's drift alone{support}.""")
 
 
+def _paired(default: dict, other: dict, name: str) -> str:
+    if all(abs(default[q] - other[q]) < 1e-12 for q in default):
+        return f"the default scores every question as {name} does"
+    return difference_verdict(paired_difference(default, other), "the default", name)
+
+
 def routing(d: dict) -> str:
     r = d["routing"]
     sets, fixed, verdict = r["sets"], r["fixed"], r["verdict"]
@@ -452,10 +458,9 @@ def routing(d: dict) -> str:
                          f"{100 * c['graph_ran_share']:.0f} %", f"{100 * c['reranked_share']:.0f} %",
                          num(c["latency_ms"]["p50"]), num(c["latency_ms"]["p99"])])
         per_query = configurations["default"]["per_query_ndcg@10"]
-        pairs.append(f"On {name}: " + difference_verdict(
-            paired_difference(per_query, configurations[best]["per_query_ndcg@10"]), "the default", best) + "; "
-            + difference_verdict(paired_difference(per_query, configurations[r["previous_default"]]
-                                                   ["per_query_ndcg@10"]), "the default", r["previous_default"]) + ".")
+        against = [best] + ([r["previous_default"]] if r["previous_default"] != best else [])
+        pairs.append(f"On {name}: " + "; ".join(_paired(per_query, configurations[k]["per_query_ndcg@10"], k)
+                                                for k in against) + ".")
         trained = s.get("router_trained") or trained
     cv_rows = []
     for name, s in sets.items():
