@@ -7,8 +7,9 @@ has done.
 ``rerank`` (``rerank.enabled``, or per call) rescores the top fused candidates by late interaction (rag/rerank) with
 the query's token states from the embed stage's own model run. ``link_entities`` and ``route`` run for requests that
 use the knowledge graph or the router: a ``routed`` request lets the router pick its retrievers, their fusion
-weights and whether the reranker runs for it (within what the request and its quality level allow); the graph runs only for a query that linked an entity, and when its store is down the stage is skipped and
-the answer says it is degraded. A streamed (language-model) answer is timed as ``generate_prefill`` (request sent ->
+weights and whether the reranker runs for it (within what the request and its quality level allow); the graph runs
+only for a query that linked an entity, and when its store is down the stage is skipped and the answer says it is
+degraded. A streamed (language-model) answer is timed as ``generate_prefill`` (request sent ->
 first token), ``generate_decode`` (first -> last token), then ``support_check``; when the model is down or slow, or
 none of its sentences is supported by the passages, ``generate`` runs the extractive fallback and the result says
 it is degraded, and why (``rag.stages.DEGRADED_REASONS``).

@@ -5,9 +5,10 @@ Names (``--retrievers``): ``dense``, ``bm25``, ``graph``, ``hybrid`` (= dense+bm
 ``RagPipeline.retrieve``, exactly as a request would be, so what is scored is what is served. Any of them followed
 by ``+rerank`` (``hybrid+rerank``) also runs the late-interaction reranker (``rag.rerank``) over the fused
 candidates, from the first stage recorded while ``retrieve`` ran (the query's token states come from its one
-embed run); ``routed+rerank`` reranks the queries whose route keeps the reranker, as the service does. ``+hyde`` (``hybrid+hyde``, before ``+rerank``: ``hybrid+hyde+rerank``) runs the ``hyde`` stage: the
-language model's hypothetical passage searched beside the question in the dense run (``rag.generation.hyde``; the
-pipeline needs ``generation.generator`` openai or vllm). Sets without it are scored without HyDE, whatever
+embed run); ``routed+rerank`` reranks the queries whose route keeps the reranker, as the service does. ``+hyde``
+(``hybrid+hyde``, before ``+rerank``: ``hybrid+hyde+rerank``) runs the ``hyde`` stage: the language model's
+hypothetical passage searched beside the question in the dense run (``rag.generation.hyde``; the pipeline needs
+``generation.generator`` openai or vllm). Sets without it are scored without HyDE, whatever
 ``hyde.enabled`` says. ``default`` is what the service serves by default: ``retrieval.retrievers``, with ``+hyde``
 when ``hyde.enabled`` and ``+rerank`` when ``rerank.enabled`` (``default_set``).
 """

@@ -177,6 +177,8 @@ def test_the_router_is_trained_on_exactly_what_routed_serves(graph_pipeline, hot
     rows = range(len(routes))
     assert served["routed"]["ndcg@10"] == pytest.approx(float(table.ndcg[rows, arms].mean()), abs=1e-12)
     assert served["routed+rerank"]["ndcg@10"] == pytest.approx(float(table.ndcg[rows, chosen].mean()), abs=1e-12)
+    assert served["routed+rerank"]["reranked_share"] == pytest.approx(sum(r.rerank for r in routes) / len(routes))
+    assert served["routed"]["reranked_share"] == 0.0 and served["hybrid+graph+rerank"]["reranked_share"] == 1.0
     for name in ("hybrid+graph", "hybrid+graph+rerank"):
         assert served[name]["ndcg@10"] == pytest.approx(float(table.ndcg[:, table.choices.index(name)].mean()),
                                                         abs=1e-12)
