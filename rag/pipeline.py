@@ -209,7 +209,8 @@ class RagPipeline:
         except IndexLoadError as exc:
             if ROUTED in s.retrieval.retrievers:
                 raise
-            # Only routed requests need it: they are refused with this sentence (and train-router can run).
+            # Only routed requests need it: they are refused with this sentence (and train-router, whose pipelines
+            # serve hybrid, can run to replace it).
             self._router_error = f"routed needs the router model, which cannot be loaded: {exc}"
 
     def check_retrievers(self, retrievers: Sequence[str]) -> str | None:
@@ -291,25 +292,29 @@ class RagPipeline:
         return result
 
     def retrieve(self, query: str, k: int, retrievers: Sequence[str] | None = None, *, rerank: bool | None = None,
-                 hyde: bool | None = None, deadline: Deadline | None = None, level: str = TOP_LEVEL) -> QueryContext:
+                 hyde: bool | None = None, deadline: Deadline | None = None, level: str = TOP_LEVEL,
+                 reranker: Reranker | None = None) -> QueryContext:
         """Retrieval alone, as ``query()`` runs it (for evaluation, training and benchmarks): the request's context,
         whose ``hits`` are the fused top ``k`` and whose ``stages``, ``route``, ``retrieved`` and ``skipped`` say
         what ran. ``retrievers``: names as ``rag.routing.names.expand`` reads them (``dense``, ``hybrid+graph``,
         ``routed``, ...). ``rerank``: rescore the top ``rerank.candidates`` (None = when the reranker is loaded,
         i.e. ``rerank.enabled``). ``hyde``: a hypothetical passage's dense run fused into the dense one (None =
         ``hyde.enabled``; only when dense runs). ``level``: the quality ladder's rung (cuts what ``rerank``, ``hyde``
-        and ``retrievers`` ask for)."""
-        context = self._context(query, k, retrievers, rerank=rerank, hyde=hyde, deadline=deadline, level=level)
+        and ``retrievers`` ask for). ``reranker``: another head's reranker in place of the pipeline's (evaluation)."""
+        context = self._context(query, k, retrievers, rerank=rerank, hyde=hyde, deadline=deadline, level=level,
+                                reranker=reranker)
         self._retrieve(context)
         return context
 
     def _context(self, query: str, top_k: int, retrievers: Sequence[str] | None, *, rerank: bool | None = None,
                  hyde: bool | None = None, deadline: Deadline | None = None,
-                 arrival: float | None = None, level: str = TOP_LEVEL) -> QueryContext:
+                 arrival: float | None = None, level: str = TOP_LEVEL,
+                 reranker: Reranker | None = None) -> QueryContext:
         if not self.ready:
             raise RuntimeError("RagPipeline.warm_up() has not run")
-        rerank = self.reranker is not None if rerank is None else rerank
-        if rerank and self.reranker is None:
+        reranker = reranker or self.reranker
+        rerank = reranker is not None if rerank is None else rerank
+        if rerank and reranker is None:
             raise ValueError("rerank needs rerank.enabled (and an index with stored token vectors)")
         hyde = self.settings.hyde.enabled if hyde is None else hyde
         if hyde and self.hyde is None:
@@ -317,10 +322,10 @@ class RagPipeline:
         if level not in LEVEL_BY_NAME:
             raise ValueError(f"level: {level!r} is not one of {', '.join(QUALITY_LEVELS)}")
         rung = LEVEL_BY_NAME[level]
-        depth = min(self.reranker.candidates, rung.rerank_candidates or self.reranker.candidates) if rerank else 0
+        depth = min(reranker.candidates, rung.rerank_candidates or reranker.candidates) if rerank else 0
         names = expand(retrievers or self.settings.retrieval.retrievers)
         context = QueryContext(query, top_k, names, rerank and rung.rerank_candidates != 0, hyde and rung.hyde,
-                               deadline, self._stage_options, level=rung, rerank_depth=depth)
+                               deadline, self._stage_options, level=rung, rerank_depth=depth, reranker=reranker)
         if names != (ROUTED,):
             context.names = context.cut_by_level(names)
         elif not rung.dense:  # the level leaves BM25 alone: nothing for the router to choose, nothing to link
@@ -359,7 +364,9 @@ class RagPipeline:
         self._fuse_and_rerank(context)
 
     def _plan(self, context: QueryContext) -> None:
-        """Stages ``link_entities`` and ``route``: which retrievers run, with which fusion weights."""
+        """Stages ``link_entities`` and ``route``: which retrievers run, with which fusion weights, and (routed)
+        whether the reranker runs. A routed request is embedded first (every route searches dense); its entities are
+        linked even at a level without the graph, as the router's features read them."""
         names = context.names
         routed = names == (ROUTED,)
         if routed:  # every route searches dense: embedded first, in the stage table's order
@@ -373,7 +380,7 @@ class RagPipeline:
             if self.router is None:
                 raise ValueError(self.check_retrievers(names))
             with context.stage("route"):
-                route = self.router.route(context.query, context.linked)
+                route = self.router.route(context.query, context.linked, rerank=context.rerank)
             context.names, context.route, context.fuser = route.retrievers, route.name, self._route_fusers[route.name]
             context.route_reranks = route.rerank
             if not route.rerank:  # the router keeps the fused order for this query: not a skip, not degraded
@@ -456,7 +463,7 @@ class RagPipeline:
         with context.stage("rerank"):
             first_stage = RerankQuery(context.token_states, {r.retriever: r.hits for r in results})
             depth = context.rerank_depth  # the level's depth; the candidates past it keep their fused order
-            reranked = self.reranker.rerank(first_stage, fused[:depth], context.top_k).hits
+            reranked = context.reranker.rerank(first_stage, fused[:depth], context.top_k).hits
             context.hits = context.reranked = reranked + fused[depth:][:context.top_k - len(reranked)]
 
     def _answer(self, context: QueryContext, passages: list[Chunk],

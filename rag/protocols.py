@@ -178,10 +178,11 @@ class AnswerCache(Protocol):
 
 @runtime_checkable
 class Router(Protocol):
-    """Stage ``route``: per query, which retrievers run and their fusion weights (one of a closed set of routes),
-    from cheap features of the query and its linked entities, before anything expensive runs."""
+    """Stage ``route``: per query, which retrievers run and their fusion weights (one of a closed set of routes), and
+    whether the reranker runs, from cheap features of the query and its linked entities. ``rerank``: whether the
+    request may rerank at all (a choice with the reranker is not offered when it may not)."""
 
-    def route(self, query: str, linked: LinkedEntities) -> Route: ...
+    def route(self, query: str, linked: LinkedEntities, rerank: bool = True) -> Route: ...
 
 
 @runtime_checkable

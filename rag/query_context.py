@@ -16,7 +16,7 @@ import numpy as np
 
 from rag.deadline import Deadline
 from rag.errors import StageError
-from rag.protocols import Fuser
+from rag.protocols import Fuser, Reranker
 from rag.stages import LEVEL_BY_NAME, TOP_LEVEL, QualityLevel, still_to_run
 from rag.threadnames import original_name, set_name, stage_comm
 from rag.types import (NO_ENTITIES, CacheKey, GenerationResult, Hit, LinkedEntities, QueryResult, RetrievalResult,
@@ -80,6 +80,7 @@ class QueryContext:
     options: StageOptions = StageOptions()
     level: QualityLevel = LEVEL_BY_NAME[TOP_LEVEL]  # the quality ladder's rung it is served at (rag.steering)
     rerank_depth: int = 0  # fused candidates the reranker rescores, when reranking
+    reranker: Reranker | None = None  # the pipeline's, or another head's (evaluation)
     stages: list[StageTiming] = field(default_factory=list)
     route: str = "none"  # a closed label (rag.stages.RETRIEVAL_ROUTES)
     route_reranks: bool = True  # a routed request: whether the router's choice keeps the reranker

@@ -136,9 +136,8 @@ class RetrievalSettings(_Section):
 
     retrievers: list[RetrieverName] = Field(
         default_factory=lambda: ["routed"],
-        description="dense, bm25, graph (fused when several), or routed alone: the router picks per query its "
-                    "retrievers and whether the reranker runs. Routed by default: within reach of the best fixed "
-                    "set on both SciFact and multi-hop HotpotQA, where no fixed set is (docs/benchmarks.md)")
+        description="dense, bm25, graph (fused when several), or routed alone (the default): the router picks per "
+                    "query its retrievers and whether to rerank; docs/benchmarks.md compares it with fixed sets")
     candidates: int = Field(100, ge=1, le=1000, description="hits each retriever hands to fusion")
     rrf_k: float = Field(5.0, gt=0, description="reciprocal-rank-fusion constant (tuned on SciFact train)")
     dense_weight: float = Field(1.0, ge=0)

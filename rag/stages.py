@@ -176,6 +176,7 @@ LEVEL_TABLE: tuple[QualityLevel, ...] = (
                  graph=False, rerank_candidates=0, dense=False, search_effort=0.25),
 )
 LEVEL_BY_NAME = {level.name: level for level in LEVEL_TABLE}
+SEARCH_EFFORTS = tuple(sorted({level.search_effort for level in LEVEL_TABLE}))
 QUALITY_LEVELS = tuple(level.name for level in LEVEL_TABLE)
 """The quality ladder's rungs, best first (``rag.steering``); with ``none`` (not answered by the pipeline) the
 ``quality_level`` label of ``ragheat_request_duration_seconds``."""

@@ -125,7 +125,7 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("service", "quality_level", "ragheat_quality_level", "gauge",
                "The quality ladder's rung the load controller serves new queries at (steering.enabled), as its "
                "place in the ladder: 0 = full, then no_hyde, extractive, no_graph, shallow_rerank, no_rerank, "
-               "6 = bm25_only."),
+               "light_search, 7 = bm25_only."),
     MetricSpec("service", "quality_level_changes", "ragheat_quality_level_changes_total", "counter",
                "Steps of the load controller down (cheaper answers) or up the quality ladder.", ("direction",)),
     MetricSpec("service", "priority_requests", "ragheat_requests_priority_total", "counter",

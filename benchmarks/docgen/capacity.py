@@ -64,8 +64,8 @@ loop for the rest."""
 
 KNEE_PIPELINE = """\
 This is the default pipeline: the router picks each question's retrievers and whether the reranker runs
-(`retrieval.retrievers` is `routed`; on SciFact's claims it picks hybrid, reranked, for almost every one: "The
-default: the router picks each question's retrievers and reranker"); the answer cache and HyDE stay off. Each is
+(`retrieval.retrievers` is `routed`; what it picks for SciFact's claims is in "The default: the router picks each
+question's retrievers and reranker"); the answer cache and HyDE stay off. Each is
 measured in its own section: what reranking costs in capacity side by side in "Replicas behind nginx" (`direct-1`
 against `direct-1-no-rerank`) and in latency in "Late-interaction reranker: what it costs"; the answer cache's knee
 in "Semantic answer cache"; the graph retriever in "Graph retrieval and routing". At the knee the
@@ -121,7 +121,8 @@ because the service saturates the cores.
 
 
 EXAMPLE_NAMES = {"haystack": "Haystack", "llama_index": "LlamaIndex", "langchain": "LangChain"}
-STAGE_ORDER = ("embed", "retrieve", "retrieve_dense", "retrieve_bm25", "fuse", "rerank", "generate")
+STAGE_ORDER = ("embed", "link_entities", "route", "retrieve", "retrieve_dense", "retrieve_bm25", "retrieve_graph",
+               "fuse", "rerank", "generate")
 
 
 def _in_order(stages: dict) -> dict:

@@ -4,8 +4,8 @@ Names (``--retrievers``): ``dense``, ``bm25``, ``graph``, ``hybrid`` (= dense+bm
 (fused by weighted RRF, e.g. ``hybrid+graph``), and ``routed`` (the router picks per query). Each is run through
 ``RagPipeline.retrieve``, exactly as a request would be, so what is scored is what is served. Any of them followed
 by ``+rerank`` (``hybrid+rerank``) also runs the late-interaction reranker (``rag.rerank``) over the fused
-candidates, from the first stage recorded while ``retrieve`` ran (the query's token states come from its one
-embed run); ``routed+rerank`` reranks the queries whose route keeps the reranker, as the service does. ``+hyde``
+candidates inside ``retrieve``, as a request is reranked (the query's token states come from its one embed run);
+``routed+rerank`` reranks the queries whose route keeps the reranker, as the service does. ``+hyde``
 (``hybrid+hyde``, before ``+rerank``: ``hybrid+hyde+rerank``) runs the ``hyde`` stage: the language model's
 hypothetical passage searched beside the question in the dense run (``rag.generation.hyde``; the pipeline needs
 ``generation.generator`` openai or vllm). Sets without it are scored without HyDE, whatever
@@ -117,27 +117,24 @@ def run_retrieval(pipeline: RagPipeline, queries: Mapping[str, str], retrievers:
 
 def _run_reranked(pipeline: RagPipeline, queries: Mapping[str, str], retrievers: Sequence[str], depth: int, advance,
                   reranker, hyde: bool = False) -> tuple[dict[str, list[str]], list[float], list[QueryContext]]:
-    from rag.rerank.firststage import FirstStageRecorder
+    """Each query retrieved and reranked by the pipeline as a request is (a routed one only when its route keeps the
+    reranker), with ``reranker`` in place of the pipeline's when given."""
     from rag.rerank.reranker import load_reranker
 
-    if reranker is None:
-        reranker = getattr(pipeline, "reranker", None) or load_reranker(pipeline.index.folder, pipeline.index.manifest)
+    if reranker is None and getattr(pipeline, "reranker", None) is None:
+        reranker = load_reranker(pipeline.index.folder, pipeline.index.manifest)
     run: dict[str, list[str]] = {}
     latencies: list[float] = []
     runs: list[QueryContext] = []
     chunk_depth = depth * 3
-    with FirstStageRecorder(pipeline) as recorder:
-        for qid, text in queries.items():
-            start = time.perf_counter()
-            fused = pipeline.retrieve(text, chunk_depth, retrievers, rerank=False, hyde=hyde)
-            first_stage = recorder.take(text)
-            # A routed query whose route keeps the fused order is scored as the service serves it: not reranked.
-            hits = reranker.rerank(first_stage, fused.hits, chunk_depth).hits if fused.route_reranks else fused.hits
-            latencies.append(time.perf_counter() - start)
-            runs.append(fused)
-            run[qid] = [doc for doc, _ in pipeline.chunk_hits_to_docs(hits)][:depth]
-            if advance:
-                advance()
+    for qid, text in queries.items():
+        start = time.perf_counter()
+        context = pipeline.retrieve(text, chunk_depth, retrievers, rerank=True, hyde=hyde, reranker=reranker)
+        latencies.append(time.perf_counter() - start)
+        runs.append(context)
+        run[qid] = [doc for doc, _ in pipeline.chunk_hits_to_docs(context.hits)][:depth]
+        if advance:
+            advance()
     return run, latencies, runs
 
 

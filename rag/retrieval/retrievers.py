@@ -11,6 +11,7 @@ import numpy as np
 from rag.devicetime import DeviceTimer
 from rag.index import dense, sparse
 from rag.retrieval.lexical import LexicalAnalyzer
+from rag.stages import SEARCH_EFFORTS
 from rag.types import Hit, RetrievalResult
 
 
@@ -22,17 +23,17 @@ class DenseRetriever:
     def __init__(self, index: faiss.Index) -> None:
         self.index = index
         self.device_timer = DeviceTimer.for_device(dense.on_gpu(index))  # CUDA events for a GPU index only
-        self._params: dict[float, object] = {}  # effort -> faiss search parameters, made once per effort
+        # Each quality level's search parameters, made once (read by concurrent requests, never written).
+        self._params = {effort: dense.search_params(index, effort) for effort in SEARCH_EFFORTS}
 
     def retrieve(self, query: str, query_vector: np.ndarray | None, k: int, *,
                  effort: float = 1.0) -> RetrievalResult:
         if query_vector is None:
             raise ValueError("the dense retriever needs the query embedding")
         start = time.perf_counter()
-        if effort not in self._params:
-            self._params[effort] = dense.search_params(self.index, effort)
+        params = self._params[effort] if effort in self._params else dense.search_params(self.index, effort)
         (ids, scores), device = self.device_timer.call(dense.search, self.index, query_vector, k,
-                                                       self._params[effort])
+                                                       params)
         hits = _hits(ids, scores)
         return RetrievalResult(self.name, hits, time.perf_counter() - start, device)
 

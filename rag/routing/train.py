@@ -24,7 +24,7 @@ from rag.eval.beir import Qrels, ndcg_at, recall_at
 from rag.types import NO_ENTITIES
 from rag.pipeline import RagPipeline
 from rag.rerank.features import RerankQuery
-from rag.routing.arms import ARM_MULTIPLIERS, RERANK_COST, RERANKED, retrievers_run, without_graph
+from rag.routing.arms import ARM_MULTIPLIERS, RERANK_COST, RERANKED, ROUTER_CHOICES, retrievers_run, without_graph
 from rag.routing.features import FEATURE_NAMES, lexical_features
 from rag.routing.model import RouterModel, best_arm_labels, fit_logistic
 
@@ -58,7 +58,7 @@ def collect_outcomes(pipeline: RagPipeline, name: str, queries: Mapping[str, str
     depth = max(CHUNK_DEPTH, pipeline.settings.retrieval.candidates)
     idf, analyzer = pipeline.index.idf, pipeline.retrievers["bm25"].analyzer
     reranker = pipeline.reranker
-    choices = ARMS + (tuple(arm + RERANKED for arm in ARMS) if reranker is not None else ())
+    choices = ROUTER_CHOICES if reranker is not None else ARMS
     rows = []
     for qid, text in judged:
         if reranker is not None:  # one model run: the pooled vector and the token states, as a reranked request

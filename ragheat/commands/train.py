@@ -46,7 +46,10 @@ def train_router(
     with progress_bar() as progress:
         for folder, sp, queries, qrels, idx in data:
             run_ingest(str(folder), idx, settings, progress=progress)  # no-op when up to date
-            pipeline = RagPipeline(settings, idx)
+            # Served as hybrid: the router being trained (or a broken one) is not needed to collect outcomes.
+            hybrid = settings.model_copy(update={"retrieval": settings.retrieval.model_copy(
+                update={"retrievers": ["dense", "bm25"]})})
+            pipeline = RagPipeline(hybrid, idx)
             pipeline.warm_up()
             try:
                 task = progress.add_task(f"outcomes {folder.name}", total=sum(1 for q in queries if q in qrels))

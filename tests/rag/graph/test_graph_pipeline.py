@@ -63,7 +63,7 @@ def test_a_query_that_links_nothing_runs_no_graph_stage_and_makes_no_round_trip(
     assert alone.route == "none" and counting.calls == 0
 
 
-def test_the_default_hybrid_request_is_unchanged_by_the_graph(graph_pipeline):
+def test_a_hybrid_request_is_unchanged_by_the_graph(graph_pipeline):
     run = graph_pipeline.retrieve("Who directed Black Book?", 5, ["dense", "bm25"])
     assert names(run.stages) == ["embed", "retrieve_dense", "retrieve_bm25", "fuse", "rerank"]
 
@@ -170,7 +170,11 @@ def test_the_router_is_trained_on_exactly_what_routed_serves(graph_pipeline, hot
     table = collect_outcomes(graph_pipeline, "subset", queries, qrels)
     assert len(table.choices) == 10 and table.ndcg.shape == (len(table.qids), 10)
     routes = [graph_pipeline.router.route(queries[q], graph_pipeline.linker.link(queries[q])) for q in table.qids]
-    arms = [table.choices.index(r.name) for r in routes]
+    # routed alone may not rerank: its router picks among the choices without the reranker
+    plain = [graph_pipeline.router.route(queries[q], graph_pipeline.linker.link(queries[q]), rerank=False)
+             for q in table.qids]
+    assert not any(r.rerank for r in plain)
+    arms = [table.choices.index(r.name) for r in plain]
     chosen = [table.choices.index(r.name + (RERANKED if r.rerank else "")) for r in routes]
     served = evaluate(graph_pipeline, queries, qrels, ["routed", "routed+rerank", "hybrid+graph",
                                                        "hybrid+graph+rerank"])["retrievers"]
@@ -189,14 +193,14 @@ def test_a_route_that_keeps_the_fused_order_runs_no_rerank_and_is_not_degraded(g
     question = linked_question(graph_pipeline, hotpot_subset)
     route = graph_pipeline.router.route
     monkeypatch.setattr(graph_pipeline.router, "route",
-                        lambda q, linked: dataclasses.replace(route(q, linked), rerank=False))
+                        lambda q, linked, rerank=True: dataclasses.replace(route(q, linked), rerank=False))
     run = graph_pipeline.retrieve(question, 10, ["routed"])
     assert "rerank" not in names(run.stages) and not run.skipped and run.reranked is None
     assert run.route_reranks is False and run.hits
     result = graph_pipeline.query(question, 5, ["routed"])
     assert not result.degraded and "rerank" not in result.skipped
     monkeypatch.setattr(graph_pipeline.router, "route",
-                        lambda q, linked: dataclasses.replace(route(q, linked), rerank=True))
+                        lambda q, linked, rerank=True: dataclasses.replace(route(q, linked), rerank=rerank))
     assert "rerank" in names(graph_pipeline.retrieve(question, 10, ["routed"]).stages)
     # A request that asks for no reranking gets none, whatever the route says.
     assert "rerank" not in names(graph_pipeline.retrieve(question, 10, ["routed"], rerank=False).stages)

@@ -59,7 +59,7 @@ def test_routed_requests_say_which_route_they_took(service, hotpot_subset):
     svc, client = service
     for question in questions(hotpot_subset)[:4]:
         body = client.post("/v1/query", json={"query": question, "retrievers": ["routed"]}).json()
-        assert [s["name"] for s in body["stages"]][:3] == ["queue", "link_entities", "route"]
+        assert [s["name"] for s in body["stages"]][:4] == ["queue", "embed", "link_entities", "route"]
         assert body["route"] in ("hybrid", "hybrid+graph", "bm25-heavy", "dense-heavy", "bm25-heavy+graph")
     metrics = client.get("/metrics").text
     assert sum(sample(metrics, "ragheat_retrieval_routes_total", retrieval_route=r)

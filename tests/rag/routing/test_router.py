@@ -186,11 +186,14 @@ def test_the_router_decides_the_reranker_per_query_within_what_can_run():
     assert graph_route.name == "hybrid+graph" and graph_route.rerank is False  # the graph's order kept
     # Without the graph the best choice that can run is the reranked hybrid.
     assert LogisticRouter(model, weights, {}, analyzer, {"dense", "bm25"}).route("q", linked).rerank is True
+    # A request that may not rerank gets the best choice without it.
+    assert router.route("q", unlinked, rerank=False).name == "hybrid" and not router.route("q", unlinked,
+                                                                                           rerank=False).rerank
     # Without the reranker the reranked choices are masked.
     no_reranker = LogisticRouter(_preferring(ROUTER_CHOICES, ["hybrid+rerank", "dense-heavy"]), weights, {},
                                  analyzer, everything, can_rerank=False)
     assert no_reranker.route("q", unlinked).name == "dense-heavy"
-    with pytest.raises(ValueError, match="no reranker"):
+    with pytest.raises(ValueError, match="without the reranker"):
         LogisticRouter(_preferring(("hybrid" + RERANKED,), []), weights, {}, analyzer, everything, can_rerank=False)
 
 

@@ -34,9 +34,9 @@ def test_each_rung_runs_what_it_says_and_says_so(pipeline):
 
 
 def test_a_shallow_rerank_rescores_only_its_depth(pipeline):
-    deep = pipeline.retrieve(QUERY, 30)
-    shallow = pipeline.retrieve(QUERY, 30, level="shallow_rerank")
-    unranked = pipeline.retrieve(QUERY, 30, level="no_rerank")
+    deep = pipeline.retrieve(QUERY, 30, ["hybrid"])  # one arm at every level (a router may pick another)
+    shallow = pipeline.retrieve(QUERY, 30, ["hybrid"], level="shallow_rerank")
+    unranked = pipeline.retrieve(QUERY, 30, ["hybrid"], level="no_rerank")
     # past the rung's depth the fused order is kept: the tails are the no-rerank ranking's
     assert [h.chunk_id for h in shallow.hits[20:]] == [h.chunk_id for h in unranked.hits[20:30]]
     assert {h.chunk_id for h in shallow.hits[:20]} == {h.chunk_id for h in unranked.hits[:20]}
