@@ -47,7 +47,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def measure_set(spec: str) -> dict:
     from rag.eval.beir import load_qrels, load_queries, ndcg_at, score_run
-    from rag.eval.runner import DEFAULT, parse_retriever_sets, run_retrieval, split_rerank
+    from rag.eval.runner import DEFAULT, parse_retriever_sets, run_retrieval
     from rag.pipeline import RagPipeline
     from rag.settings import RagheatSettings
 
@@ -65,12 +65,11 @@ def measure_set(spec: str) -> dict:
             print(f"  {name}: {label}", flush=True)
             run, latencies, runs = run_retrieval(pipeline, judged, retrievers)
             metrics = score_run(run, {q: qrels[q] for q in judged})
-            reranks = split_rerank(retrievers)[1]
             out["configurations"][label] = {
                 "retrievers": list(retrievers), "ndcg@10": metrics["ndcg@10"], "recall@10": metrics["recall@10"],
                 "latency_ms": p50_p99(latencies),
                 "graph_ran_share": float(np.mean(["graph" in r.retrieved for r in runs])),
-                "reranked_share": float(np.mean([reranks and r.route_reranks for r in runs])),
+                "reranked_share": float(np.mean([r.reranked is not None for r in runs])),
                 "per_query_ndcg@10": {q: ndcg_at(run.get(q, []), qrels[q], 10) for q in judged}}
         router = pipeline.router.model.metadata if pipeline.router is not None else {}
     finally:

@@ -382,7 +382,6 @@ class RagPipeline:
             with context.stage("route"):
                 route = self.router.route(context.query, context.linked, rerank=context.rerank)
             context.names, context.route, context.fuser = route.retrievers, route.name, self._route_fusers[route.name]
-            context.route_reranks = route.rerank
             if not route.rerank:  # the router keeps the fused order for this query: not a skip, not degraded
                 context.rerank, context.rerank_depth = False, 0
             if (cut := context.cut_by_level(route.retrievers)) != route.retrievers:  # the arm, less what the level cuts

@@ -83,7 +83,6 @@ class QueryContext:
     reranker: Reranker | None = None  # the pipeline's, or another head's (evaluation)
     stages: list[StageTiming] = field(default_factory=list)
     route: str = "none"  # a closed label (rag.stages.RETRIEVAL_ROUTES)
-    route_reranks: bool = True  # a routed request: whether the router's choice keeps the reranker
     linked: LinkedEntities = NO_ENTITIES
     fuser: Fuser | None = None  # the fusion weights: the route's own when routed
     vector: np.ndarray | None = None  # the query's embedding, once the embed stage has run

@@ -90,14 +90,18 @@ def run_retrieval(pipeline: RagPipeline, queries: Mapping[str, str], retrievers:
                   depth: int = DEPTH, advance=None,
                   reranker=None) -> tuple[dict[str, list[str]], list[float], list[QueryContext]]:
     """Ranked document ids per query, the per-query retrieval latency (seconds) and what each query ran.
-    ``retrievers`` ending in ``rerank`` reranks the fused candidates with ``reranker`` (default: the index's
-    stored token vectors with the shipped head, ``rag.rerank.reranker.load_reranker``); ``hyde`` before it runs
-    the pipeline's HyDE stage (a query whose passage was not written in time is counted in ``QueryContext.skipped``)."""
+    ``retrievers`` ending in ``rerank`` reranks the fused candidates inside the pipeline, as a request is (a routed
+    query only when its route keeps the reranker), with ``reranker`` in place of the pipeline's when given (default:
+    the pipeline's, or the index's stored token vectors with the shipped head, ``rag.rerank.reranker.load_reranker``);
+    ``hyde`` before it runs the pipeline's HyDE stage (a query whose passage was not written in time is counted in
+    ``QueryContext.skipped``)."""
     retrievers, hyde, rerank = split_options(retrievers)
     if hyde and getattr(pipeline, "hyde", None) is None:
         raise ValueError("+hyde needs a language model: set generation.generator to openai or vllm (and its server)")
-    if rerank:
-        return _run_reranked(pipeline, queries, retrievers, depth, advance, reranker, hyde)
+    if rerank and reranker is None and getattr(pipeline, "reranker", None) is None:
+        from rag.rerank.reranker import load_reranker
+
+        reranker = load_reranker(pipeline.index.folder, pipeline.index.manifest)
     run: dict[str, list[str]] = {}
     latencies: list[float] = []
     runs: list[QueryContext] = []
@@ -105,31 +109,8 @@ def run_retrieval(pipeline: RagPipeline, queries: Mapping[str, str], retrievers:
     chunk_depth = depth * 3
     for qid, text in queries.items():
         start = time.perf_counter()
-        # rerank=False, hyde as asked: a set is scored as itself, whatever rerank.enabled and hyde.enabled say.
-        fused = pipeline.retrieve(text, chunk_depth, retrievers, rerank=False, hyde=hyde)
-        latencies.append(time.perf_counter() - start)
-        runs.append(fused)
-        run[qid] = [doc for doc, _ in pipeline.chunk_hits_to_docs(fused.hits)][:depth]
-        if advance:
-            advance()
-    return run, latencies, runs
-
-
-def _run_reranked(pipeline: RagPipeline, queries: Mapping[str, str], retrievers: Sequence[str], depth: int, advance,
-                  reranker, hyde: bool = False) -> tuple[dict[str, list[str]], list[float], list[QueryContext]]:
-    """Each query retrieved and reranked by the pipeline as a request is (a routed one only when its route keeps the
-    reranker), with ``reranker`` in place of the pipeline's when given."""
-    from rag.rerank.reranker import load_reranker
-
-    if reranker is None and getattr(pipeline, "reranker", None) is None:
-        reranker = load_reranker(pipeline.index.folder, pipeline.index.manifest)
-    run: dict[str, list[str]] = {}
-    latencies: list[float] = []
-    runs: list[QueryContext] = []
-    chunk_depth = depth * 3
-    for qid, text in queries.items():
-        start = time.perf_counter()
-        context = pipeline.retrieve(text, chunk_depth, retrievers, rerank=True, hyde=hyde, reranker=reranker)
+        # rerank and hyde as the set asks: a set is scored as itself, whatever rerank.enabled and hyde.enabled say.
+        context = pipeline.retrieve(text, chunk_depth, retrievers, rerank=rerank, hyde=hyde, reranker=reranker)
         latencies.append(time.perf_counter() - start)
         runs.append(context)
         run[qid] = [doc for doc, _ in pipeline.chunk_hits_to_docs(context.hits)][:depth]
@@ -160,9 +141,7 @@ def evaluate(pipeline: RagPipeline, queries: Mapping[str, str], qrels: Qrels,
         metrics["retrievers_per_query"] = float(np.mean(ran)) if ran else 0.0
         routes = Counter(r.route for r in runs)
         metrics["routes"] = {route: count / len(runs) for route, count in sorted(routes.items())} if runs else {}
-        # Reranked: the set asks for it and, when routed, the query's route kept it.
-        asked = split_rerank(retrievers)[1]
-        metrics["reranked_share"] = float(np.mean([asked and r.route_reranks for r in runs])) if runs else 0.0
+        metrics["reranked_share"] = float(np.mean([r.reranked is not None for r in runs])) if runs else 0.0
         metrics["skipped"] = sum(1 for r in runs if r.skipped)
         metrics["hyde_skipped"] = sum(1 for r in runs if "hyde" in r.skipped)  # no passage in time: question only
         metrics["graph_skipped"] = sum(1 for r in runs if "retrieve_graph" in r.skipped)  # the store was down
