@@ -86,7 +86,7 @@ def run(pipeline, texts, qrels_by_text=None) -> list[dict]:
         start = time.perf_counter_ns()
         signals = measure(best_similarity=context.best_similarity, results=context.results,
                           reranked=context.reranked, support=(), fell_back=False, min_similarity=threshold,
-                          min_support=0.0)
+                          min_support=0.0, fused_top=context.fused_top)
         row = {"verdict": signals.verdict, "cost_us": (time.perf_counter_ns() - start) / 1000, **signals.values()}
         if relevant is not None:
             docs = [doc for doc, _ in pipeline.chunk_hits_to_docs(context.hits)][:10]

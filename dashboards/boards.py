@@ -15,7 +15,7 @@ from dashboards.slo import (BURN_ALERTS, QUALITY, QUANTILE_WINDOW_S, SERVICE_SLO
 from dashboards.spec import (JOB, NATIVE, ON_JOB, RATE_INTERVAL, SCRAPED, SOURCE_CHOICE, Board, Panel, Query,
                              Variable, gated)
 from rag.slo import SLO_SECONDS
-from rag.stages import RERANK_SIGNALS, UNIT_SIGNALS
+from rag.stages import QUALITY_SIGNALS
 
 GRAPH_STAGES = ("link_entities", "retrieve_graph", "route")
 """The stages of the knowledge-graph path and the router (rag.stages.STAGES), each with a heatmap of its own: they run
@@ -40,8 +40,13 @@ SIGNAL_HEATMAPS = {
                        "longer match the query encoder.",
     "retriever_agreement": "The share of the dense retriever's top ten that BM25's top ten also holds: low when the "
                            "two disagree about what the question is about.",
+    "fused_top": "The first fused passage's score as a share of the most a passage can score, first in every list "
+                 "the question fused: 1 when the retrievers agree on the first passage, low when each puts another "
+                 "first. No value for an answer from one retriever.",
     "answer_support": "The share of a written answer's sentences the support check accepted (answers a language "
                       "model wrote); under quality.min_support the answer is unsupported.",
+    "citations_per_sentence": "The passages a written answer's sentences cite, per sentence (answers a language model "
+                              "wrote): a model that stops citing, or cites every passage everywhere, moves it.",
     "rerank_top": "The reranker's score of the first passage, on its head's scale: questions the corpus covers score "
                   "high, others near zero.",
     "rerank_margin": "The first passage's lead over the second in the reranker's score: small when it cannot tell the "
@@ -376,12 +381,11 @@ def quality_board(profile: Profile) -> Board:
                         f"behind the model server; the {quality.DRIFT_ALERT} page names this signal. No line "
                         "while the service answers extractively."),
         *_slo_panels(QUALITY, profile, pipeline_only=True),
-        *(_heatmap(f"Quality signal: {signal}", contract.QUALITY_SCORE if signal in UNIT_SIGNALS
-                   else contract.RERANK_SCORE, f'signal="{signal}"', log_y=False, unit="none", width=8,
-                   exemplars=True, pipeline_only=True,
+        *(_heatmap(f"Quality signal: {signal}", contract.SIGNAL_FAMILY[signal], f'signal="{signal}"', log_y=False,
+                   unit="none", width=8, exemplars=True, pipeline_only=True,
                    description=f"Answers per second in each bucket of this signal. {SIGNAL_HEATMAPS[signal]} "
                                "Exemplars link cells to the traces of the answers that landed there.")
-          for signal in (*UNIT_SIGNALS, *RERANK_SIGNALS)),
+          for signal in QUALITY_SIGNALS),
         Panel("Sampled judge: is the first passage relevant?", "timeseries",
               (Query(f"sum by (outcome) ({_rate(contract.JUDGED)})", "{{outcome}}", (contract.JUDGED,)),),
               unit="ops", stacked=True, width=8, pipeline_only=True,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from rag.stages import BAD_VERDICTS, QUALITY_LEVELS, QUALITY_VERDICTS
 from telemetry.metrics import (GENERATION_METRICS, HOST_METRICS, KERNEL_METRICS, QUALITY_METRICS, QUALITY_POINTS,
-                               SERVICE_METRICS, VLLM_METRICS, VLLM_NATIVE_METRICS)
+                               QUALITY_SIGNAL_FAMILIES, SERVICE_METRICS, VLLM_METRICS, VLLM_NATIVE_METRICS)
 from telemetry.otlp_metrics import REQUEST_DURATION as OTLP_REQUEST_DURATION
 from telemetry.otlp_metrics import STAGE_DURATION as OTLP_STAGE_DURATION
 from telemetry.otlp_metrics import prometheus_name
@@ -46,6 +46,8 @@ QUALITY = QUALITY_METRICS
 ANSWER_QUALITY = QUALITY["answer_quality"]
 QUALITY_SCORE = QUALITY["quality_score"]
 RERANK_SCORE = QUALITY["quality_rerank_score"]
+SIGNAL_FAMILY = {signal: QUALITY[family] for signal, family in QUALITY_SIGNAL_FAMILIES.items()}
+"""Each quality signal's histogram family."""
 CALIBRATION = QUALITY["quality_calibration"]
 JUDGED = QUALITY["judged"]
 

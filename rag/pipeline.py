@@ -456,6 +456,8 @@ class RagPipeline:
         else:
             with context.stage("fuse"):
                 fused = context.fuser.fuse(results, fused_k).hits
+                if fused and (best := context.fuser.best_score(results)) > 0:
+                    context.fused_top = fused[0].score / best
         if not (context.rerank and context.fits("rerank")):
             context.hits = fused[:context.top_k]
             return

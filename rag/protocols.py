@@ -60,6 +60,10 @@ class Fuser(Protocol):
 
     def fuse(self, results: Sequence[RetrievalResult], k: int) -> FusionResult: ...
 
+    def best_score(self, results: Sequence[RetrievalResult]) -> float:
+        """The fused score of a passage every list in ``results`` ranks first: the most any passage can score."""
+        ...
+
 
 @runtime_checkable
 class Generator(Protocol):

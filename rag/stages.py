@@ -121,12 +121,14 @@ RELOAD_OUTCOMES = ("swapped", "unchanged", "failed")
 """What a reload did (``rag.index_generations``): a new generation is served, the served one is still the newest, or
 the new one could not be loaded (the old one keeps serving). The ``outcome`` label of
 ``ragheat_index_reloads_total``."""
-UNIT_SIGNALS = ("best_similarity", "retriever_agreement", "answer_support")
+UNIT_SIGNALS = ("best_similarity", "retriever_agreement", "fused_top", "answer_support")
 """Answer-quality signals between 0 and 1 (``rag.quality``; the ``signal`` label of ``ragheat_quality_score``)."""
 RERANK_SIGNALS = ("rerank_top", "rerank_margin")
 """The reranker's scores as quality signals (the ``signal`` label of ``ragheat_quality_rerank_score``): its head's
 scale, not 0..1."""
-QUALITY_SIGNALS = UNIT_SIGNALS + RERANK_SIGNALS
+PER_SENTENCE_SIGNALS = ("citations_per_sentence",)
+"""Counts per written sentence as quality signals (the ``signal`` label of ``ragheat_quality_sentence_citations``)."""
+QUALITY_SIGNALS = UNIT_SIGNALS + RERANK_SIGNALS + PER_SENTENCE_SIGNALS
 QUALITY_VERDICTS = ("good", "no_good_passage", "fell_back", "unsupported", "unscored")
 """What the quality SLO counts an answer as (``rag.quality.signals.Verdict``; the ``verdict`` label of
 ``ragheat_answer_quality_total``)."""

@@ -44,6 +44,8 @@ class QualitySignals:
     rerank_top: float | None = None
     rerank_margin: float | None = None
     answer_support: float | None = None
+    fused_top: float | None = None
+    citations_per_sentence: float | None = None
 
     def values(self) -> dict[str, float]:
         """Signal name -> value, for those computed."""

@@ -18,15 +18,19 @@ if [ $# -gt 0 ] || [ "$workers" -le 1 ]; then
   exec "${pytest[@]}" --durations=25 "$@"
 fi
 
-reports=$(mktemp -d)
+# The JUnit reports stay in out/test-reports: scripts/test_group_seconds.py reads where the time went from them.
+reports=out/test-reports
+rm -rf "$reports" && mkdir -p "$reports"
 # A short base folder: xdist adds a folder per worker to every test's path, and the graph store's Unix socket inside
 # an index folder must stay under the kernel's 108 bytes.
 basetemp=$(mktemp -d /tmp/rh.XXXX)
-trap 'rm -rf "$reports" "$basetemp"' EXIT
+trap 'rm -rf "$basetemp"' EXIT
 started=$SECONDS
 parallel=0 serial=0
 "${pytest[@]}" -n "$workers" --dist loadfile -m "not gpu and not serial" --durations=25 \
   --basetemp="$basetemp/parallel" --junitxml="$reports/parallel.xml" || parallel=$?
+# Where the parallel pass's time went, by the groups its workers take whole (tests/conftest.py).
+.venv/bin/python scripts/test_group_seconds.py "$reports/parallel.xml" --top 12 || true
 "${pytest[@]}" -m "serial and not gpu" --durations=10 --junitxml="$reports/serial.xml" || serial=$?
 .venv/bin/python - "$reports" "$((SECONDS - started))" <<'EOF'
 import sys

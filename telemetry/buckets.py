@@ -51,6 +51,10 @@ RERANK_SCORES: tuple[float, ...] = (0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0,
 questions the corpus does not cover about -1 to 1 (docs/quality.md). No negative edge: OpenMetrics drops a histogram's
 sum when one exists, and a score under 0 counts in the first bucket."""
 
+PER_SENTENCE: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0)
+"""Counts per written sentence (the passages a sentence cites): zero on its own edge, as an answer citing nothing is
+the case to see, and steps of a quarter around one citation a sentence."""
+
 assert SLO_SECONDS in LATENCY_SECONDS, "the latency SLO (rag.slo) must be an exact bucket edge"
 
 BUCKET_SETS: dict[str, tuple[float, ...]] = {
@@ -61,4 +65,5 @@ BUCKET_SETS: dict[str, tuple[float, ...]] = {
     "vllm_step_blocks": VLLM_STEP_BLOCKS,
     "unit_scores": UNIT_SCORES,
     "rerank_scores": RERANK_SCORES,
+    "per_sentence": PER_SENTENCE,
 }

@@ -18,10 +18,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from rag.api.access import REJECTION_REASONS
 from rag.api.admission import SHED_REASONS
 from rag.stages import (CACHE_OUTCOMES, CONDITIONAL_STAGES, DEGRADED_REASONS, JUDGE_OUTCOMES, LEVEL_DIRECTIONS,
-                        OPTIONAL_STAGES, PRIORITIES, PRIORITY_OUTCOMES, QUALITY_VERDICTS, RELOAD_OUTCOMES,
-                        RERANK_SIGNALS, RETRIEVAL_ROUTES, RETRIEVERS, SKIPPABLE_STAGES, STAGES, UNIT_SIGNALS)
-from telemetry.buckets import (KERNEL_LOG2_SECONDS, LATENCY_SECONDS, RERANK_SCORES, RETRIEVED_DOCUMENTS, UNIT_SCORES,
-                               VLLM_STEP_BLOCKS, VLLM_STEP_TOKENS)
+                        OPTIONAL_STAGES, PER_SENTENCE_SIGNALS, PRIORITIES, PRIORITY_OUTCOMES, QUALITY_VERDICTS,
+                        RELOAD_OUTCOMES, RERANK_SIGNALS, RETRIEVAL_ROUTES, RETRIEVERS, SKIPPABLE_STAGES, STAGES,
+                        UNIT_SIGNALS)
+from telemetry.buckets import (KERNEL_LOG2_SECONDS, LATENCY_SECONDS, PER_SENTENCE, RERANK_SCORES, RETRIEVED_DOCUMENTS,
+                               UNIT_SCORES, VLLM_STEP_BLOCKS, VLLM_STEP_TOKENS)
 
 ROUTES = ("/v1/query", "/v1/query/stream")
 STAGE_OUTCOMES = ("ok", "error")
@@ -156,11 +157,15 @@ METRICS: tuple[MetricSpec, ...] = (
     # -- answer quality: the same service, label-free signals of each answer (rag.quality) --------------------
     MetricSpec("quality", "quality_score", "ragheat_quality_score", "histogram",
                "A label-free quality signal of one answer, by signal: the best passage's similarity to the query, the "
-               "share of the dense top 10 BM25's top 10 also holds, the share of a written answer's sentences the "
-               "support check accepted.", ("signal",), UNIT_SCORES),
+               "share of the dense top 10 BM25's top 10 also holds, the first fused passage's share of the best fused "
+               "score, the share of a written answer's sentences the support check accepted.", ("signal",),
+               UNIT_SCORES),
     MetricSpec("quality", "quality_rerank_score", "ragheat_quality_rerank_score", "histogram",
                "The reranker's score of an answer's first passage (rerank_top) and its lead over the second "
                "(rerank_margin), on the head's scale.", ("signal",), RERANK_SCORES),
+    MetricSpec("quality", "quality_sentence_citations", "ragheat_quality_sentence_citations", "histogram",
+               "A written answer's counts per sentence, by signal: the passages its sentences cite "
+               "(citations_per_sentence).", ("signal",), PER_SENTENCE),
     MetricSpec("quality", "answer_quality", "ragheat_answer_quality_total", "counter",
                "Answers by quality verdict: good; no_good_passage (the best passage's similarity under the calibrated "
                "threshold); fell_back (a language model's answer replaced by the extractive one); unsupported (too few "
@@ -212,6 +217,13 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("kernel", "tcp_retransmits", "ragheat_kernel_tcp_retransmits_total", "counter",
                "TCP segments retransmitted on the service's connections, by TCP state.", ("state",)),
 )
+
+
+QUALITY_SIGNAL_FAMILIES: dict[str, str] = {**dict.fromkeys(UNIT_SIGNALS, "quality_score"),
+                                           **dict.fromkeys(RERANK_SIGNALS, "quality_rerank_score"),
+                                           **dict.fromkeys(PER_SENTENCE_SIGNALS, "quality_sentence_citations")}
+"""Each quality signal's histogram (the attribute of its ``MetricSpec``): one family per scale, so that each has
+buckets that fit it."""
 
 
 def specs(group: Group) -> dict[str, MetricSpec]:
@@ -291,6 +303,7 @@ class PrometheusMetrics:
         quality = specs("quality")
         self.quality_score = create_metric(quality["quality_score"], registry)
         self.quality_rerank_score = create_metric(quality["quality_rerank_score"], registry)
+        self.quality_sentence_citations = create_metric(quality["quality_sentence_citations"], registry)
         self.answer_quality = create_metric(quality["answer_quality"], registry)
         self.judged = create_metric(quality["judged"], registry)
         self.quality_calibration = create_metric(quality["quality_calibration"], registry, multiprocess_mode="max")
@@ -334,10 +347,8 @@ class PrometheusMetrics:
             self.answer_quality.labels(verdict)
         for outcome in JUDGE_OUTCOMES:
             self.judged.labels(outcome)
-        for signal in UNIT_SIGNALS:
-            self.quality_score.labels(signal)
-        for signal in RERANK_SIGNALS:
-            self.quality_rerank_score.labels(signal)
+        for signal, family in QUALITY_SIGNAL_FAMILIES.items():
+            getattr(self, family).labels(signal)
 
     def share_exemplars(self, share) -> None:
         """A worker of ``serve --workers N``: prometheus_client keeps no exemplars in multiprocess mode, so traced

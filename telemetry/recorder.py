@@ -24,10 +24,11 @@ from prometheus_client import CollectorRegistry
 from rag import __version__
 from rag.quality.calibration import Calibration
 from rag.settings import TelemetrySettings
-from rag.stages import QUALITY_LEVELS, QUALITY_SIGNALS, RERANK_SIGNALS
+from rag.stages import QUALITY_LEVELS, QUALITY_SIGNALS
 from rag.types import CacheStats, RequestRecord, StageTiming
 from telemetry.host import HostCollector
-from telemetry.metrics import QUALITY_POINTS, ROUTES, PrometheusMetrics, request_outcome, status_class
+from telemetry.metrics import (QUALITY_POINTS, QUALITY_SIGNAL_FAMILIES, ROUTES, PrometheusMetrics, request_outcome,
+                               status_class)
 from telemetry.qps import QpsBuckets, SlidingWindowRate
 from telemetry.tracing import BoundedSpanProcessor, otlp_configured
 
@@ -244,8 +245,7 @@ class Telemetry:
             if result and result.quality is not None:  # a cached answer is served again: counted as served
                 m.child(m.answer_quality, result.quality.verdict).inc()
                 for signal, value in result.quality.values().items():
-                    family = m.quality_rerank_score if signal in RERANK_SIGNALS else m.quality_score
-                    m.child(family, signal).observe(value, exemplar)
+                    m.child(getattr(m, QUALITY_SIGNAL_FAMILIES[signal]), signal).observe(value, exemplar)
             if result and result.cache != "hit":  # a cached answer ran no retriever, model or support check now
                 for retriever, count in result.retrieved.items():
                     m.child(m.retrieved, retriever).observe(count)

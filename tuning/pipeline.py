@@ -51,6 +51,7 @@ class TuneRequest:
     target_qps: float = 40.0
     seed: int = 0
     epochs: int = 6
+    knobs: tuple[str, ...] | None = None  # step 4 measures only these (tuning.placement_step.KNOBS); None: all
 
     def to_json(self) -> dict:
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self).items()}
@@ -81,6 +82,10 @@ class TuneState:
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps({"steps": self.steps}, indent=2, sort_keys=True, default=str))
         tmp.replace(self.path)
+
+
+def _not_measured(base: dict, candidate: dict) -> tuple[dict, dict]:
+    raise AssertionError("no knob is measured when none is asked for")
 
 
 def digest(*parts) -> str:
@@ -208,7 +213,7 @@ class TuneRun:
             self.state.record("model_server", key_llm, llm)
         sections = merge(sections, llm.get("settings", {}))
 
-        key_pl = digest("placement", key_llm, sections)
+        key_pl = digest("placement", key_llm, sections, *(() if r.knobs is None else (sorted(r.knobs),)))
         placement = self.state.done("placement", key_pl)
         if placement is None:
             placement = self._placement_step(index, sections, qrels)
@@ -255,6 +260,9 @@ class TuneRun:
     def _placement_step(self, index: Path, sections: dict, qrels: Qrels | None) -> dict:
         r = self.request
         self.log("step 4: hardware-aware placement")
+        if r.knobs == ():  # nothing asked for: the service stays as the steps before left it, measured there
+            result = tune_placement(sections, _not_measured, model_server=False, asked=frozenset(), log=self.log)
+            return {**result, "figures": self.state.steps["reranker"]["result"]["figures"]}
         if r.llm_model is None or self.model_server is None:
             return self._place(index, sections, qrels, None)
         self.log("step 4: the model server runs beside the measured services, under load")
@@ -297,7 +305,8 @@ class TuneRun:
                                    before_round=pin_beside({"without": base, "with": candidate}))
             return pair["without"], pair["with"]
 
-        result = tune_placement(sections, measure_pair, model_server=beside is not None, log=self.log)
+        asked = None if r.knobs is None else frozenset(r.knobs)
+        result = tune_placement(sections, measure_pair, model_server=beside is not None, asked=asked, log=self.log)
         result["load_qps"] = load_qps
         if beside is not None:
             result["knee_beside_model_server"] = knee_beside

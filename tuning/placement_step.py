@@ -26,8 +26,14 @@ class Knob:
     what: str
 
 
-def candidate_knobs(capabilities: dict, model_server: bool) -> tuple[list[Knob], dict[str, str]]:
-    """The knobs worth measuring on this host, and those that are not, each with the reason."""
+KNOBS = ("lone_query_threads_1", "faiss_threads_1", "memory_lock", "memory_hugepages", "separate_cores")
+"""Every knob step 4 knows, in the order it measures them (``--knobs`` picks among them)."""
+
+
+def candidate_knobs(capabilities: dict, model_server: bool,
+                    asked: frozenset[str] | None = None) -> tuple[list[Knob], dict[str, str]]:
+    """The knobs worth measuring on this host, and those that are not, each with the reason; ``asked``: only these
+    knobs (None: every one), the others skipped as not asked for."""
     knobs = [Knob("lone_query_threads_1", {"embedding": {"quiet_query_threads": 1}},
                   "a query alone in the model runs its encoder on one ONNX Runtime thread instead of every core"),
              Knob("faiss_threads_1", {"placement": {"math_threads": 1}}, "FAISS searches on one OpenMP thread")]
@@ -57,6 +63,9 @@ def candidate_knobs(capabilities: dict, model_server: bool) -> tuple[list[Knob],
     for name, reason in lacks.items():
         if name in ("isolated_cores", "cache_allocation"):
             skipped[name] = reason
+    if asked is not None:
+        skipped.update({k.name: "not asked for (--knobs)" for k in knobs if k.name not in asked})
+        knobs = [k for k in knobs if k.name in asked]
     return knobs, skipped
 
 
@@ -103,11 +112,13 @@ def decide(baseline: dict, candidate: dict) -> tuple[bool, str]:
 
 
 def tune_placement(base: Mapping[str, Mapping], measure_pair: Callable[[dict, dict], tuple[dict, dict]], *,
-                   model_server: bool, log: Callable[[str], None] = lambda _: None) -> dict:
-    """Every knob in turn against the configuration so far (``measure_pair(base, candidate)`` serves both side by
-    side and returns their summaries); the settings kept and each knob's figures and verdict."""
+                   model_server: bool, asked: frozenset[str] | None = None,
+                   log: Callable[[str], None] = lambda _: None) -> dict:
+    """Every knob in turn (of ``asked``, None: all) against the configuration so far (``measure_pair(base,
+    candidate)`` serves both side by side and returns their summaries); the settings kept and each knob's figures
+    and verdict."""
     capabilities = host_capabilities()
-    knobs, skipped = candidate_knobs(capabilities, model_server)
+    knobs, skipped = candidate_knobs(capabilities, model_server, asked)
     current = merge(base, {})
     results = []
     for knob in knobs:

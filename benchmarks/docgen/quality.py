@@ -313,7 +313,8 @@ WEAK_RHO = 0.3  # a rank correlation under this, per query, is a hint at most
 def answer_quality(d: dict) -> str:
     q = d["quality-signals"]
     names = {"best_similarity": "best passage similarity", "retriever_agreement": "retriever agreement (top 10)",
-             "rerank_top": "reranker's top score", "rerank_margin": "reranker's margin (first − second)"}
+             "fused_top": "fused top score (share of the best)", "rerank_top": "reranker's top score",
+             "rerank_margin": "reranker's margin (first − second)"}
     rows = []
     few = [name for name, s in q["sets"].items() if s["zero_queries"] < MIN_EMPTY]
     for signal, label in names.items():

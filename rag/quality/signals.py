@@ -4,11 +4,14 @@
   question's own search, before a hypothetical passage is fused in). Traffic the corpus does not cover, and an index
   whose vectors no longer match the query encoder, both push it down.
 - ``retriever_agreement``: the share of the dense retriever's top ten chunks that BM25's top ten also holds.
+- ``fused_top``: the first fused passage's score as a share of the most a passage can score (first in every list the
+  request fused): 1 when the retrievers agree on the first passage.
 - ``rerank_top`` and ``rerank_margin``: the reranker's score of the first passage, and its lead over the second.
 - ``answer_support``: the share of a written answer's sentences the support check accepted.
+- ``citations_per_sentence``: the passages a written answer's sentences cite, per sentence.
 
-Each is None where the request did not compute it (no dense search, no second retriever, no reranking, an extractive
-answer). The verdict (``QUALITY_VERDICTS``) is what the quality SLO counts: ``no_good_passage`` when the best
+Each is None where the request did not compute it (no dense search, no second retriever, nothing fused, no reranking,
+an extractive answer). The verdict (``QUALITY_VERDICTS``) is what the quality SLO counts: ``no_good_passage`` when the best
 similarity lies below the calibrated threshold (``rag.quality.calibration``), ``fell_back`` when a language model's
 answer was replaced by the extractive one, ``unsupported`` when fewer than ``min_support`` of a written answer's
 sentences are supported, ``unscored`` when there is no similarity to judge by (no dense search ran), else ``good``.
@@ -19,10 +22,12 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from rag.stages import BAD_VERDICTS, JUDGE_OUTCOMES, QUALITY_SIGNALS, QUALITY_VERDICTS, RERANK_SIGNALS, UNIT_SIGNALS
+from rag.stages import (BAD_VERDICTS, JUDGE_OUTCOMES, PER_SENTENCE_SIGNALS, QUALITY_SIGNALS, QUALITY_VERDICTS,
+                        RERANK_SIGNALS, UNIT_SIGNALS)
 from rag.types import Hit, QualitySignals, RetrievalResult, SentenceSupport, Verdict
 
-__all__ = ["BAD_VERDICTS", "JUDGE_OUTCOMES", "QUALITY_SIGNALS", "QUALITY_VERDICTS", "RERANK_SIGNALS", "UNIT_SIGNALS",
+__all__ = ["BAD_VERDICTS", "JUDGE_OUTCOMES", "PER_SENTENCE_SIGNALS", "QUALITY_SIGNALS", "QUALITY_VERDICTS",
+           "RERANK_SIGNALS", "UNIT_SIGNALS",
            "QualityMeter", "QualitySignals", "Verdict", "measure", "retrieval_signals"]
 
 AGREEMENT_DEPTH = 10
@@ -43,12 +48,17 @@ def answer_support(support: Sequence[SentenceSupport]) -> float | None:
     return sum(s.supported for s in support) / len(support) if support else None
 
 
+def citations_per_sentence(support: Sequence[SentenceSupport]) -> float | None:
+    """Passages cited per sentence of a written answer; None for an extractive answer."""
+    return sum(len(s.citations) for s in support) / len(support) if support else None
+
+
 def measure(*, best_similarity: float | None, results: Sequence[RetrievalResult], reranked: Sequence[Hit] | None,
             support: Sequence[SentenceSupport], fell_back: bool, min_similarity: float,
-            min_support: float) -> QualitySignals:
+            min_support: float, fused_top: float | None = None) -> QualitySignals:
     """The signals of one answer and its verdict. ``reranked``: the reranker's top hits (its scores), None when the
     request was not reranked; ``min_similarity``/``min_support``: the calibrated threshold and the least supported
-    share of a written answer."""
+    share of a written answer; ``fused_top``: the fused first passage's share of the best score, None unfused."""
     top = reranked[0].score if reranked else None
     margin = reranked[0].score - reranked[1].score if reranked and len(reranked) > 1 else None
     supported = answer_support(support)
@@ -62,7 +72,8 @@ def measure(*, best_similarity: float | None, results: Sequence[RetrievalResult]
         verdict = "unscored"
     else:
         verdict = "good"
-    return QualitySignals(verdict, best_similarity, retriever_agreement(results), top, margin, supported)
+    return QualitySignals(verdict, best_similarity, retriever_agreement(results), top, margin, supported, fused_top,
+                          citations_per_sentence(support))
 
 
 class QualityMeter:
@@ -85,7 +96,7 @@ class QualityMeter:
         """The signals of the answer ``generation`` gave to the request ``context`` (``rag.query_context``)."""
         return measure(best_similarity=context.best_similarity, results=context.results, reranked=context.reranked,
                        support=generation.support, fell_back=generation.degraded_reason is not None,
-                       min_similarity=self.min_similarity, min_support=self.min_support)
+                       min_similarity=self.min_similarity, min_support=self.min_support, fused_top=context.fused_top)
 
 
 def retrieval_signals(pipeline, texts: Sequence[str], k: int = 10, advance=None) -> list:
@@ -98,7 +109,7 @@ def retrieval_signals(pipeline, texts: Sequence[str], k: int = 10, advance=None)
         context = pipeline.retrieve(text, k)
         found.append(measure(best_similarity=context.best_similarity, results=context.results,
                              reranked=context.reranked, support=(), fell_back=False, min_similarity=threshold,
-                             min_support=0.0))
+                             min_support=0.0, fused_top=context.fused_top))
         if advance is not None:
             advance()
     return found

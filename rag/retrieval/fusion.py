@@ -40,3 +40,6 @@ class WeightedRRF:
         # become Hits (heapq.nsmallest: no full sort of every candidate).
         ranked = heapq.nsmallest(k, scores.items(), key=lambda item: (-item[1], item[0]))
         return FusionResult(list(starmap(Hit, ranked)), time.perf_counter() - start)
+
+    def best_score(self, results: Sequence[RetrievalResult]) -> float:
+        return sum(self.weights.get(r.retriever, 1.0) for r in results if r.hits) / (self.k + 1)

@@ -33,6 +33,20 @@ def _rates(text: str) -> tuple[float, ...]:
         _fail(str(exc))
 
 
+def _knobs(text: str) -> tuple[str, ...] | None:
+    from tuning.placement_step import KNOBS
+
+    if text == "all":
+        return None
+    if text == "none":
+        return ()
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    unknown = [n for n in names if n not in KNOBS]
+    if unknown or not names:
+        _fail(f"--knobs takes all, none or some of {', '.join(KNOBS)} (comma-separated), not {text!r}")
+    return names
+
+
 @_guard
 def tune(
     beir: Path = typer.Option(..., "--beir", help="the corpus and questions: a BEIR folder (corpus.jsonl, "
@@ -68,6 +82,9 @@ def tune(
     target: float = typer.Option(40.0, "--target-qps", min=0.1, help="the rate whose P99 the report shows"),
     seed: int = typer.Option(0, "--seed", help="the query draw, the held-out split and the training"),
     epochs: int = typer.Option(6, "--epochs", min=1, max=100, help="the reranker head's passes"),
+    knobs: str = typer.Option("all", "--knobs", help="step 4's knobs to measure, comma-separated (lone_query_threads_1, "
+                              "faiss_threads_1, memory_lock, memory_hugepages, separate_cores), all, or none "
+                              "(step 4 skipped)"),
     results_file: Optional[Path] = typer.Option(None, "--results-file", help="also write the report as a benchmark "
                                                 "results file (command, commit, machine; benchmarks/README.md)"),
 ) -> None:
@@ -94,13 +111,14 @@ def tune(
         _fail(f"--llm-load-format must be auto or dummy, not {llm_load_format!r}")
     grid = (_positive_ints("--llm-max-num-seqs", llm_max_num_seqs),
             _positive_ints("--llm-max-model-len", llm_max_model_len))
+    asked_knobs = _knobs(knobs)
     settings = load_settings()
     index = index or Path("data/index") / beir.resolve().name
     request = TuneRequest(beir=beir, split=split, index=index, out=out_dir, labels=labels, judge_sample=judge_sample,
                           queries_limit=queries_limit, llm_model=llm_model, llm_grid=grid,
                           llm_duration_s=llm_duration, llm_load_format=llm_load_format, rounds=rounds,
                           rates=_rates(rates), duration_s=duration, target_qps=target, seed=seed,
-                          epochs=epochs)
+                          epochs=epochs, knobs=asked_knobs)
 
     def with_sections(sections: dict):
         return load_settings(**sections) if sections else settings

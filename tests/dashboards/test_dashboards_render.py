@@ -153,7 +153,7 @@ def test_quality_board_reads_the_quality_families_with_exemplars():
     panels), a heatmap with exemplars for each signal of the closed set, the best similarity's median and P10 against
     the calibration's points, and the threshold; every family it reads is a quality family of ``METRICS``, with the
     labels the service writes, and Grafana provisions it with the other boards."""
-    from rag.quality.signals import QUALITY_SIGNALS, UNIT_SIGNALS
+    from rag.quality.signals import PER_SENTENCE_SIGNALS, QUALITY_SIGNALS, UNIT_SIGNALS
 
     board = next(b for b in all_boards(slo.PRODUCTION) if b.slug == "quality")
     specs = {m.name: m for m in METRICS}
@@ -169,7 +169,8 @@ def test_quality_board_reads_the_quality_families_with_exemplars():
     assert set(heatmaps) == set(QUALITY_SIGNALS) == set(SIGNAL_HEATMAPS)
     for signal, panel in heatmaps.items():
         [query] = panel.queries
-        family = contract.QUALITY_SCORE if signal in UNIT_SIGNALS else contract.RERANK_SCORE
+        family = (contract.QUALITY_SCORE if signal in UNIT_SIGNALS else "ragheat_quality_sentence_citations"
+                  if signal in PER_SENTENCE_SIGNALS else contract.RERANK_SCORE)
         assert query.sources == (family,) and f'signal="{signal}"' in query.expr, query
         assert panel.exemplars and not panel.log_y and panel.unit == "none"
     by_title = {p.title: p for p in board.panels}

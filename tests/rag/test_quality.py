@@ -50,10 +50,13 @@ def test_signals_read_the_lists_the_request_computed():
     bm25 = RetrievalResult("bm25", hits(5, 6, 7, 20, 21, 22, 23, 24, 25, 26), 0.0)
     assert retriever_agreement([dense, bm25]) == pytest.approx(0.3)
     assert retriever_agreement([dense]) is None and retriever_agreement([bm25]) is None
+    two_cited = SentenceSupport("text [1][2]", (1, 2), 1.0, True)
     signals = measure(best_similarity=0.7, results=[dense, bm25], reranked=[Hit(3, 4.5), Hit(1, 3.0)],
-                      support=[sentence(True), sentence(False)], fell_back=False, min_similarity=0.4, min_support=0.5)
+                      support=[two_cited, sentence(False)], fell_back=False, min_similarity=0.4, min_support=0.5,
+                      fused_top=0.8)
     assert signals.values() == pytest.approx({"best_similarity": 0.7, "retriever_agreement": 0.3, "rerank_top": 4.5,
-                                              "rerank_margin": 1.5, "answer_support": 0.5})
+                                              "rerank_margin": 1.5, "answer_support": 0.5, "fused_top": 0.8,
+                                              "citations_per_sentence": 1.5})
     extractive = measure(best_similarity=0.7, results=[dense], reranked=None, support=(), fell_back=False,
                          min_similarity=0.4, min_support=0.5)
     assert extractive.values() == {"best_similarity": 0.7}
@@ -104,8 +107,9 @@ def test_every_answer_is_measured_and_an_off_topic_question_has_no_good_passage(
     assert off.verdict == "no_good_passage", off
     assert claim.best_similarity > off.best_similarity + 0.1, (claim, off)
     for q in (off, claim):  # hybrid, reranked: every retrieval signal is there; no written answer to support
-        assert set(q.values()) == {"best_similarity", "retriever_agreement", "rerank_top", "rerank_margin"}
-        assert 0.0 <= q.retriever_agreement <= 1.0 and q.rerank_margin >= 0.0
+        assert set(q.values()) == {"best_similarity", "retriever_agreement", "fused_top", "rerank_top",
+                                   "rerank_margin"}
+        assert 0.0 <= q.retriever_agreement <= 1.0 and q.rerank_margin >= 0.0 and 0.0 < q.fused_top <= 1.0
 
 
 def test_quality_off_measures_nothing(settings, subset_index):

@@ -149,6 +149,14 @@ def test_rrf_exact_scores_with_weights_and_k():
     assert fused.seconds >= 0
 
 
+def test_rrf_best_score_is_a_passage_first_in_every_list():
+    fuser = WeightedRRF({"dense": 1.0, "bm25": 2.0}, k=10)
+    agreeing = [result("dense", [3, 7]), result("bm25", [3, 5])]
+    assert fuser.fuse(agreeing, k=3).hits[0].score == pytest.approx(fuser.best_score(agreeing))
+    assert fuser.best_score(agreeing) == pytest.approx(3.0 / 11)
+    assert fuser.best_score([result("dense", [3]), result("bm25", [])]) == pytest.approx(1.0 / 11)  # an empty list
+
+
 def test_rrf_ignores_the_retrievers_raw_scores():
     fuser = WeightedRRF({"dense": 1.0, "bm25": 1.0}, k=60)
     a = fuser.fuse([RetrievalResult("dense", [Hit(1, 0.9), Hit(2, 0.1)], 0.0)], k=5)

@@ -29,8 +29,8 @@ def test_a_tune_run_reports_every_step_and_writes_settings_the_service_reads(sci
     args = ["tune", "--beir", str(scifact_subset), "--split", "train", "--index", str(subset_index), "--out",
             str(out), "--queries", "30", "--judge-sample", "0", "--rounds", "3", "--rates", "10,20",
             "--duration", "1", "--target-qps", "10", "--epochs", "2", "--llm-model", str(model),
-            "--llm-load-format", "dummy", "--llm-max-num-seqs", "2,4", "--llm-max-model-len", "512",
-            "--llm-duration", "2"]
+            "--llm-load-format", "dummy", "--llm-max-num-seqs", "2", "--llm-max-model-len", "512",
+            "--llm-duration", "2", "--knobs", "lone_query_threads_1,separate_cores"]
     result = run_cli(*args, cwd=tmp_path)
     assert result.exit_code == 0, result.output
     report = json.loads((out / "report.json").read_text())
@@ -53,13 +53,14 @@ def test_a_tune_run_reports_every_step_and_writes_settings_the_service_reads(sci
     else:
         assert reranker["figures"] == baseline and reranker["reason"].startswith("not kept")
 
-    # Step 3: both cells swept; the fastest meeting the objective (the tiny model meets it) becomes the limits.
+    # Step 3: the cell swept (the choice among several: tests/tuning); the tiny model meets the objective.
     llm = report["model_server"]
-    assert llm["ran"] and [(c["max_num_seqs"], c["max_model_len"]) for c in llm["sweep"]["cells"]] == [(2, 512),
-                                                                                                      (4, 512)]
+    assert llm["ran"] and [(c["max_num_seqs"], c["max_model_len"]) for c in llm["sweep"]["cells"]] == [(2, 512)]
     assert llm["settings"]["generation"]["vllm_max_num_seqs"] == llm["chosen"]["max_num_seqs"]
     placement = report["placement"]
-    assert placement["knobs"] and all(k["verdict"].startswith(VERDICTS) for k in placement["knobs"])
+    assert [k["knob"] for k in placement["knobs"]] == ["lone_query_threads_1", "separate_cores"]
+    assert all(k["verdict"].startswith(VERDICTS) for k in placement["knobs"])
+    assert placement["skipped"]["faiss_threads_1"] == "not asked for (--knobs)"
     assert all(k["kept"] == k["verdict"].startswith("kept") for k in placement["knobs"])
     # Each knob under load too: at the knee measured with the model server beside the service (it takes cores).
     assert "knee_beside_model_server" in placement
@@ -101,7 +102,8 @@ def test_a_tune_run_reports_every_step_and_writes_settings_the_service_reads(sci
 
 @pytest.mark.parametrize("extra, words", [(["--labels", "mixed"], "--labels must be auto, human or judge"),
                                           (["--rates", "ten"], "--rates takes '5,10,20' or 'start:stop:step'"),
-                                          (["--rates", "0,10"], "--rates must be positive")])
+                                          (["--rates", "0,10"], "--rates must be positive"),
+                                          (["--knobs", "memory_lock,turbo"], "--knobs takes all, none or some of")])
 def test_bad_flags_exit_2_with_a_sentence(scifact_subset, tmp_path, extra, words):
     result = run_cli("tune", "--beir", str(scifact_subset), "--out", str(tmp_path / "t"), *extra, cwd=tmp_path)
     assert result.exit_code == 2 and words in result.output, result.output
@@ -130,7 +132,7 @@ def test_a_head_that_wins_on_held_out_questions_is_kept_and_served_from_a_new_in
     out = tmp_path / "tune"
     result = run_cli("tune", "--beir", str(scifact_subset), "--index", str(subset_index), "--out", str(out),
                      "--queries", "40", "--judge-sample", "0", "--rounds", "3", "--rates", "10", "--duration", "1",
-                     "--target-qps", "10", "--epochs", "3", cwd=tmp_path)
+                     "--target-qps", "10", "--epochs", "3", "--knobs", "none", cwd=tmp_path)
     assert result.exit_code == 0, result.output
     report = json.loads((out / "report.json").read_text())
     reranker = report["reranker"]
@@ -148,3 +150,4 @@ def test_a_head_that_wins_on_held_out_questions_is_kept_and_served_from_a_new_in
     assert served.server.index_dir == (out / "index").resolve()
     page = (out / "report.html").read_text()
     assert "before step 2, served beside it" in page
+    assert report["placement"]["knobs"] == [] and report["placement"]["figures"] == after  # --knobs none

@@ -48,6 +48,7 @@ VLLM_STEP_BLOCKS_SNAPSHOT = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 409
 UNIT_SCORES_SNAPSHOT = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85,
                         0.9, 0.95, 1.0)
 RERANK_SCORES_SNAPSHOT = (0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 6.0, 8.0)
+PER_SENTENCE_SNAPSHOT = (0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0)
 
 
 def test_vllm_step_edges_match_the_snapshot():
@@ -62,7 +63,7 @@ def test_bucket_sets_hold_the_snapshots_under_their_names():
         "latency_seconds": LATENCY_SNAPSHOT, "retrieved_documents": RETRIEVED_SNAPSHOT,
         "kernel_log2_seconds": KERNEL_LOG2_SNAPSHOT, "vllm_step_tokens": VLLM_STEP_TOKENS_SNAPSHOT,
         "vllm_step_blocks": VLLM_STEP_BLOCKS_SNAPSHOT, "unit_scores": UNIT_SCORES_SNAPSHOT,
-        "rerank_scores": RERANK_SCORES_SNAPSHOT}
+        "rerank_scores": RERANK_SCORES_SNAPSHOT, "per_sentence": PER_SENTENCE_SNAPSHOT}
 
 
 def test_slo_is_an_exact_latency_edge():

@@ -12,7 +12,7 @@ from telemetry.metrics import (EXPECTED_METRICS, GENERATION_METRICS, HOST_METRIC
                                QUALITY_METRICS, SERVICE_METRICS, VLLM_METRICS, PrometheusMetrics, specs)
 
 UNITS = ("_seconds", "_total", "_ratio", "_documents", "_tokens", "_blocks", "_allocated", "_freed", "_flight", "_qps",
-         "_bytes", "_entries", "_score", "_level")
+         "_bytes", "_entries", "_score", "_level", "_citations")
 
 
 def families(registry: CollectorRegistry) -> dict[str, tuple[str, str]]:

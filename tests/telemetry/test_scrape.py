@@ -12,9 +12,10 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from rag.stages import DEFAULT_STAGES, LEVEL_LABELS, RETRIEVERS, STAGES
+from rag.stages import DEFAULT_STAGES, LEVEL_LABELS, QUALITY_SIGNALS, QUALITY_VERDICTS, RETRIEVERS, STAGES
 from telemetry.buckets import LATENCY_SECONDS, RETRIEVED_DOCUMENTS
-from telemetry.metrics import DROP_REASONS, EXPECTED_METRICS, REQUEST_OUTCOMES, ROUTES, SIGNALS, STAGE_OUTCOMES
+from telemetry.metrics import (DROP_REASONS, EXPECTED_METRICS, QUALITY_SIGNAL_FAMILIES, REQUEST_OUTCOMES, ROUTES,
+                               SIGNALS, STAGE_OUTCOMES, specs)
 from telemetry_testkit import (QUERIES, children, request_spans, samples, scrape, serve, total, trace_id, wait_for,
                                wait_for_request_spans)
 
@@ -86,6 +87,24 @@ def test_label_values_come_from_closed_sets(svc):
                     assert value in closed[key], s
         for series, bounds in les.items():  # every histogram series has exactly the shared bucket edges
             assert bounds == edges[base], (base, series)
+
+
+def test_quality_families_have_closed_labels_and_their_own_buckets(svc):
+    """Each signal lands in its scale's family, with that family's bucket edges; verdicts from their closed set."""
+    svc.query(QUERIES[1], top_k=3)
+    families = {f.name: f for f in quiet_scrape(svc.url)}
+    quality = specs("quality")
+    for signal, role in QUALITY_SIGNAL_FAMILIES.items():
+        spec = quality[role]
+        buckets = [float(s.labels["le"]) for s in families[spec.name].samples
+                   if s.name.endswith("_bucket") and s.labels["signal"] == signal]
+        assert buckets == [*spec.buckets, math.inf], signal
+    for role in set(QUALITY_SIGNAL_FAMILIES.values()):
+        signals = {s.labels["signal"] for s in families[quality[role].name].samples}
+        assert signals == {k for k, v in QUALITY_SIGNAL_FAMILIES.items() if v == role}, role
+    verdicts = families[quality["answer_quality"].base_name].samples
+    assert {s.labels["verdict"] for s in verdicts} == set(QUALITY_VERDICTS)
+    assert all(set(s.labels) == {"verdict"} for s in verdicts)
 
 
 def test_successful_queries_are_counted_once_per_request_and_stage(svc):
@@ -163,6 +182,11 @@ def test_one_request_span_with_one_child_per_stage(svc, pipeline):
         assert span.attributes["http.route"] == "/v1/query"
         assert span.attributes["http.response.status_code"] == 200
         assert span.attributes["rag.qps_bucket"] in svc.telemetry.buckets.labels
+        quality = response.json()["quality"]  # the answer's verdict and each signal it computed, on its span too
+        assert span.attributes["rag.quality.verdict"] == quality["verdict"] in QUALITY_VERDICTS
+        assert {k.removeprefix("rag.quality."): v for k, v in span.attributes.items()
+                if k.startswith("rag.quality.") and k != "rag.quality.verdict"} == {
+            k: pytest.approx(v, abs=1e-4) for k, v in quality.items() if k in QUALITY_SIGNALS and v is not None}
         kids = sorted(children(exporter, span), key=lambda s: s.start_time)
         assert [k.attributes["rag.stage"] for k in kids] == ["queue", *DEFAULT_STAGES]
         timings = {st["name"]: st["ms"] for st in response.json()["stages"]}

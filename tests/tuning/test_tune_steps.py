@@ -17,7 +17,7 @@ from tuning.labels import choose_labels
 from tuning.model_server_load import pin_tree
 from tuning.model_server_step import choose_model_limits
 from tuning.pipeline import TuneState, digest, read_qrels, write_qrels
-from tuning.placement_step import candidate_knobs, decide, merge, model_server_cpus, tune_placement
+from tuning.placement_step import KNOBS, candidate_knobs, decide, merge, model_server_cpus, tune_placement
 from tuning.reranker_step import MIN_HELD_OUT, split_queries
 
 
@@ -80,6 +80,19 @@ def test_knobs_follow_what_the_host_can_do():
         assert model_server_cpus({}) == frozenset(cores)  # without the split: every core
     else:
         assert "separate_cores" not in names and "a single core" in skipped["separate_cores"]
+
+
+def test_only_the_knobs_asked_for_are_measured_and_the_others_say_so():
+    knobs, skipped = candidate_knobs(capabilities(), model_server=True,
+                                     asked=frozenset({"separate_cores", "memory_lock"}))
+    assert [k.name for k in knobs] == [n for n in KNOBS if n in ("memory_lock", "separate_cores")
+                                       and (n != "separate_cores" or len(os.sched_getaffinity(0)) >= 2)]
+    assert skipped["lone_query_threads_1"] == skipped["faiss_threads_1"] == "not asked for (--knobs)"
+    everything, _ = candidate_knobs(capabilities(), model_server=True)
+    assert {k.name for k in everything} <= set(KNOBS)
+    none, skipped = candidate_knobs(capabilities(), model_server=False, asked=frozenset())
+    assert none == [] and {n for n, why in skipped.items() if why == "not asked for (--knobs)"} == set(KNOBS) - {
+        "separate_cores"}  # the split is not a candidate without a model server, for its own reason
 
 
 def test_placement_keeps_a_winning_knob_and_measures_the_next_against_it(monkeypatch):

@@ -39,6 +39,8 @@ def test_the_service_answers_and_exports_each_answers_quality(settings, subset_i
     assert after == expected
     counts = metric_values(scrape, "ragheat_quality_score_count", "signal")
     assert counts["best_similarity"] == 3 and counts["retriever_agreement"] == 3 and counts["answer_support"] == 0
+    assert counts["fused_top"] == 3  # hybrid: every answer fused two lists
+    assert metric_values(scrape, "ragheat_quality_sentence_citations_count", "signal") == {"citations_per_sentence": 0.0}
     assert metric_values(scrape, "ragheat_quality_rerank_score_count", "signal") == {"rerank_top": 3.0,
                                                                                      "rerank_margin": 3.0}
     thresholds = {sample.labels["signal"]: sample.value for family in text_string_to_metric_families(scrape)
