@@ -310,6 +310,19 @@ MIN_EMPTY = 10  # queries with nothing relevant a set needs before an AUC over t
 WEAK_RHO = 0.3  # a rank correlation under this, per query, is a hint at most
 
 
+def _fused_top_words(shifted: dict) -> str:
+    """The fused top score's median under every shift against normal traffic's, per set (none when not measured)."""
+    parts = []
+    for name, cases in shifted.items():
+        normal = cases["normal"]["medians"].get("fused_top")
+        others = [c["medians"].get("fused_top") for case, c in cases.items() if case != "normal"]
+        if normal is None or None in others:
+            return ""
+        parts.append(f"{name} {num(normal)} → at most {num(max(others))}")
+    return (f" The fused top score's median falls under every shift as well ({'; '.join(parts)}): when the lists "
+            "disagree, the first fused passage is first in one list only.")
+
+
 def answer_quality(d: dict) -> str:
     q = d["quality-signals"]
     names = {"best_similarity": "best passage similarity", "retriever_agreement": "retriever agreement (top 10)",
@@ -329,7 +342,7 @@ def answer_quality(d: dict) -> str:
     flags = [[name, count(s["queries"]), num(s["ndcg@10"], 3), f"{count(s['zero_queries'])} ({pct(100 * s['zero_share'])})",
               pct(100 * s["flag"]["rate"]), opt(s["flag"]["precision_zero"]), opt(s["flag"]["recall_zero"])]
              for name, s in q["sets"].items()]
-    signals = ("best_similarity", "retriever_agreement", "rerank_top")
+    signals = ("best_similarity", "retriever_agreement", "fused_top", "rerank_top")
     shifted = [[name, case, count(c["queries"]), pct(100 * c["flag_rate"], 0),
                 *(opt(c["medians"].get(s)) for s in signals)]
                for name, cases in q["shifted"].items() for case, c in cases.items()]
@@ -342,8 +355,8 @@ def answer_quality(d: dict) -> str:
     weak = [names[s] for s in names if all(abs(x["signals"].get(s, {}).get("spearman", 0)) < WEAK_RHO
                                           for x in q["sets"].values())]
     return blocks(
-        f"""Every judged query of each set is retrieved as the service retrieves it (default retrievers, reranked) and
-its label-free signals (rag/quality, docs/quality.md) are set beside its nDCG@10 from the human labels (the
+        f"""Every judged query of each set is retrieved as the service retrieves it (the default: the router picks each
+question's retrievers and whether it is reranked) and its label-free signals (rag/quality, docs/quality.md) are set beside its nDCG@10 from the human labels (the
 shipped reranker head was trained on SciFact train, so its nDCG there is optimistic). The
 `no_good_passage` threshold in use is a best similarity of {num(q['threshold'], 4)}: the {pct(100 * q['flag_rate'], 0)}
 quantile of both training sets' questions (`ragheat calibrate-quality`, rag/quality/calibration.json).""",
@@ -362,14 +375,14 @@ the share of answers under the threshold, over minutes.""",
 {pct(100 * q['flag_rate'], 0)}, the other half is flagged at a median {pct(100 * statistics.median(rates))}
 ({pct(100 * low)}–{pct(100 * high)} over {q['held_out']['rounds']} halves).""",
         table(["index", "traffic", "queries", "flagged", "median best similarity", "median agreement",
-               "median reranker top"], shifted, "llrrrrr",
+               "median fused top", "median reranker top"], shifted, "llrrrrrr",
               "What moves them: the other set's questions (out of domain); the dense search in another embedding "
               "space (a random rotation of the query vector, as an index built by another encoder); the dense hits "
               "attached to the wrong chunks (shuffled vectors)"),
         """Out-of-domain questions and another encoder's space are flagged almost every time. Shuffled vectors are
 not: each dense hit is still a real passage vector close to the query, only attached to the wrong text, so the best
 similarity is unchanged; the retriever agreement's median falls to zero instead, which the quality board's drift
-panel and the drift alert read (docs/quality.md).""",
+panel and the drift alert read (docs/quality.md).""" + _fused_top_words(q["shifted"]),
         f"Measuring one answer's signals and verdict: median {num(statistics.median(costs), 1)} µs "
         f"(P99 {num(float(sorted(costs)[int(0.99 * (len(costs) - 1))]), 1)} µs) over {count(len(costs))} answers, on the "
         f"request's own thread.")
