@@ -2,6 +2,9 @@
 evaluating the rendered burn-rate rules, the real Alertmanager with the rendered routes, the stack's alert
 receiver) with a delay injected into one stage of the API (``faults`` settings, the language model off). Under
 load the fast-burn page must fire, go through Alertmanager's page route and reach the receiver naming the stage.
+Then an index generation whose dense vectors come from another embedding space is published into the index the
+stack serves (as ingest publishes, hot-swapped): the quality page must reach the receiver through the quality
+SLO's route, naming the signal that moved.
 
 Robust on a loaded machine: one unambiguous fault (a full second in ``fuse``, a stage that takes well under a
 millisecond when healthy), the test profile's seconds-long windows and timers, and bounded waits that poll."""
@@ -17,6 +20,9 @@ import time
 import httpx
 import pytest
 
+from dashboards import quality, slo
+from index_copy import copy_index
+from loadgen.quality_drill import broken_generation, rotate_dense_vectors
 from tests.stack.conftest import FREE_PORTS, RAGHEAT
 
 pytestmark = pytest.mark.slow
@@ -24,15 +30,13 @@ pytestmark = pytest.mark.slow
 DELAYED_STAGE = "fuse"
 DELAY_MS = 1000
 PAGE_WITHIN_S = 180  # typically 10-20 s here; generous for a machine under a CPU hog
-QUERIES = ["vitamin D and bone density", "statins and muscle pain", "antibiotic resistance in hospitals",
-           "sleep deprivation and memory", "BRCA1 mutations and cancer risk"]
 
 
 class Load:
-    """``threads`` clients on loopback, each sending the next query as soon as the last is answered."""
+    """``threads`` clients on loopback, each sending the next of ``queries`` as soon as the last is answered."""
 
-    def __init__(self, url: str, threads: int = 4) -> None:
-        self.url, self.stop, self.statuses = url, threading.Event(), []
+    def __init__(self, url: str, queries: list[str], threads: int = 4) -> None:
+        self.url, self.stop, self.statuses, self.queries = url, threading.Event(), [], queries
         self.threads = [threading.Thread(target=self._client, args=(i,), daemon=True) for i in range(threads)]
 
     def _client(self, offset: int) -> None:
@@ -40,7 +44,8 @@ class Load:
             i = offset
             while not self.stop.is_set():
                 try:
-                    self.statuses.append(client.post("/v1/query", json={"query": QUERIES[i % len(QUERIES)]}).status_code)
+                    query = self.queries[i % len(self.queries)]
+                    self.statuses.append(client.post("/v1/query", json={"query": query}).status_code)
                 except httpx.HTTPError as exc:
                     self.statuses.append(type(exc).__name__)
                 i += 1
@@ -68,34 +73,50 @@ def fast_burn_page(receiver_url: str) -> tuple[dict, dict] | None:
 
 
 @pytest.fixture(scope="module")
-def faulty_stack(subset_index, tmp_path_factory):
+def questions(scifact_subset) -> list[str]:
+    """The served corpus' own questions: every answer has a good passage until the index is broken."""
+    return [json.loads(line)["text"] for line in (scifact_subset / "queries.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def faulty_stack(subset_index, scifact_subset, tmp_path_factory):
     folder = tmp_path_factory.mktemp("stack-alerts")
+    index = copy_index(subset_index, folder / "index")  # a broken generation is published into it
+    # The quality SLO's threshold and drift references fitted on the served corpus' own questions, as a deployment
+    # calibrates (docs/quality.md): the shipped calibration is the whole corpora's, whose best passages lie closer.
+    calibration = folder / "calibration.json"
+    fitted = subprocess.run([RAGHEAT, "calibrate-quality", "--beir", str(scifact_subset), "--split", "train",
+                             "--index", str(index), "--out", str(calibration)], capture_output=True, text=True,
+                            timeout=300)
+    assert fitted.returncode == 0, fitted.stderr[-3000:]
     # The fault is the API's own setting; `stack up` passes its environment on to the API.
     env = {**os.environ, "COLUMNS": "200", "RAGHEAT_FAULTS__DELAY_STAGE": DELAYED_STAGE,
            "RAGHEAT_FAULTS__DELAY_MS": str(DELAY_MS), "RAGHEAT_GENERATION__GENERATOR": "extractive",
            # No load controller: it would step down to a rung without the delayed stage, and this test waits for
-           # the page a slow stage fires.
-           "RAGHEAT_STEERING__ENABLED": "false"}
-    up = subprocess.run([RAGHEAT, "stack", "up", "--index", str(subset_index), "--folder", str(folder), *FREE_PORTS,
+           # the page a slow stage fires. No answer cache: every answer is measured anew. A published generation
+           # is served within a second.
+           "RAGHEAT_STEERING__ENABLED": "false", "RAGHEAT_CACHE__ENABLED": "false",
+           "RAGHEAT_SERVER__RELOAD_POLL_S": "1", "RAGHEAT_QUALITY__CALIBRATION": str(calibration)}
+    up = subprocess.run([RAGHEAT, "stack", "up", "--index", str(index), "--folder", str(folder), *FREE_PORTS,
                          "--rules-profile", "test", "--probes", "off"], capture_output=True, text=True, timeout=420,
                         env=env)
     try:
         assert up.returncode == 0, f"ragheat stack up failed:\n{up.stderr[-3000:]}"
         state = json.loads((folder / "state.json").read_text())
-        yield {p["name"]: p["url"] for p in state["processes"]}, up
+        yield {p["name"]: p["url"] for p in state["processes"]}, up, index
     finally:
         subprocess.run([RAGHEAT, "stack", "down", "--folder", str(folder)], capture_output=True, timeout=120)
 
 
-def test_an_injected_stage_delay_pages_through_alertmanager_naming_the_stage(faulty_stack):
-    urls, up = faulty_stack
+def test_an_injected_stage_delay_pages_through_alertmanager_naming_the_stage(faulty_stack, questions):
+    urls, up, _ = faulty_stack
     assert "answers: extractive" in up.stderr and "vllm" not in urls  # no language model: one fault, one stage
     receiver = urls["alert-receiver"]
     assert httpx.get(receiver + "/alerts", timeout=10).json() == []  # nothing paged before the load
     started = time.monotonic()
     page = None
     named = None
-    with Load(urls["api"]) as load:
+    with Load(urls["api"], questions) as load:
         while page is None and time.monotonic() - started < PAGE_WITHIN_S:
             time.sleep(1.0)
             page = fast_burn_page(receiver)
@@ -131,3 +152,35 @@ def test_an_injected_stage_delay_pages_through_alertmanager_naming_the_stage(fau
     assert alert["annotations"].get("stage_evidence", DELAYED_STAGE).startswith(DELAYED_STAGE), alert
     print(f"fast-burn page received {time.monotonic() - started:.1f} s after the load started "
           f"({len(load.statuses)} requests)")
+
+
+def quality_pages(receiver_url: str) -> list[tuple[dict, dict]]:
+    """(notification, alert) of every firing quality page the receiver got."""
+    return [(note, alert) for note in httpx.get(receiver_url + "/alerts", timeout=10).json()
+            for alert in note["alerts"] if note["status"] == "firing" and alert["status"] == "firing"
+            and alert["labels"].get("slo") == "quality" and alert["labels"].get("severity") == "page"]
+
+
+def test_a_generation_from_another_encoders_space_pages_for_quality_through_alertmanager(faulty_stack, questions):
+    """Runs after the latency page: the stack's own rules and routes page for answer quality too."""
+    urls, _, index = faulty_stack
+    receiver = urls["alert-receiver"]
+    healthy_s = 2 * quality.DRIFT_LONG_S / slo.TEST.divisor  # both drift windows filled with healthy answers
+    with Load(urls["api"], questions) as load, broken_generation(index, rotate_dense_vectors) as publish:
+        time.sleep(healthy_s)
+        assert quality_pages(receiver) == [], "a quality page while every answer was healthy"
+        publish()
+        published, pages = time.monotonic(), []
+        while not pages and time.monotonic() - published < PAGE_WITHIN_S:
+            time.sleep(1.0)
+            pages = quality_pages(receiver)
+    assert pages, (f"no quality page reached the receiver within {PAGE_WITHIN_S} s of the publish; answers "
+                   f"{sorted(set(map(str, load.statuses)))} x{len(load.statuses)}")
+    note, alert = pages[0]
+    assert set(load.statuses) == {200}, load.statuses
+    # Alertmanager's quality route, its page receiver; the alert names what moved.
+    assert note["route"] == "page" and note["receiver"] == "page", note
+    assert alert["labels"]["alertname"] in (quality.DRIFT_ALERT, slo.alert_name(slo.QUALITY)), alert
+    if alert["labels"]["alertname"] == quality.DRIFT_ALERT:
+        assert alert["labels"]["signal"] in ("best_similarity", "retriever_agreement"), alert
+    print(f"quality page received {time.monotonic() - published:.1f} s after the publish: {alert['labels']}")
