@@ -77,7 +77,7 @@ class ShuffledChunks:
 def run(pipeline, texts, qrels_by_text=None) -> list[dict]:
     """Per query: its signals (and nDCG@10 when labelled)."""
     from rag.eval.beir import ndcg_at
-    from rag.quality.signals import measure
+    from rag.quality.signals import fused_top, measure
 
     rows = []
     threshold = pipeline.quality.min_similarity
@@ -86,7 +86,8 @@ def run(pipeline, texts, qrels_by_text=None) -> list[dict]:
         start = time.perf_counter_ns()
         signals = measure(best_similarity=context.best_similarity, results=context.results,
                           reranked=context.reranked, support=(), fell_back=False, min_similarity=threshold,
-                          min_support=0.0, fused_top=context.fused_top)
+                          min_support=0.0, fused_top=fused_top(context.fused_top_score, context.fuser,
+                                                               context.results))
         row = {"verdict": signals.verdict, "cost_us": (time.perf_counter_ns() - start) / 1000, **signals.values()}
         if relevant is not None:
             docs = [doc for doc, _ in pipeline.chunk_hits_to_docs(context.hits)][:10]

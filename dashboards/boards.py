@@ -40,13 +40,14 @@ SIGNAL_HEATMAPS = {
                        "longer match the query encoder.",
     "retriever_agreement": "The share of the dense retriever's top ten that BM25's top ten also holds: low when the "
                            "two disagree about what the question is about.",
-    "fused_top": "The first fused passage's score as a share of the most a passage can score, first in every list "
-                 "the question fused: 1 when the retrievers agree on the first passage, low when each puts another "
-                 "first. No value for an answer from one retriever.",
+    "fused_top": "Where the first fused passage's score lies between the least it can be (first in one list alone) "
+                 "and the most (first in every list the question fused): 1 when the retrievers agree on the first "
+                 "passage, 0 when no other puts it first. No value for an answer from one list.",
     "answer_support": "The share of a written answer's sentences the support check accepted (answers a language "
                       "model wrote); under quality.min_support the answer is unsupported.",
-    "citations_per_sentence": "The passages a written answer's sentences cite, per sentence (answers a language model "
-                              "wrote): a model that stops citing, or cites every passage everywhere, moves it.",
+    "citations_per_sentence": "The citation markers a written answer's sentences carry, per sentence (answers a "
+                              "language model wrote): a model that stops citing, or cites every passage everywhere, "
+                              "moves it.",
     "rerank_top": "The reranker's score of the first passage, on its head's scale: questions the corpus covers score "
                   "high, others near zero.",
     "rerank_margin": "The first passage's lead over the second in the reranker's score: small when it cannot tell the "

@@ -456,8 +456,7 @@ class RagPipeline:
         else:
             with context.stage("fuse"):
                 fused = context.fuser.fuse(results, fused_k).hits
-                if fused and (best := context.fuser.best_score(results)) > 0:
-                    context.fused_top = fused[0].score / best
+            context.fused_top_score = fused[0].score if fused else None
         if not (context.rerank and context.fits("rerank")):
             context.hits = fused[:context.top_k]
             return

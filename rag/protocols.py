@@ -60,8 +60,9 @@ class Fuser(Protocol):
 
     def fuse(self, results: Sequence[RetrievalResult], k: int) -> FusionResult: ...
 
-    def best_score(self, results: Sequence[RetrievalResult]) -> float:
-        """The fused score of a passage every list in ``results`` ranks first: the most any passage can score."""
+    def top_score_range(self, results: Sequence[RetrievalResult]) -> tuple[float, float]:
+        """The least and the most the first fused passage of ``results`` can score: first in one list alone, and
+        first in every list that has hits."""
         ...
 
 

@@ -93,7 +93,7 @@ class QueryContext:
     skipped: dict[str, str] = field(default_factory=dict)  # stage -> why it did not run
     cache_key: CacheKey | None = None  # set when the answer cache was asked
     best_similarity: float | None = None  # the question's own dense search: its closest passage's score
-    fused_top: float | None = None  # the first fused passage's score as a share of the fuser's best, when fused
+    fused_top_score: float | None = None  # the first fused passage's score, when more than one list was fused
     reranked: list[Hit] | None = None  # the reranker's top hits with its scores, when it ran
 
     def cut_by_level(self, names: tuple[str, ...]) -> tuple[str, ...]:

@@ -25,8 +25,10 @@ moved and what it points at), and the one-line summary (not the description's pr
 
 
 def summarize(route: str, payload: dict) -> dict:
-    """The parts of a webhook payload worth a log line: what fired, where it was routed, and which stage."""
+    """The parts of a webhook payload worth a log line: what fired, where it was routed (the webhook's path, the
+    receiver and Alertmanager's group key, which names the route's matchers), and which stage."""
     return {"route": route, "status": payload.get("status"), "receiver": payload.get("receiver"),
+            "group_key": payload.get("groupKey"),
             "alerts": [{"name": a.get("labels", {}).get("alertname"), "status": a.get("status"),
                         "labels": a.get("labels", {}),
                         "annotations": {k: v for k, v in (a.get("annotations") or {}).items() if k in KEPT_ANNOTATIONS}}

@@ -43,7 +43,7 @@ VLLM_STEP_BLOCKS: tuple[float, ...] = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512,
 must stand out; a prefill of N tokens takes N/block_size blocks, a finished long request frees hundreds."""
 
 UNIT_SCORES: tuple[float, ...] = tuple(round(0.05 * i, 2) for i in range(1, 21))
-"""Quality signals between 0 and 1 (best passage similarity, retriever agreement, answer support): steps of 0.05, so
+"""Quality signals between 0 and 1 (best passage similarity, retriever agreement, fused top, answer support): steps of 0.05, so
 the low tail where answers go wrong (a best similarity under about 0.45) and a drifting median both show."""
 
 RERANK_SCORES: tuple[float, ...] = (0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 6.0, 8.0)

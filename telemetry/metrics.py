@@ -157,14 +157,14 @@ METRICS: tuple[MetricSpec, ...] = (
     # -- answer quality: the same service, label-free signals of each answer (rag.quality) --------------------
     MetricSpec("quality", "quality_score", "ragheat_quality_score", "histogram",
                "A label-free quality signal of one answer, by signal: the best passage's similarity to the query, the "
-               "share of the dense top 10 BM25's top 10 also holds, the first fused passage's share of the best fused "
-               "score, the share of a written answer's sentences the support check accepted.", ("signal",),
+               "share of the dense top 10 BM25's top 10 also holds, where the first fused passage's score lies between "
+               "first in one list (0) and first in all (1), the share of a written answer's sentences the support check accepted.", ("signal",),
                UNIT_SCORES),
     MetricSpec("quality", "quality_rerank_score", "ragheat_quality_rerank_score", "histogram",
                "The reranker's score of an answer's first passage (rerank_top) and its lead over the second "
                "(rerank_margin), on the head's scale.", ("signal",), RERANK_SCORES),
     MetricSpec("quality", "quality_sentence_citations", "ragheat_quality_sentence_citations", "histogram",
-               "A written answer's counts per sentence, by signal: the passages its sentences cite "
+               "A written answer's counts per sentence, by signal: the citation markers its sentences carry "
                "(citations_per_sentence).", ("signal",), PER_SENTENCE),
     MetricSpec("quality", "answer_quality", "ragheat_answer_quality_total", "counter",
                "Answers by quality verdict: good; no_good_passage (the best passage's similarity under the calibrated "

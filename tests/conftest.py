@@ -60,6 +60,14 @@ def known_group_seconds() -> dict[str, float]:
         return {}
 
 
+def longest_first(queue: dict, seconds: dict[str, float]) -> None:
+    """Reorder the scheduler's work queue (group -> tests, in place) longest recorded group first; groups with no
+    record keep their order, after them."""
+    ordered = sorted(queue.items(), key=lambda item: -seconds.get(item[0], 0.0))
+    queue.clear()
+    queue.update(ordered)
+
+
 def pytest_xdist_make_scheduler(config, log):
     if config.getvalue("dist") != "loadfile":
         return None
@@ -72,11 +80,8 @@ def pytest_xdist_make_scheduler(config, log):
             return worker_group(nodeid)
 
         def _assign_work_unit(self, node) -> None:
-            if not self.ordered:  # longest first; a group not on record keeps xdist's place, after them
-                seconds = known_group_seconds()
-                queue = sorted(self.workqueue.items(), key=lambda item: -seconds.get(item[0], 0.0))
-                self.workqueue.clear()
-                self.workqueue.update(queue)
+            if not self.ordered:  # once, before the first group is handed out
+                longest_first(self.workqueue, known_group_seconds())
                 self.ordered = True
             super()._assign_work_unit(node)
 

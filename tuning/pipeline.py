@@ -85,7 +85,7 @@ class TuneState:
 
 
 def _not_measured(base: dict, candidate: dict) -> tuple[dict, dict]:
-    raise AssertionError("no knob is measured when none is asked for")
+    raise AssertionError("step 4 (placement) measures no knob when none is asked for")
 
 
 def digest(*parts) -> str:
@@ -261,7 +261,8 @@ class TuneRun:
         r = self.request
         self.log("step 4: hardware-aware placement")
         if r.knobs == ():  # nothing asked for: the service stays as the steps before left it, measured there
-            result = tune_placement(sections, _not_measured, model_server=False, asked=frozenset(), log=self.log)
+            result = tune_placement(sections, _not_measured, model_server=r.llm_model is not None, asked=frozenset(),
+                                    log=self.log)
             return {**result, "figures": self.state.steps["reranker"]["result"]["figures"]}
         if r.llm_model is None or self.model_server is None:
             return self._place(index, sections, qrels, None)

@@ -326,7 +326,7 @@ def _fused_top_words(shifted: dict) -> str:
 def answer_quality(d: dict) -> str:
     q = d["quality-signals"]
     names = {"best_similarity": "best passage similarity", "retriever_agreement": "retriever agreement (top 10)",
-             "fused_top": "fused top score (share of the best)", "rerank_top": "reranker's top score",
+             "fused_top": "fused top score (0: first in one list, 1: in all)", "rerank_top": "reranker's top score",
              "rerank_margin": "reranker's margin (first − second)"}
     rows = []
     few = [name for name, s in q["sets"].items() if s["zero_queries"] < MIN_EMPTY]

@@ -139,11 +139,11 @@ class QualityOut(BaseModel):
     retriever_agreement: float | None = Field(None, description="share of the dense top 10 that BM25's top 10 holds")
     rerank_top: float | None = Field(None, description="the reranker's score of the first passage")
     rerank_margin: float | None = Field(None, description="its lead over the second")
-    fused_top: float | None = Field(None, description="the first fused passage's score as a share of the most a "
-                                                      "passage can score (first in every list fused)")
+    fused_top: float | None = Field(None, description="the first fused passage's score between the least it can be "
+                                                      "(first in one list, 0) and the most (first in all, 1)")
     answer_support: float | None = Field(None, description="share of the written sentences the support check "
                                                            "accepted")
-    citations_per_sentence: float | None = Field(None, description="passages cited per written sentence")
+    citations_per_sentence: float | None = Field(None, description="citation markers per written sentence")
 
 
 def quality_out(result: QueryResult) -> QualityOut | None:

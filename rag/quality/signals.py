@@ -4,14 +4,14 @@
   question's own search, before a hypothetical passage is fused in). Traffic the corpus does not cover, and an index
   whose vectors no longer match the query encoder, both push it down.
 - ``retriever_agreement``: the share of the dense retriever's top ten chunks that BM25's top ten also holds.
-- ``fused_top``: the first fused passage's score as a share of the most a passage can score (first in every list the
-  request fused): 1 when the retrievers agree on the first passage.
+- ``fused_top``: where the first fused passage's score lies between the least it can be (first in one list alone)
+  and the most (first in every list the request fused): 0 when no other list puts it first, 1 when every one does.
 - ``rerank_top`` and ``rerank_margin``: the reranker's score of the first passage, and its lead over the second.
 - ``answer_support``: the share of a written answer's sentences the support check accepted.
-- ``citations_per_sentence``: the passages a written answer's sentences cite, per sentence.
+- ``citations_per_sentence``: the citation markers a written answer's sentences carry, per sentence.
 
-Each is None where the request did not compute it (no dense search, no second retriever, nothing fused, no reranking,
-an extractive answer). The verdict (``QUALITY_VERDICTS``) is what the quality SLO counts: ``no_good_passage`` when the best
+Each is None where the request did not compute it (no dense search, no second retriever, fewer than two lists with
+hits fused, no reranking, an extractive answer). The verdict (``QUALITY_VERDICTS``) is what the quality SLO counts: ``no_good_passage`` when the best
 similarity lies below the calibrated threshold (``rag.quality.calibration``), ``fell_back`` when a language model's
 answer was replaced by the extractive one, ``unsupported`` when fewer than ``min_support`` of a written answer's
 sentences are supported, ``unscored`` when there is no similarity to judge by (no dense search ran), else ``good``.
@@ -48,8 +48,19 @@ def answer_support(support: Sequence[SentenceSupport]) -> float | None:
     return sum(s.supported for s in support) / len(support) if support else None
 
 
+def fused_top(score: float | None, fuser, results: Sequence[RetrievalResult]) -> float | None:
+    """The first fused passage's ``score`` placed between the least and the most it can be (``Fuser.top_score_range``),
+    0..1; None unless at least two lists with hits were fused."""
+    if score is None or fuser is None:
+        return None
+    low, high = fuser.top_score_range(results)
+    if high - low <= 1e-9 * high:  # one list with hits: nothing to agree with
+        return None
+    return min(1.0, max(0.0, (score - low) / (high - low)))
+
+
 def citations_per_sentence(support: Sequence[SentenceSupport]) -> float | None:
-    """Passages cited per sentence of a written answer; None for an extractive answer."""
+    """Citation markers per sentence of a written answer; None for an extractive answer."""
     return sum(len(s.citations) for s in support) / len(support) if support else None
 
 
@@ -58,7 +69,7 @@ def measure(*, best_similarity: float | None, results: Sequence[RetrievalResult]
             min_support: float, fused_top: float | None = None) -> QualitySignals:
     """The signals of one answer and its verdict. ``reranked``: the reranker's top hits (its scores), None when the
     request was not reranked; ``min_similarity``/``min_support``: the calibrated threshold and the least supported
-    share of a written answer; ``fused_top``: the fused first passage's share of the best score, None unfused."""
+    share of a written answer; ``fused_top``: ``fused_top()``'s value, None when not fused."""
     top = reranked[0].score if reranked else None
     margin = reranked[0].score - reranked[1].score if reranked and len(reranked) > 1 else None
     supported = answer_support(support)
@@ -96,7 +107,8 @@ class QualityMeter:
         """The signals of the answer ``generation`` gave to the request ``context`` (``rag.query_context``)."""
         return measure(best_similarity=context.best_similarity, results=context.results, reranked=context.reranked,
                        support=generation.support, fell_back=generation.degraded_reason is not None,
-                       min_similarity=self.min_similarity, min_support=self.min_support, fused_top=context.fused_top)
+                       min_similarity=self.min_similarity, min_support=self.min_support,
+                       fused_top=fused_top(context.fused_top_score, context.fuser, context.results))
 
 
 def retrieval_signals(pipeline, texts: Sequence[str], k: int = 10, advance=None) -> list:
@@ -109,7 +121,8 @@ def retrieval_signals(pipeline, texts: Sequence[str], k: int = 10, advance=None)
         context = pipeline.retrieve(text, k)
         found.append(measure(best_similarity=context.best_similarity, results=context.results,
                              reranked=context.reranked, support=(), fell_back=False, min_similarity=threshold,
-                             min_support=0.0, fused_top=context.fused_top))
+                             min_support=0.0,
+                             fused_top=fused_top(context.fused_top_score, context.fuser, context.results)))
         if advance is not None:
             advance()
     return found

@@ -41,5 +41,7 @@ class WeightedRRF:
         ranked = heapq.nsmallest(k, scores.items(), key=lambda item: (-item[1], item[0]))
         return FusionResult(list(starmap(Hit, ranked)), time.perf_counter() - start)
 
-    def best_score(self, results: Sequence[RetrievalResult]) -> float:
-        return sum(self.weights.get(r.retriever, 1.0) for r in results if r.hits) / (self.k + 1)
+    def top_score_range(self, results: Sequence[RetrievalResult]) -> tuple[float, float]:
+        # The first passage scores at least what the heaviest list's first passage gets from that list alone.
+        weights = [self.weights.get(r.retriever, 1.0) for r in results if r.hits]
+        return (max(weights, default=0.0) / (self.k + 1), sum(weights) / (self.k + 1))

@@ -34,7 +34,7 @@ def _rates(text: str) -> tuple[float, ...]:
 
 
 def _knobs(text: str) -> tuple[str, ...] | None:
-    from tuning.placement_step import KNOBS
+    from tuning.placement_step import KNOBS  # numpy behind it: not loaded for every command's start
 
     if text == "all":
         return None

@@ -8,7 +8,8 @@ import pytest
 from rag.errors import ConfigurationError
 from rag.pipeline import RagPipeline
 from rag.quality.calibration import DEFAULT_CALIBRATION, Calibration, CalibrationError, calibrate
-from rag.quality.signals import QUALITY_VERDICTS, measure, retriever_agreement
+from rag.quality.signals import QUALITY_VERDICTS, fused_top, measure, retriever_agreement
+from rag.retrieval.fusion import WeightedRRF
 from rag.settings import RagheatSettings
 from rag.types import Hit, RetrievalResult, SentenceSupport
 
@@ -62,6 +63,17 @@ def test_signals_read_the_lists_the_request_computed():
     assert extractive.values() == {"best_similarity": 0.7}
 
 
+def test_fused_top_places_the_first_passage_between_one_list_and_every_list():
+    fuser = WeightedRRF({"dense": 1.0, "bm25": 1.0}, k=5)
+    dense, bm25 = RetrievalResult("dense", hits(1, 2, 3), 0.0), RetrievalResult("bm25", hits(2, 1, 4), 0.0)
+    top = fuser.fuse([dense, bm25], 3).hits[0].score  # 1 and 2: first in one list, second in the other
+    assert fused_top(top, fuser, [dense, bm25]) == pytest.approx((1 / 6 + 1 / 7 - 1 / 6) / (2 / 6 - 1 / 6))
+    assert fused_top(2 / 6, fuser, [dense, RetrievalResult("bm25", hits(1, 9), 0.0)]) == pytest.approx(1.0)
+    empty = RetrievalResult("bm25", [], 0.0)  # BM25 found nothing: no second opinion, no value
+    assert fused_top(1 / 6, fuser, [dense, empty]) is None
+    assert fused_top(None, fuser, [dense, bm25]) is None and fused_top(top, None, [dense, bm25]) is None
+
+
 def test_calibration_takes_the_flag_rate_quantile_and_round_trips(tmp_path):
     values = [i / 100 for i in range(100)]
     calibration = calibrate({"best_similarity": values, "retriever_agreement": [0.5] * 100}, flag_rate=0.05,
@@ -109,7 +121,7 @@ def test_every_answer_is_measured_and_an_off_topic_question_has_no_good_passage(
     for q in (off, claim):  # hybrid, reranked: every retrieval signal is there; no written answer to support
         assert set(q.values()) == {"best_similarity", "retriever_agreement", "fused_top", "rerank_top",
                                    "rerank_margin"}
-        assert 0.0 <= q.retriever_agreement <= 1.0 and q.rerank_margin >= 0.0 and 0.0 < q.fused_top <= 1.0
+        assert 0.0 <= q.retriever_agreement <= 1.0 and q.rerank_margin >= 0.0 and 0.0 <= q.fused_top <= 1.0
 
 
 def test_quality_off_measures_nothing(settings, subset_index):

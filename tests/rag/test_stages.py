@@ -149,12 +149,14 @@ def test_rrf_exact_scores_with_weights_and_k():
     assert fused.seconds >= 0
 
 
-def test_rrf_best_score_is_a_passage_first_in_every_list():
+def test_rrf_top_score_range_runs_from_first_in_the_heaviest_list_to_first_in_every_list():
     fuser = WeightedRRF({"dense": 1.0, "bm25": 2.0}, k=10)
     agreeing = [result("dense", [3, 7]), result("bm25", [3, 5])]
-    assert fuser.fuse(agreeing, k=3).hits[0].score == pytest.approx(fuser.best_score(agreeing))
-    assert fuser.best_score(agreeing) == pytest.approx(3.0 / 11)
-    assert fuser.best_score([result("dense", [3]), result("bm25", [])]) == pytest.approx(1.0 / 11)  # an empty list
+    disagreeing = [result("dense", [7, 8]), result("bm25", [3, 5])]
+    assert fuser.top_score_range(agreeing) == pytest.approx((2.0 / 11, 3.0 / 11))
+    assert fuser.fuse(agreeing, k=3).hits[0].score == pytest.approx(3.0 / 11)  # the most
+    assert fuser.fuse(disagreeing, k=3).hits[0].score == pytest.approx(2.0 / 11)  # the least
+    assert fuser.top_score_range([result("dense", [3]), result("bm25", [])]) == pytest.approx((1.0 / 11, 1.0 / 11))
 
 
 def test_rrf_ignores_the_retrievers_raw_scores():

@@ -109,6 +109,13 @@ def test_bad_flags_exit_2_with_a_sentence(scifact_subset, tmp_path, extra, words
     assert result.exit_code == 2 and words in result.output, result.output
 
 
+def test_the_help_names_every_knob(tmp_path):
+    from tuning.placement_step import KNOBS
+
+    result = run_cli("tune", "--help", cwd=tmp_path)
+    assert result.exit_code == 0 and all(name in " ".join(result.output.split()) for name in KNOBS), result.output
+
+
 def test_a_folder_without_the_corpus_is_named(tmp_path):
     (tmp_path / "queries.jsonl").write_text('{"_id": "1", "text": "q"}\n')
     result = run_cli("tune", "--beir", str(tmp_path), cwd=tmp_path)
