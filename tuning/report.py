@@ -13,6 +13,8 @@ STEP_TITLES = {"baseline": "0. the service as it was", "labels": "1. relevance l
                "reranker-before": "   before step 2, served beside it",
                "placement-before": "   before step 4, served beside it"}
 BESIDE = "the configuration before the step, served and loaded beside it in the same minutes"
+STEP_3_FIGURES = ("; the figures are step 2's: the limits are the model server's, and the measured services answer "
+                  "extractively (the model server's own figures: its sweep)")
 
 
 def step_rows(report: dict) -> list[dict]:
@@ -23,7 +25,7 @@ def step_rows(report: dict) -> list[dict]:
     if "before" in report["reranker"]:
         rows.append({"step": "reranker-before", "did": BESIDE, "figures": report["reranker"]["before"]})
     rows += [{"step": "reranker", "did": report["reranker"]["reason"], "figures": report["reranker"]["figures"]},
-             {"step": "model_server", "did": report["model_server"]["reason"],
+             {"step": "model_server", "did": report["model_server"]["reason"] + STEP_3_FIGURES,
               "figures": report["reranker"]["figures"]}]
     if "before" in report["placement"]:
         rows.append({"step": "placement-before", "did": BESIDE, "figures": report["placement"]["before"]})
