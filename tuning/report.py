@@ -25,7 +25,8 @@ def step_rows(report: dict) -> list[dict]:
     if "before" in report["reranker"]:
         rows.append({"step": "reranker-before", "did": BESIDE, "figures": report["reranker"]["before"]})
     rows += [{"step": "reranker", "did": report["reranker"]["reason"], "figures": report["reranker"]["figures"]},
-             {"step": "model_server", "did": report["model_server"]["reason"] + STEP_3_FIGURES,
+             {"step": "model_server", "did": report["model_server"]["reason"]
+              + (STEP_3_FIGURES if report["model_server"].get("ran") else ""),
               "figures": report["reranker"]["figures"]}]
     if "before" in report["placement"]:
         rows.append({"step": "placement-before", "did": BESIDE, "figures": report["placement"]["before"]})
