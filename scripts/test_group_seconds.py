@@ -1,14 +1,12 @@
-"""Sum a parallel pass's JUnit report (``scripts/test.sh`` keeps it in out/test-reports/) by the pass's groups
-(tests/conftest.py ``worker_group``) and print the longest; with ``--write``, record them in
-tests/group_seconds.json, which the parallel pass reads to hand out the longest groups first.
+"""Sum a parallel pass's JUnit report (``scripts/test.sh`` keeps it in out/test-reports/) by the groups its workers
+take whole (tests/conftest.py ``worker_group``) and print the longest: where the pass's time goes.
 
-    .venv/bin/python scripts/test_group_seconds.py out/test-reports/parallel.xml [--write] [--top 15]
+    .venv/bin/python scripts/test_group_seconds.py out/test-reports/parallel.xml [--top 15]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import xml.etree.ElementTree as ET
 from collections import Counter
@@ -17,7 +15,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.conftest import GROUP_SECONDS, worker_group  # noqa: E402
+from tests.conftest import worker_group  # noqa: E402
 
 
 def module_of(classname: str) -> str:
@@ -42,7 +40,6 @@ def group_seconds(report: Path) -> tuple[Counter, Counter]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("report", type=Path, help="the parallel pass's JUnit XML")
-    parser.add_argument("--write", action="store_true", help=f"record the groups in {GROUP_SECONDS.name}")
     parser.add_argument("--top", type=int, default=15, help="how many of the longest groups to print")
     args = parser.parse_args()
     if not args.report.is_file():
@@ -51,12 +48,6 @@ def main() -> None:
     print(f"{len(seconds)} groups, {sum(seconds.values()):.0f} s of tests in all; the longest:")
     for group, total in seconds.most_common(args.top):
         print(f"{total:8.1f} s {tests[group]:5d} tests  {group}")
-    if args.write:
-        GROUP_SECONDS.write_text(json.dumps({"source": "scripts/test_group_seconds.py --write (a parallel pass of "
-                                                       "scripts/test.sh)",
-                                             "groups": {g: round(s, 1) for g, s in seconds.most_common()}},
-                                            indent=1) + "\n")
-        print(f"written: {GROUP_SECONDS.relative_to(REPO)}")
 
 
 if __name__ == "__main__":

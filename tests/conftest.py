@@ -48,42 +48,14 @@ def worker_group(nodeid: str) -> str:
     return "vllm-server" if module.startswith(SHARED_VLLM_MODULES) else module
 
 
-GROUP_SECONDS = Path(__file__).with_name("group_seconds.json")
-"""Each group's seconds in a recent parallel pass (``scripts/test_group_seconds.py`` writes it from the pass's JUnit
-report): the longest groups are handed out first, so that the workers finish together."""
-
-
-def known_group_seconds() -> dict[str, float]:
-    try:
-        return json.loads(GROUP_SECONDS.read_text())["groups"]
-    except (OSError, ValueError, KeyError):  # no record: xdist's own order (most tests first)
-        return {}
-
-
-def longest_first(queue: dict, seconds: dict[str, float]) -> None:
-    """Reorder the scheduler's work queue (group -> tests, in place) longest recorded group first; groups with no
-    record keep their order, after them."""
-    ordered = sorted(queue.items(), key=lambda item: -seconds.get(item[0], 0.0))
-    queue.clear()
-    queue.update(ordered)
-
-
 def pytest_xdist_make_scheduler(config, log):
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
     class ModuleGroups(LoadScopeScheduling):
-        ordered = False
-
         def _split_scope(self, nodeid: str) -> str:
             return worker_group(nodeid)
-
-        def _assign_work_unit(self, node) -> None:
-            if not self.ordered:  # once, before the first group is handed out
-                longest_first(self.workqueue, known_group_seconds())
-                self.ordered = True
-            super()._assign_work_unit(node)
 
     return ModuleGroups(config, log)
 
