@@ -92,6 +92,20 @@ def digest(*parts) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+MEASURED_CODE = ("rag", "telemetry", "loadgen", "stack", "tuning")
+"""The packages whose code the measured services and the measuring run: a change to any of them measures anew."""
+
+
+def code_digest(root: Path = Path(__file__).resolve().parents[1]) -> str:
+    """A digest of every module of ``MEASURED_CODE``: an upgraded checkout does not reuse the figures of the old one."""
+    h = hashlib.sha256()
+    for package in MEASURED_CODE:
+        for path in sorted((root / package).rglob("*.py")):
+            h.update(str(path.relative_to(root)).encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def file_digest(path: Path) -> str | None:
     return hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.is_file() else None
 
@@ -192,7 +206,7 @@ class TuneRun:
         self.held_out = frozenset(split_queries(labelled, HELD_OUT_SHARE, r.seed)[1]) if len(labelled) >= 3 \
             else frozenset()
 
-        key_base = digest("baseline", key, index_key, measure_key)
+        key_base = digest("baseline", key, index_key, measure_key, code_digest())  # labels survive an upgrade
         baseline = self.state.done("baseline", key_base)
         if baseline is None:
             self.log("measuring the service as it is")

@@ -203,6 +203,22 @@ def test_a_finished_step_is_reused_only_for_the_same_inputs(tmp_path):
     assert read_qrels(tmp_path / "qrels.tsv") == qrels
 
 
+def test_the_code_digest_changes_with_any_measured_module(tmp_path):
+    from tuning.pipeline import MEASURED_CODE, code_digest
+
+    for package in MEASURED_CODE:
+        (tmp_path / package / "sub").mkdir(parents=True)
+        (tmp_path / package / "sub" / "m.py").write_text("X = 1\n")
+    before = code_digest(tmp_path)
+    assert code_digest(tmp_path) == before  # the same checkout: the same key, the steps are reused
+    (tmp_path / "stack" / "sub" / "m.py").write_text("X = 2\n")
+    assert code_digest(tmp_path) != before
+    (tmp_path / "docs").mkdir()
+    changed = code_digest(tmp_path)
+    (tmp_path / "docs" / "x.py").write_text("not measured\n")
+    assert code_digest(tmp_path) == changed
+
+
 def test_a_measured_server_runs_the_file_not_an_environment_variable_that_would_win_over_it(tmp_path):
     from tuning.measure import MEASURED_ENV, measured_env, write_settings
 
