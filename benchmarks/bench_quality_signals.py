@@ -77,17 +77,14 @@ class ShuffledChunks:
 def run(pipeline, texts, qrels_by_text=None) -> list[dict]:
     """Per query: its signals (and nDCG@10 when labelled)."""
     from rag.eval.beir import ndcg_at
-    from rag.quality.signals import fused_top, measure
+    from rag.quality.signals import of_context
 
     rows = []
     threshold = pipeline.quality.min_similarity
     for text, relevant in zip(texts, qrels_by_text or [None] * len(texts)):
         context = pipeline.retrieve(text, DEPTH)
         start = time.perf_counter_ns()
-        signals = measure(best_similarity=context.best_similarity, results=context.results,
-                          reranked=context.reranked, support=(), fell_back=False, min_similarity=threshold,
-                          min_support=0.0, fused_top=fused_top(context.fused_top_score, context.fuser,
-                                                               context.results))
+        signals = of_context(context, min_similarity=threshold)
         row = {"verdict": signals.verdict, "cost_us": (time.perf_counter_ns() - start) / 1000, **signals.values()}
         if relevant is not None:
             docs = [doc for doc, _ in pipeline.chunk_hits_to_docs(context.hits)][:10]

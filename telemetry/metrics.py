@@ -158,8 +158,8 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("quality", "quality_score", "ragheat_quality_score", "histogram",
                "A label-free quality signal of one answer, by signal: the best passage's similarity to the query, the "
                "share of the dense top 10 BM25's top 10 also holds, where the first fused passage's score lies between "
-               "first in one list (0) and first in all (1), the share of a written answer's sentences the support check accepted.", ("signal",),
-               UNIT_SCORES),
+               "first in one list (0) and first in all (1), the share of a written answer's sentences the support "
+               "check accepted.", ("signal",), UNIT_SCORES),
     MetricSpec("quality", "quality_rerank_score", "ragheat_quality_rerank_score", "histogram",
                "The reranker's score of an answer's first passage (rerank_top) and its lead over the second "
                "(rerank_margin), on the head's scale.", ("signal",), RERANK_SCORES),

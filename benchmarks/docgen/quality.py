@@ -356,7 +356,8 @@ def answer_quality(d: dict) -> str:
                                           for x in q["sets"].values())]
     return blocks(
         f"""Every judged query of each set is retrieved as the service retrieves it (the default: the router picks each
-question's retrievers and whether it is reranked) and its label-free signals (rag/quality, docs/quality.md) are set beside its nDCG@10 from the human labels (the
+question's retrievers and whether it is reranked) and its label-free signals (rag/quality, docs/quality.md) are set
+beside its nDCG@10 from the human labels (the
 shipped reranker head was trained on SciFact train, so its nDCG there is optimistic). The
 `no_good_passage` threshold in use is a best similarity of {num(q['threshold'], 4)}: the {pct(100 * q['flag_rate'], 0)}
 quantile of both training sets' questions (`ragheat calibrate-quality`, rag/quality/calibration.json).""",

@@ -11,10 +11,11 @@
 - ``citations_per_sentence``: the citation markers a written answer's sentences carry, per sentence.
 
 Each is None where the request did not compute it (no dense search, no second retriever, fewer than two lists with
-hits fused, no reranking, an extractive answer). The verdict (``QUALITY_VERDICTS``) is what the quality SLO counts: ``no_good_passage`` when the best
-similarity lies below the calibrated threshold (``rag.quality.calibration``), ``fell_back`` when a language model's
-answer was replaced by the extractive one, ``unsupported`` when fewer than ``min_support`` of a written answer's
-sentences are supported, ``unscored`` when there is no similarity to judge by (no dense search ran), else ``good``.
+hits fused, no reranking, an extractive answer). The verdict (``QUALITY_VERDICTS``) is what the quality SLO counts:
+``no_good_passage`` when the best similarity lies below the calibrated threshold (``rag.quality.calibration``),
+``fell_back`` when a language model's answer was replaced by the extractive one, ``unsupported`` when fewer than
+``min_support`` of a written answer's sentences are supported, ``unscored`` when there is no similarity to judge by
+(no dense search ran), else ``good``.
 The signals cost a few microseconds: a set intersection and some subtractions.
 """
 
@@ -28,7 +29,7 @@ from rag.types import Hit, QualitySignals, RetrievalResult, SentenceSupport, Ver
 
 __all__ = ["BAD_VERDICTS", "JUDGE_OUTCOMES", "PER_SENTENCE_SIGNALS", "QUALITY_SIGNALS", "QUALITY_VERDICTS",
            "RERANK_SIGNALS", "UNIT_SIGNALS",
-           "QualityMeter", "QualitySignals", "Verdict", "measure", "retrieval_signals"]
+           "QualityMeter", "QualitySignals", "Verdict", "measure", "of_context", "retrieval_signals"]
 
 AGREEMENT_DEPTH = 10
 
@@ -87,6 +88,15 @@ def measure(*, best_similarity: float | None, results: Sequence[RetrievalResult]
                           citations_per_sentence(support))
 
 
+def of_context(context, *, min_similarity: float, support: Sequence[SentenceSupport] = (), fell_back: bool = False,
+               min_support: float = 0.0) -> QualitySignals:
+    """``measure`` of what a request ``context`` (``rag.query_context``) retrieved, with its written answer's
+    ``support`` when it has one."""
+    return measure(best_similarity=context.best_similarity, results=context.results, reranked=context.reranked,
+                   support=support, fell_back=fell_back, min_similarity=min_similarity, min_support=min_support,
+                   fused_top=fused_top(context.fused_top_score, context.fuser, context.results))
+
+
 class QualityMeter:
     """Measures each answer's signals against one threshold (the calibration's, or ``quality.min_similarity``)."""
 
@@ -105,10 +115,8 @@ class QualityMeter:
 
     def measure(self, context, generation) -> QualitySignals:
         """The signals of the answer ``generation`` gave to the request ``context`` (``rag.query_context``)."""
-        return measure(best_similarity=context.best_similarity, results=context.results, reranked=context.reranked,
-                       support=generation.support, fell_back=generation.degraded_reason is not None,
-                       min_similarity=self.min_similarity, min_support=self.min_support,
-                       fused_top=fused_top(context.fused_top_score, context.fuser, context.results))
+        return of_context(context, min_similarity=self.min_similarity, support=generation.support,
+                          fell_back=generation.degraded_reason is not None, min_support=self.min_support)
 
 
 def retrieval_signals(pipeline, texts: Sequence[str], k: int = 10, advance=None) -> list:
@@ -119,10 +127,7 @@ def retrieval_signals(pipeline, texts: Sequence[str], k: int = 10, advance=None)
     found = []
     for text in texts:
         context = pipeline.retrieve(text, k)
-        found.append(measure(best_similarity=context.best_similarity, results=context.results,
-                             reranked=context.reranked, support=(), fell_back=False, min_similarity=threshold,
-                             min_support=0.0,
-                             fused_top=fused_top(context.fused_top_score, context.fuser, context.results)))
+        found.append(of_context(context, min_similarity=threshold))
         if advance is not None:
             advance()
     return found

@@ -82,9 +82,9 @@ def tune(
     target: float = typer.Option(40.0, "--target-qps", min=0.1, help="the rate whose P99 the report shows"),
     seed: int = typer.Option(0, "--seed", help="the query draw, the held-out split and the training"),
     epochs: int = typer.Option(6, "--epochs", min=1, max=100, help="the reranker head's passes"),
-    knobs: str = typer.Option("all", "--knobs", help="step 4's knobs to measure, comma-separated (lone_query_threads_1, "
-                              "faiss_threads_1, memory_lock, memory_hugepages, separate_cores), all, or none "
-                              "(step 4 skipped)"),
+    knobs: str = typer.Option("all", "--knobs", help="step 4's knobs to measure, comma-separated "
+                              "(lone_query_threads_1, faiss_threads_1, memory_lock, memory_hugepages, "
+                              "separate_cores), all, or none (step 4 skipped)"),
     results_file: Optional[Path] = typer.Option(None, "--results-file", help="also write the report as a benchmark "
                                                 "results file (command, commit, machine; benchmarks/README.md)"),
 ) -> None:
