@@ -4,12 +4,14 @@ Three parts, side by side in one run on the same queries:
 
 - ``encoders``: the query encoder alone, one query per run as the service runs it: fp32 and int8, on the
   single-thread session (``embedding.query_threads``) and on the quiet session (the idle cores,
-  ``embedding.quiet_query_threads``), rounds interleaved; P50/P99 and CPU ms per query.
+  ``embedding.quiet_query_threads``), rounds interleaved; P50/P99 and CPU ms per query, back to back and each run
+  after the idle gap a lone request leaves the model (``LONE_QUERY_GAP_S``, what the default's choice times).
 - ``quality``: nDCG@10 and recall@10 of every retriever combination with queries embedded at the passages'
   precision and at the other one (``embedding.query_precision``), against the same index.
 - ``http``: one ``ragheat serve`` per configuration over the same index, all running for the whole part: ``reference``
-  (queries at the passages' precision on one thread, as before the quiet session), ``quiet-threads``,
-  ``fastest-precision`` and ``defaults`` (both); concurrency 1 request by request in turn across the servers, then
+  (queries at the passages' precision on one thread, as before the quiet session), ``quiet-threads`` (the idle cores
+  always), ``fastest-precision`` and ``defaults`` (the precision and the lone query's threads as timed on this CPU);
+  concurrency 1 request by request in turn across the servers, then
   closed-loop rounds at ``--clients`` for the server's CPU per answer.
 
     .venv/bin/python benchmarks/bench_quiet_case.py --results-file benchmarks/results/quiet-case.json
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -39,7 +42,8 @@ RETRIEVERS = {"scifact": "dense,hybrid,hybrid+rerank",
               "hotpotqa-dev": "dense,hybrid,hybrid+graph,hybrid+rerank,hybrid+graph+rerank"}
 HTTP_CONFIGS = {  # name -> environment overrides of `ragheat serve`
     "reference": {"RAGHEAT_EMBEDDING__QUERY_PRECISION": "same", "RAGHEAT_EMBEDDING__QUIET_QUERY_THREADS": "1"},
-    "quiet-threads": {"RAGHEAT_EMBEDDING__QUERY_PRECISION": "same"},
+    "quiet-threads": {"RAGHEAT_EMBEDDING__QUERY_PRECISION": "same",
+                      "RAGHEAT_EMBEDDING__QUIET_QUERY_THREADS": str(len(os.sched_getaffinity(0)))},
     "fastest-precision": {"RAGHEAT_EMBEDDING__QUIET_QUERY_THREADS": "1"},
     "defaults": {},
 }
@@ -70,9 +74,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def encoders(queries: list[str], rounds: int) -> dict:
     """Per precision and session: each round's P50/P99 ms and CPU ms per query, and their medians."""
-    import os
-
-    from rag.embedding.embedder import SENTENCE_OUTPUT, TOKEN_OUTPUT, OnnxEmbedder, _session
+    from rag.embedding.embedder import LONE_QUERY_GAP_S, SENTENCE_OUTPUT, TOKEN_OUTPUT, OnnxEmbedder, _session
     from rag.embedding.model_store import ensure_encoder
     from rag.settings import EmbeddingSettings
 
@@ -89,7 +91,7 @@ def encoders(queries: list[str], rounds: int) -> dict:
     for session in sessions.values():
         for feed in feeds[:20]:
             session.run(names, feed)
-    per_round = {name: {"p50_ms": [], "p99_ms": [], "cpu_ms": []} for name in sessions}
+    per_round = {name: {"p50_ms": [], "p99_ms": [], "cpu_ms": [], "idle_gap_p50_ms": []} for name in sessions}
     for _ in range(rounds):
         for name, session in sessions.items():
             seconds = []
@@ -101,8 +103,17 @@ def encoders(queries: list[str], rounds: int) -> dict:
             per_round[name]["cpu_ms"].append((time.process_time() - cpu_start) / len(feeds) * 1e3)
             per_round[name]["p50_ms"].append(float(np.percentile(seconds, 50) * 1e3))
             per_round[name]["p99_ms"].append(float(np.percentile(seconds, 99) * 1e3))
+        for name, session in sessions.items():  # each run after a lone request's idle gap
+            seconds = []
+            for feed in feeds:
+                time.sleep(LONE_QUERY_GAP_S)
+                start = time.perf_counter()
+                session.run(names, feed)
+                seconds.append(time.perf_counter() - start)
+            per_round[name]["idle_gap_p50_ms"].append(float(np.percentile(seconds, 50) * 1e3))
     tokens = [int(f["input_ids"].shape[1]) for f in feeds]
     return {"cores": cores, "queries": len(feeds), "median_tokens": float(np.median(tokens)),
+            "idle_gap_ms": LONE_QUERY_GAP_S * 1e3,
             "sessions": {name: {**{k: statistics.median(v) for k, v in r.items()}, "rounds": r}
                          for name, r in per_round.items()}}
 

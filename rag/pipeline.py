@@ -235,6 +235,7 @@ class RagPipeline:
             index_folder=self.index.folder, generation=manifest["generation"], corpus=manifest["corpus"]["name"],
             chunks=manifest["counts"]["chunks"], embedding_model=manifest["model"]["name"],
             passage_precision=manifest["model"]["precision"], query_precision=self.embedder.query_precision,
+            lone_query_threads=self.embedder.lone_query_threads,
             generator=self.settings.generation.generator,
             engine_metrics_dir=None if self.llm is None or self.llm.metrics_dir is None else Path(self.llm.metrics_dir),
             graph_backend=None if self.graph is None else self.graph.name,

@@ -33,6 +33,9 @@ class Embedder(Protocol):
     @property
     def query_precision(self) -> str: ...  # what queries are embedded at (the passages' may differ)
 
+    @property
+    def lone_query_threads(self) -> int: ...  # the threads a query that finds the model to itself runs on
+
     def warm_up(self) -> None: ...
 
     def embed_query(self, text: str) -> EmbeddingResult: ...

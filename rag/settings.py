@@ -49,8 +49,11 @@ class EmbeddingSettings(_Section):
         "fp32 and int8 runs a query faster on this CPU, timed at the first start on it (int8's integer kernels need "
         "VNNI to beat fp32); the other precision's query vectors agree with the passages' to within int8's error (docs/benchmarks.md)")
     quiet_query_threads: int = Field(0, ge=0, le=64, description="ONNX Runtime threads for a query that finds no other "
-                                     "query in the model: idle cores shorten the quiet case's embedding; 0 = the cores "
-                                     "this process may use, 1 = never more than query_threads")
+                                     "query in the model: idle cores may shorten the quiet case's embedding; 0 = the "
+                                     "cores this process may use where they run a lone query clearly faster than "
+                                     "query_threads (timed once per CPU, each run after a request's idle gap, and "
+                                     "kept), otherwise query_threads; n = n threads; 1 = never more than "
+                                     "query_threads")
     bulk_threads: int = Field(0, ge=0, le=256, description="threads for ingestion; 0 = all cores")
     batch_tokens: int = Field(8192, ge=256, description="padded tokens per ingestion batch")
     query_batch_max: int = Field(1, ge=1, le=256, description="queries of concurrent requests that share one model "

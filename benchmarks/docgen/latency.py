@@ -254,8 +254,11 @@ QUIET_P50_MS, QUIET_P99_MS, QUIET_CPU_MS, QUIET_NDCG_LOSS = 9.0, 15.0, 9.0, 0.00
 def quiet_case(d: dict) -> str:
     q = d["quiet-case"]
     enc, http = q["encoders"], q["http"]
+    after_gap = all("idle_gap_p50_ms" in s["rounds"] for s in enc["sessions"].values())
     enc_rows = [[name, with_range(s["rounds"]["p50_ms"]), with_range(s["rounds"]["p99_ms"]),
-                 with_range(s["rounds"]["cpu_ms"])] for name, s in enc["sessions"].items()]
+                 with_range(s["rounds"]["cpu_ms"]), *([with_range(s["rounds"]["idle_gap_p50_ms"])] if after_gap else [])]
+                for name, s in enc["sessions"].items()]
+    gap_header = [f"P50 ms, each run after {num(enc['idle_gap_ms'], 0)} ms idle"] if after_gap else []
     quality_rows, worst = [], 0.0
     for name, s in q["quality"].items():
         for combo, diff in s["ndcg_difference"].items():
@@ -268,8 +271,10 @@ def quiet_case(d: dict) -> str:
     http_rows = []
     for name, config in http["configs"].items():
         chosen = config["embedding"] or {}
-        http_rows.append([bold(name) if name == "defaults" else name, chosen.get("queries", "?"),
-                          "1" if config["env"].get("RAGHEAT_EMBEDDING__QUIET_QUERY_THREADS") == "1" else "idle cores",
+        threads = chosen.get("lone_query_threads")  # what the server chose (older results: what it was told)
+        if threads is None:
+            threads = "1" if config["env"].get("RAGHEAT_EMBEDDING__QUIET_QUERY_THREADS") == "1" else "idle cores"
+        http_rows.append([bold(name) if name == "defaults" else name, chosen.get("queries", "?"), str(threads),
                           with_range(c1[name]["rounds"]["p50_ms"]), with_range(c1[name]["rounds"]["p99_ms"]),
                           with_range([us / 1000 for us in loaded[name]["rounds_server_cpu_us_per_request"]]),
                           with_range(loaded[name]["rounds_rps"], lambda v: num(v, 0))])
@@ -288,9 +293,13 @@ def quiet_case(d: dict) -> str:
 **The query encoder alone**, one query per run with its token states, as the service runs it (the quiet session's
 threads do not spin between runs). Which precision is faster depends on the CPU: the int8 scheme's integer kernels
 need VNNI to beat fp32 (the machine's flags are in its line at the top of this page); `embedding.query_precision`
-`fastest` (the default) times both at the first start on a CPU and keeps the faster for it.
+`fastest` (the default) times both at the first start on a CPU and keeps the faster for it. Whether the idle cores
+shorten a lone query depends on the machine too: a lone request leaves the model idle between its runs, the quiet
+session's threads sleep meanwhile, and waking them may cost more than splitting the run saves (the last column, each
+run after such a gap). `embedding.quiet_query_threads` 0 (the default) times the two sessions that way at the first
+start on a CPU and keeps the idle cores only for a clear win.
 
-{table(["session", "P50 ms", "P99 ms", "CPU ms per query"], enc_rows, "lrrr")}
+{table(["session", "P50 ms", "P99 ms", "CPU ms per query", *gap_header], enc_rows, "lrrr" + "r" * len(gap_header))}
 
 **Quality at either query precision**, passages embedded at {passages} in both (nDCG@10, the same index):
 
@@ -304,7 +313,7 @@ turn across them (concurrency 1, {count(best['n'])} requests each), then closed-
 {num(http['closed_loop']['round_s'], 0)} s with {count(http['closed_loop']['clients'])} clients for the server's CPU
 per answer:
 
-{table(["configuration", "queries at", "quiet-case threads", "c=1 P50 ms", "c=1 P99 ms",
+{table(["configuration", "queries at", "lone query's threads", "c=1 P50 ms", "c=1 P99 ms",
         f"CPU ms per answer ({count(http['closed_loop']['clients'])} clients)", "answers/s"], http_rows, "lllrrrr")}
 
 At concurrency 1 the defaults' P50 differs from the reference's by {signed(p50 - statistics.median(

@@ -157,7 +157,8 @@ def readyz(http: Request):
     described = pipeline.describe()
     body = {"status": "ready", "generation": described.generation, "chunks": described.chunks,
             "corpus": described.corpus,
-            "embedding": {"passages": described.passage_precision, "queries": described.query_precision}}
+            "embedding": {"passages": described.passage_precision, "queries": described.query_precision,
+                          "lone_query_threads": described.lone_query_threads}}
     if described.graph_backend is not None:
         body["graph"] = {"backend": described.graph_backend, "ready": described.graph_ready}
     if (error := _switch(http).last_error) is not None:  # a newer generation failed to load; this one still serves

@@ -81,6 +81,10 @@ class MicroBatchEmbedder:
         return self.inner.query_precision
 
     @property
+    def lone_query_threads(self) -> int:
+        return self.inner.lone_query_threads
+
+    @property
     def dimension(self) -> int:
         return self.inner.dimension
 

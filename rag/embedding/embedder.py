@@ -4,7 +4,10 @@ Nothing here imports torch. Three sessions serve the model: a single-thread sess
 other queries run (a second thread would fight them for the core), a session with the idle cores for a query that
 finds the model to itself (the quiet case: a short query's run splits across cores), and a session with all cores for
 bulk ingestion. The quiet session's threads do not spin between runs, so an idle one takes no core from the
-request's other stages, and they are born named ``rh:embed``, so the probes charge their time to the stage.
+request's other stages, and they are born named ``rh:embed``, so the probes charge their time to the stage. Waking
+them costs time too, and on some machines (virtual CPUs above all) more than splitting a short query saves: by
+default (``embedding.quiet_query_threads`` 0) the quiet session is timed against the single-thread one once per CPU,
+each run after the idle gap a lone request leaves the model, and kept only where it wins clearly.
 
 The query sessions may run the model at another precision than the passages' (``embedding.query_precision``):
 which of fp32 and int8 is faster depends on the CPU (the int8 scheme's integer kernels beat fp32 only with VNNI),
@@ -61,9 +64,12 @@ TIMING_QUERIES = ("what causes tides?",
                   "Which enzyme links the citric acid cycle to the electron transport chain in mitochondria of "
                   "mammalian liver cells under fasting conditions?",
                   "Were the director of the 1994 film and the author of its source novel born in the same country?")
-# The other precision serves queries only when it takes at most this share of the passages' precision's time: a
-# narrower win is within the timing's noise.
-OTHER_PRECISION_GAIN = 0.9
+# The other precision (or the quiet session) serves queries only when it takes at most this share of the time of the
+# passages' precision (or of the single-thread session): a narrower win is within the timing's noise.
+CLEAR_WIN = 0.9
+# How long the model idles between a lone request's runs (its other stages and the client's round trip): long enough
+# for the quiet session's threads to sleep, so timing the sessions back to back would hide what waking them costs.
+LONE_QUERY_GAP_S = 0.005
 # What decides which precision runs faster: the CPU's model and the instruction sets ONNX Runtime's kernels pick.
 ISA_FLAGS = ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8", "amx_bf16", "neon",
              "asimddp", "sve")
@@ -81,18 +87,48 @@ def cpu_identity() -> dict:
     return {"model": fields.get("model name") or fields.get("CPU part", ""), "isa": sorted(flags & set(ISA_FLAGS))}
 
 
-def time_query_runs(sessions: dict[str, ort.InferenceSession], feeds: list[dict], rounds: int = 7) -> dict[str, float]:
-    """Each session's fastest round over ``feeds`` (seconds), the rounds interleaved so that a burst of noise hits
-    every session alike; after one untimed round each (first runs allocate)."""
+def time_query_runs(sessions: dict[str, ort.InferenceSession], feeds: list[dict], rounds: int = 7,
+                    idle_s: float = 0.0) -> dict[str, float]:
+    """Each session's fastest round over ``feeds`` (seconds, the runs alone), the rounds interleaved so that a burst
+    of noise hits every session alike; after one untimed round each (first runs allocate). ``idle_s``: a pause before
+    each run, as a request's other stages leave the model idle."""
     best = dict.fromkeys(sessions, float("inf"))
     for round_ in range(rounds + 1):
         for name, session in sessions.items():
-            start = time.perf_counter()
+            seconds = 0.0
             for feed in feeds:
+                if idle_s:
+                    time.sleep(idle_s)
+                start = time.perf_counter()
                 session.run([SENTENCE_OUTPUT], feed)
+                seconds += time.perf_counter() - start
             if round_:
-                best[name] = min(best[name], time.perf_counter() - start)
+                best[name] = min(best[name], seconds)
     return best
+
+
+def _kept_choice(path, key: dict):
+    """The record kept at ``path`` when it was made for ``key``; None when none is (or it is unreadable)."""
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return record if record.get("key") == key else None
+
+
+def _keep_choice(path, record: dict, what: str) -> None:
+    try:
+        scratch = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        scratch.write_text(json.dumps(record))
+        os.replace(scratch, path)
+    except OSError as exc:  # a read-only cache folder: time again at the next start
+        log.warning("%s: could not keep the choice in %s: %s", what, path, exc)
+
+
+def _choice_path(folder, prefix: str, key: dict):
+    """Where the choice for ``key`` is kept: beside the conversions, named by the key's digest."""
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    return folder / f"{prefix}-{digest}.json"
 
 
 class OnnxEmbedder:
@@ -109,6 +145,7 @@ class OnnxEmbedder:
         self._query_session: ort.InferenceSession | None = None
         self.query_files: EncoderFiles | None = None  # the query side's encoder (files: the passages')
         self._quiet_session: ort.InferenceSession | None = None  # None: every query on _query_session
+        self._lone_threads = 1  # the quiet session's threads (query_threads without one)
         self._bulk_session: ort.InferenceSession | None = None
         self._runs_lock = threading.Lock()
         self._runs = 0  # query runs in flight
@@ -128,15 +165,12 @@ class OnnxEmbedder:
         tokenizer.no_padding()
         self._tokenizer = tokenizer
         self.query_files, self._query_session = self._query_encoder()
-        quiet_threads = s.quiet_query_threads or len(os.sched_getaffinity(0))
-        if quiet_threads > s.query_threads:
-            # A thread inherits its creator's kernel name: the session's pool threads are rh:embed for good.
-            creator = get_name()
-            set_name(stage_comm("embed"))
-            try:
-                self._quiet_session = _session(self.query_files.onnx_path, quiet_threads, spinning=False)
-            finally:
-                set_name(creator)
+        if s.quiet_query_threads > s.query_threads:
+            self._quiet_session = self._new_quiet_session(s.quiet_query_threads)
+        elif s.quiet_query_threads == 0:
+            self._quiet_session = self._quiet_session_if_faster()
+        self._lone_threads = (s.quiet_query_threads or len(os.sched_getaffinity(0))) if self._quiet_session \
+            else s.query_threads
         # CUDA events only when the session really runs on the GPU; otherwise two perf_counter calls.
         self.device_timer = DeviceTimer.for_device("CUDAExecutionProvider" in self._query_session.get_providers())
         for session in filter(None, (self._query_session, self._quiet_session)):
@@ -160,27 +194,61 @@ class OnnxEmbedder:
         s = self.settings
         key = {"cpu": cpu_identity(), "onnxruntime": ort.__version__, "threads": s.query_threads,
                "candidates": {p: f.quantisation for p, f in candidates.items()}}
-        digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
-        kept = self.files.onnx_path.parent / f"query-precision-{digest}.json"  # beside the conversions
-        try:
-            record = json.loads(kept.read_text())
-            if record.get("key") == key and record.get("chosen") in candidates:
-                return record["chosen"], None
-        except (OSError, ValueError):
-            pass  # none kept yet, or unreadable: time them
+        kept = _choice_path(self.files.onnx_path.parent, "query-precision", key)
+        record = _kept_choice(kept, key)
+        if record is not None and record.get("chosen") in candidates:
+            return record["chosen"], None
         sessions = {p: _session(f.onnx_path, s.query_threads) for p, f in candidates.items()}
-        seconds = time_query_runs(sessions, [self._feed([self._tokenizer.encode(t)]) for t in TIMING_QUERIES])
+        seconds = time_query_runs(sessions, self._timing_feeds())
         other = next(p for p in candidates if p != s.precision)
-        chosen = other if seconds[other] <= OTHER_PRECISION_GAIN * seconds[s.precision] else s.precision
+        chosen = other if seconds[other] <= CLEAR_WIN * seconds[s.precision] else s.precision
         ms = {p: round(1e3 * t / len(TIMING_QUERIES), 3) for p, t in seconds.items()}
         log.info("query encoder: %s on this CPU (ms a query: %s)", chosen, ms)
-        try:
-            scratch = kept.with_name(f"{kept.name}.{os.getpid()}.tmp")
-            scratch.write_text(json.dumps({"key": key, "chosen": chosen, "ms_per_query": ms}))
-            os.replace(scratch, kept)
-        except OSError as exc:  # a read-only cache folder: time again at the next start
-            log.warning("query encoder: could not keep the choice in %s: %s", kept, exc)
+        _keep_choice(kept, {"key": key, "chosen": chosen, "ms_per_query": ms}, "query encoder")
         return chosen, sessions[chosen]
+
+    def _timing_feeds(self) -> list[dict]:
+        return [self._feed([self._tokenizer.encode(t)]) for t in TIMING_QUERIES]
+
+    def _new_quiet_session(self, threads: int) -> ort.InferenceSession:
+        # A thread inherits its creator's kernel name: the session's pool threads are rh:embed for good.
+        creator = get_name()
+        set_name(stage_comm("embed"))
+        try:
+            return _session(self.query_files.onnx_path, threads, spinning=False)
+        finally:
+            set_name(creator)
+
+    def _quiet_session_if_faster(self) -> ort.InferenceSession | None:
+        """``quiet_query_threads`` 0: a session on the cores this process may use when it runs a lone query clearly
+        faster than the single-thread session on this CPU, each run after a lone request's idle gap (the choice kept
+        for the CPU, or timed now and kept); None otherwise."""
+        s = self.settings
+        cores = len(os.sched_getaffinity(0))
+        if cores <= s.query_threads:
+            return None
+        key = {"cpu": cpu_identity(), "onnxruntime": ort.__version__, "threads": s.query_threads, "cores": cores,
+               "encoder": self.query_files.quantisation, "idle_s": LONE_QUERY_GAP_S}
+        kept = _choice_path(self.files.onnx_path.parent, "quiet-threads", key)
+        record = _kept_choice(kept, key)
+        if record is not None and record.get("chosen") in (cores, s.query_threads):
+            return self._new_quiet_session(cores) if record["chosen"] == cores else None
+        quiet = self._new_quiet_session(cores)
+        seconds = time_query_runs({"single": self._query_session, "quiet": quiet}, self._timing_feeds(),
+                                  idle_s=LONE_QUERY_GAP_S)
+        chosen = cores if seconds["quiet"] <= CLEAR_WIN * seconds["single"] else s.query_threads
+        ms = {str(n): round(1e3 * seconds[k] / len(TIMING_QUERIES), 3)
+              for k, n in (("single", s.query_threads), ("quiet", cores))}
+        log.info("query encoder: a lone query on %d thread(s) on this CPU (ms a query after an idle gap, by "
+                 "threads: %s)", chosen, ms)
+        _keep_choice(kept, {"key": key, "chosen": chosen, "ms_per_query": ms}, "query encoder")
+        return quiet if chosen == cores else None
+
+    @property
+    def lone_query_threads(self) -> int:
+        """The threads a query that finds the model to itself runs on."""
+        self.warm_up()
+        return self._lone_threads
 
     @property
     def query_precision(self) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 import uuid
 
 import numpy as np
@@ -214,7 +215,8 @@ def test_a_lone_query_runs_on_the_idle_cores_and_gets_the_same_vector(settings, 
     if len(os.sched_getaffinity(0)) < 2:
         pytest.fail("this test needs two cores (the quiet session takes the idle ones)")
     before = _thread_names().count("rh:embed")
-    quiet = OnnxEmbedder(settings.embedding.model_copy(update={"precision": precision}))
+    cores = len(os.sched_getaffinity(0))
+    quiet = OnnxEmbedder(settings.embedding.model_copy(update={"precision": precision, "quiet_query_threads": cores}))
     quiet.warm_up()
     # its pool threads are born with the stage's name, so the probes charge their CPU to embed
     assert _thread_names().count("rh:embed") > before
@@ -227,13 +229,16 @@ def test_a_lone_query_runs_on_the_idle_cores_and_gets_the_same_vector(settings, 
         assert float(a.vector @ b.vector) > 0.99999
         np.testing.assert_allclose(states_a, states_b, atol=1e-4)
     assert quiet.quiet_runs == len(texts) and single.quiet_runs == 0
+    assert (quiet.lone_query_threads, single.lone_query_threads) == (cores, 1)
 
 
 def test_concurrent_queries_share_the_cores(settings):
     """While another query is in the model, a query runs on its single-thread session."""
+    import os
     import threading
 
-    embedder = OnnxEmbedder(settings.embedding)
+    embedder = OnnxEmbedder(settings.embedding.model_copy(
+        update={"quiet_query_threads": len(os.sched_getaffinity(0))}))
     embedder.warm_up()
     entered, release = threading.Event(), threading.Event()
     inner_run = embedder._quiet_session.run
@@ -282,7 +287,8 @@ def test_fastest_keeps_the_other_precision_only_for_a_clear_win(settings, monkey
     # a CPU never seen: the choice kept for this one is not reused, and this test's is not kept for it
     cpu = {"model": f"test CPU {uuid.uuid4()}", "isa": []}
     monkeypatch.setattr(module, "cpu_identity", lambda: cpu)
-    embedder = OnnxEmbedder(settings.embedding.model_copy(update={"precision": "int8", "query_precision": "fastest"}))
+    embedder = OnnxEmbedder(settings.embedding.model_copy(update={"precision": "int8", "query_precision": "fastest",
+                                                                  "quiet_query_threads": 1}))
     embedder.warm_up()
     kept = [p for p in embedder.files.onnx_path.parent.glob("query-precision-*.json") if cpu["model"] in p.read_text()]
     request.addfinalizer(lambda: [p.unlink() for p in kept])
@@ -290,7 +296,8 @@ def test_fastest_keeps_the_other_precision_only_for_a_clear_win(settings, monkey
     assert set(timed) == {"int8", "fp32"} and embedder.query_precision == chosen
     # the next start on that CPU reuses the choice without timing
     timed.clear()
-    again = OnnxEmbedder(settings.embedding.model_copy(update={"precision": "int8", "query_precision": "fastest"}))
+    again = OnnxEmbedder(settings.embedding.model_copy(update={"precision": "int8", "query_precision": "fastest",
+                                                               "quiet_query_threads": 1}))
     again.warm_up()
     assert not timed and again.query_precision == chosen
 
@@ -304,3 +311,43 @@ def test_fastest_times_real_runs(settings):
     feeds = [embedder._feed([embedder.tokenizer.encode(t)]) for t in TIMING_QUERIES]
     seconds = time_query_runs({"a": session, "b": session}, feeds, rounds=2)
     assert set(seconds) == {"a", "b"} and all(0 < s < 5 for s in seconds.values())
+    # the idle gap before each run is waited, not timed
+    started = time.perf_counter()
+    gapped = time_query_runs({"a": session}, feeds, rounds=1, idle_s=0.05)
+    assert time.perf_counter() - started >= 2 * len(feeds) * 0.05 > gapped["a"] > 0
+
+
+@pytest.mark.parametrize("quiet_share,keeps_quiet", [(0.6, True), (0.95, False)])
+def test_a_lone_query_gets_the_idle_cores_only_where_they_win_clearly_after_an_idle_gap(
+        settings, monkeypatch, request, quiet_share, keeps_quiet):
+    import os
+
+    from rag.embedding import embedder as module
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.fail("this test needs two cores (the quiet session takes the idle ones)")
+    timed = []
+
+    def fake_timing(sessions, feeds, rounds=7, idle_s=0.0):
+        timed.append((set(sessions), idle_s))
+        return {"single": 1.0, "quiet": quiet_share}
+
+    monkeypatch.setattr(module, "time_query_runs", fake_timing)
+    cpu = {"model": f"test CPU {uuid.uuid4()}", "isa": []}  # a CPU never seen: nothing kept for it yet
+    monkeypatch.setattr(module, "cpu_identity", lambda: cpu)
+    chosen = {"query_precision": "same", "quiet_query_threads": 0}
+    embedder = OnnxEmbedder(settings.embedding.model_copy(update=chosen))
+    embedder.warm_up()
+    kept = [p for p in embedder.files.onnx_path.parent.glob("quiet-threads-*.json") if cpu["model"] in p.read_text()]
+    request.addfinalizer(lambda: [p.unlink() for p in kept])
+    assert len(kept) == 1
+    assert timed == [({"single", "quiet"}, module.LONE_QUERY_GAP_S)]
+    cores = len(os.sched_getaffinity(0))
+    assert embedder.lone_query_threads == (cores if keeps_quiet else 1)
+    embedder.embed_query("a lone query")
+    assert embedder.quiet_runs == (1 if keeps_quiet else 0)
+    # the next start on that CPU reuses the choice without timing
+    timed.clear()
+    again = OnnxEmbedder(settings.embedding.model_copy(update=chosen))
+    again.warm_up()
+    assert not timed and again.lone_query_threads == embedder.lone_query_threads
