@@ -3,7 +3,7 @@ rounds at concurrency 1, and kept only when it lowers the median P99 by more tha
 without raising the median P50 beyond it; a kept knob is part of the baseline the next one is measured against.
 
 The knobs (rag/placement.py and the embedding settings): the ONNX Runtime threads of a lone query, FAISS's OpenMP
-threads, the index memory locked or on huge pages, and, when a model server runs beside the service, the two on
+threads (BLAS's are one always), the index memory locked or on huge pages, and, when a model server runs beside the service, the two on
 separate core sets (``placement.cpus`` for the service, the rest of the cores for the model server) against both on
 every core. A knob the host cannot serve (no transparent huge pages, memory it may not lock, a single core) is
 reported with the reason and not measured.
@@ -35,9 +35,13 @@ def candidate_knobs(capabilities: dict, model_server: bool,
     """The knobs worth measuring on this host, and those that are not, each with the reason; ``asked``: only these
     knobs (None: every one), the others skipped as not asked for."""
     knobs = [Knob("lone_query_threads_1", {"embedding": {"quiet_query_threads": 1}},
-                  "a query alone in the model runs its encoder on one ONNX Runtime thread instead of every core"),
+                  "a query alone in the model runs its encoder on one ONNX Runtime thread (without: on every core "
+                  "where they ran it clearly faster when timed at the first start on this CPU)"),
              Knob("faiss_threads_1", {"placement": {"math_threads": 1}}, "FAISS searches on one OpenMP thread")]
-    skipped: dict[str, str] = {}
+    # Not a knob: the reranker's numpy products run on the request's own thread by design (rag/rerank/maxsim.py).
+    skipped: dict[str, str] = {"blas_threads": "BLAS always runs on one thread (a product that fans out across the "
+                                               "cores only waits for them: docs/benchmarks.md, \"Late-interaction "
+                                               "reranker: what it costs\")"}
     lacks = capabilities["lacks"]
     if "memory_lock" in lacks:
         skipped["memory_lock"] = lacks["memory_lock"]
