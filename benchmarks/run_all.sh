@@ -258,6 +258,8 @@ step_boards-llm() {  # the vLLM and Kernel boards' pictures under the real model
   "$RH" dashboards snapshot --prometheus "http://127.0.0.1:$prom" --out "$BOARDS_LLM_OUT" --minutes "$minutes" \
     --rate-window 1m --step 5 --boards vllm,kernel
 }
+step_milvus() { "$PY" benchmarks/bench_milvus.py --beir "$BEIR" --split "$SPLIT" --index "$INDEX" \
+                  --results-file "$RESULTS/milvus.json"; }
 step_vllm-ttft() { "$PY" benchmarks/bench_vllm_ttft.py --index "$INDEX" --beir "$BEIR" "${TTFT_ARGS[@]}" \
                      --json "$RESULTS/vllm-ttft.json"; }
 step_render() {
@@ -266,7 +268,7 @@ step_render() {
 }
 
 ALL=(ingest eval eval-fp32 fusion query quiet-case quality-signals quality-drill telemetry telemetry-recording observe loadgen knee examples explain explain-cold-cache explain-example ann probes
-     tune-vllm tune-vllm-real boards-llm embedding graph routing vllm-ttft rerank rerank-latency growth token-codes cache capacity steering batching replicas answers hyde judge tune render)
+     tune-vllm tune-vllm-real boards-llm embedding graph routing vllm-ttft rerank rerank-latency growth token-codes milvus cache capacity steering batching replicas answers hyde judge tune render)
 if [ "${1:-}" = --list ]; then printf '%s\n' "${ALL[@]}"; exit 0; fi
 steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=("${ALL[@]}")

@@ -47,7 +47,8 @@ from rag.query_context import QueryContext, StageOptions
 from rag.rerank.features import RerankQuery
 from rag.retrieval.fusion import WeightedRRF
 from rag.retrieval.lexical import LexicalAnalyzer
-from rag.retrieval.retrievers import BM25Retriever, DenseRetriever
+from rag.index.milvus import MilvusStore, open_generation
+from rag.retrieval.retrievers import BM25Retriever, DenseRetriever, MilvusBM25Retriever, MilvusDenseRetriever
 from rag.routing.names import ROUTED, expand, route_label
 from rag.settings import GenerationSettings, RagheatSettings
 from rag.stages import LEVEL_BY_NAME, QUALITY_LEVELS, TOP_LEVEL
@@ -77,6 +78,7 @@ class RagPipeline:
         self.router: Router | None = None  # route
         self.hyde: HypotheticalPassageWriter | None = None  # hyde: whenever there is a language model
         self.retrievers: dict[str, Retriever] = {}  # retrieve_dense, retrieve_bm25
+        self.vector_store: MilvusStore | None = None  # vector_store.backend=milvus: what those two search
         self.graph_retriever: GraphRetriever | None = None  # retrieve_graph, over self.graph
         self.graph: GraphStore | None = None
         self.fuser: Fuser | None = None  # fuse
@@ -123,6 +125,9 @@ class RagPipeline:
         if self.graph is not graph_before:
             started.append(self.graph)
             self.graph, self.linker, self.graph_retriever = graph_before, None, None
+        if self.vector_store is not None:
+            started.append(self.vector_store)
+            self.vector_store, self.retrievers = None, {}
         for part in started:
             try:
                 part.close()
@@ -143,7 +148,14 @@ class RagPipeline:
             embedder = MicroBatchEmbedder(embedder, embedding.query_batch_max, embedding.query_batch_wait_ms / 1000,
                                           embedding.query_batch_runs)
         analyzer = LexicalAnalyzer(index.manifest["lexical"]["stemmer"])
-        self.retrievers = {"dense": DenseRetriever(index.faiss_index), "bm25": BM25Retriever(index.bm25, analyzer)}
+        if s.vector_store.backend == "milvus":  # the generation's collection on the server, checked like its files
+            self.vector_store, collection, exact = open_generation(s.vector_store, index.folder, index.manifest)
+            self.retrievers = {"dense": MilvusDenseRetriever(self.vector_store, collection,
+                                                             None if exact else s.index.hnsw_ef_search),
+                               "bm25": MilvusBM25Retriever(self.vector_store, collection, analyzer)}
+        else:
+            self.retrievers = {"dense": DenseRetriever(index.faiss_index),
+                               "bm25": BM25Retriever(index.bm25, analyzer)}
         self.fuser = WeightedRRF({"dense": s.retrieval.dense_weight, "bm25": s.retrieval.bm25_weight,
                                   "graph": s.graph.weight}, k=s.retrieval.rrf_k)
         self.generator = ExtractiveGenerator(analyzer, index.idf, s.generation.max_sentences)
@@ -243,13 +255,16 @@ class RagPipeline:
 
     def close(self) -> None:
         """Release what ``warm_up()`` opened outside this process's memory: the model client's connections, or
-        the in-process engine's processes, and the graph store (the embedded one's child process). Idempotent."""
+        the in-process engine's processes, the graph store (the embedded one's child process) and the Milvus client.
+        Idempotent."""
         if self.judge is not None:
             self.judge.close()
         if self.llm is not None:
             self.llm.close()
         if self.graph is not None:
             self.graph.close()
+        if self.vector_store is not None:
+            self.vector_store.close()
 
     # -- the query path, in the order of the stage table (rag/stages.py) ------------------------------------------
 

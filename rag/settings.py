@@ -362,6 +362,23 @@ class GraphSettings(_Section):
     load_batch: int = Field(5000, ge=1, le=1_000_000, description="rows per UNWIND statement at ingest")
 
 
+class VectorStoreSettings(_Section):
+    """Where the dense and BM25 retrievers search: the index generation's own files (FAISS and bm25s, in process: the
+    default) or a Milvus server (rag/index/milvus.py), where ``ragheat ingest`` publishes one collection per index
+    generation beside the served one. The generation's own files are written either way. Changing the backend or the
+    server re-ingests from the same chunks and embeddings (nothing is embedded again)."""
+
+    backend: Literal["local", "milvus"] = Field("local", description="local = FAISS and bm25s over the generation's "
+                                                                     "files; milvus = the collection at uri")
+    uri: str = Field("http://127.0.0.1:19530", pattern=r"^(https?|tcp)://", description="milvus: the server")
+    token: SecretStr = Field(SecretStr(""), description="milvus: user:password or an API key; never logged or printed")
+    collection_prefix: str = Field("ragheat", pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$",
+                                   description="milvus: collections are named PREFIX_<index>_<generation>")
+    timeout_ms: int = Field(2000, ge=10, le=600_000, description="milvus: one search; longer = the server is "
+                                                                 "unavailable")
+    load_batch: int = Field(2000, ge=1, le=100_000, description="milvus: passages per insert at ingest")
+
+
 class CacheSettings(_Section):
     """The semantic answer cache (rag/cache, stage ``cache_lookup``): an answer given before is served again for a
     query whose embedding is close enough, with the same top_k, retrievers and rerank flag, from the same index
@@ -586,6 +603,7 @@ class RagheatSettings(BaseSettings):
     server: ServerSettings = Field(default_factory=ServerSettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
     graph: GraphSettings = Field(default_factory=GraphSettings)
+    vector_store: VectorStoreSettings = Field(default_factory=VectorStoreSettings)
     probes: ProbeSettings = Field(default_factory=ProbeSettings)
     placement: PlacementSettings = Field(default_factory=PlacementSettings)
     faults: FaultSettings = Field(default_factory=FaultSettings)

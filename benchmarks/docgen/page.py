@@ -74,6 +74,8 @@ PAGE: list[str | Section] = [
     Section("growth", "### How the costs grow with the corpus", ("growth",), scale.growth),
     Section("token-codes", "### Compressed token vectors: product codes against int8", ("token-codes",),
             scale.token_codes),
+    Section("milvus", "### The passages on a Milvus server (`vector_store.backend=milvus`)", ("milvus",),
+            scale.milvus),
     "## Answer quality without labels",
     Section("quality-signals", "### How the quality signals track nDCG@10, and what moves them", ("quality-signals",),
             quality.answer_quality),

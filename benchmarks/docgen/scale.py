@@ -1,4 +1,5 @@
-"""Sections about growing the corpus: what the reranker's stored token vectors cost at scale, compressed."""
+"""Sections about growing the corpus: what the reranker's stored token vectors cost at scale, compressed, and the
+passages on a Milvus server."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import math
 
 from rag.settings import RerankSettings
 
-from .stats import bold, count, join_words, num, opt, signed, table
+from .stats import bold, count, join_words, num, opt, signed, table, with_range
 
 
 def token_codes(d: dict) -> str:
@@ -141,3 +142,44 @@ def _coded_sentence(coded: list[dict], stored: str) -> str:
     return (f"\nThe last column{'s' if len(coded) > 1 else ''} stores the token vectors as product codes instead of "
             f"{stored} (learnt from the grown {stored} vectors, as an ingest learns them): measured, outside the "
             f"slopes, which compare corpora stored alike. {served}\n")
+
+
+MILVUS_PARITY = 0.01  # the largest nDCG@10 difference between the backends that counts as the same retrieval
+
+
+def milvus(d: dict) -> str:
+    m = d["milvus"]
+    publish, quality, stages = m["publish"], m["quality"], m["stages"]
+    block = publish["vector_store"]
+    rows = [[combo, num(quality["local"][combo]["ndcg@10"], 4), num(quality["milvus"][combo]["ndcg@10"], 4),
+             signed(quality["milvus"][combo]["ndcg@10"] - quality["local"][combo]["ndcg@10"], 4),
+             num(quality["local"][combo]["recall@10"], 4), num(quality["milvus"][combo]["recall@10"], 4),
+             f"{count(m['same_top10'][combo])} of {count(m['questions'])}" if combo in m["same_top10"] else "–"]
+            for combo in quality["local"]]
+    worst = max(abs(quality["milvus"][c]["ndcg@10"] - quality["local"][c]["ndcg@10"]) for c in quality["local"])
+    stage_rows = [[f"retrieve_{name}", backend, with_range(stages[backend][name]["p50_ms"]),
+                   with_range(stages[backend][name]["p99_ms"])]
+                  for name in ("dense", "bm25") for backend in ("local", "milvus")]
+    parts = ", ".join(f"{k} {num(v, 1)} s" for k, v in block["timings_s"].items())
+    how = "from the generation's own vectors, nothing embedded again" if publish["reused"] else "embedded anew"
+    return f"""\
+`vector_store.backend=milvus` (docs/scale.md): the index's current generation ({count(m['chunks'])} chunks) published
+into a collection ({block['dense_index']} dense index, BM25 over ragheat's analysed terms) on a milvus-lite server
+started for the run, {how}: {num(publish['wall_s'], 1)} s in all ({parts}).
+
+Quality, `ragheat eval`'s code on the {count(m['questions'])} judged {m['split']} questions, both backends over the
+same generation; "same top 10": questions whose retriever returned the same ten passages in the same order from both:
+
+{table(["retrievers", "nDCG@10 local", "nDCG@10 Milvus", "difference", "recall@10 local", "recall@10 Milvus",
+        "same top 10"], rows, "lrrrrrr")}
+
+The largest nDCG@10 difference: {num(worst, 4)} (target ≤ {MILVUS_PARITY:g}: {'met' if worst <= MILVUS_PARITY else
+'**not met**'}).
+
+The two stages at concurrency 1, each search as the pipeline times it ({count(m['latency_queries'])} questions,
+{count(m['hits'])} hits each, the backends in turn), ms:
+
+{table(["stage", "backend", "P50", "P99"], stage_rows, "llrr")}
+
+milvus-lite serves Milvus' protocol from a Python engine over gRPC on loopback: these latencies are what the
+backend costs on one machine without Milvus, not what a Milvus cluster costs."""

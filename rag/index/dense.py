@@ -60,6 +60,13 @@ def build_index(vectors: np.ndarray, params: dict) -> faiss.Index:
     return index
 
 
+def stored_vectors(folder: Path) -> np.ndarray:
+    """The vectors the generation ``folder``'s exact or HNSW index holds, in chunk-id order (an IVF-PQ index keeps
+    only their codes)."""
+    index = faiss.read_index(str(folder / DENSE_FILE))
+    return index.reconstruct_n(0, index.ntotal)
+
+
 def save_index(index: faiss.Index, folder: Path) -> None:
     """Write ``index`` into the generation ``folder``. Through a Python file, not ``faiss.write_index(path)``: faiss
     reports a failed close() (a full disk, a file-size limit) on stderr only, and the ingest would go on to publish a

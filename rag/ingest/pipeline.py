@@ -1,10 +1,12 @@
 """``ragheat ingest``: source -> chunks -> embeddings (+ the reranker's token vectors, from the same model run) + BM25
-+ knowledge graph -> a new index generation, swapped in atomically."""
++ knowledge graph (+ the generation's Milvus collection, ``vector_store.backend=milvus``) -> a new index generation,
+swapped in atomically."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +14,7 @@ from pathlib import Path
 from rag import __version__
 from rag.embedding.embedder import OnnxEmbedder
 from rag.index import dense, sparse
+from rag.index.milvus import VectorStoreUnavailable, dense_index_type, prune_collections, publish_generation
 from rag.graph.ingest import build_generation_graph, graph_config, prune_store_generations
 from rag.index.store import (CHUNKS, GENERATIONS, MANIFEST, IndexWriter, link_files, read_chunks, read_manifest,
                              resolve_generation, write_chunks)
@@ -24,6 +27,7 @@ from rag.retrieval.lexical import LexicalAnalyzer
 from rag.settings import RagheatSettings
 from rag.types import Chunk
 
+log = logging.getLogger("ragheat.ingest")
 
 @dataclass
 class IngestReport:
@@ -92,7 +96,12 @@ def ingest(source: str, index_dir: Path, settings: RagheatSettings, *, embedder:
         config["rerank"] = token_config(tokens)
     indexes_fingerprint = _fingerprint(corpus, config)  # chunks, embeddings, FAISS, BM25
     graph_settings = graph_config(settings.graph)
-    fingerprint = _fingerprint(corpus, {**config, "graph": graph_settings})
+    stores = {"graph": graph_settings}
+    vs = settings.vector_store
+    if vs.backend == "milvus":  # absent when local, so a local index keeps its fingerprint
+        stores["vector_store"] = {"backend": vs.backend, "uri": vs.uri, "collection_prefix": vs.collection_prefix,
+                                  "dense_index": dense_index_type(settings.index)}
+    fingerprint = _fingerprint(corpus, {**config, **stores})
     reusable: Path | None = None
     if not force:
         try:
@@ -120,6 +129,12 @@ def ingest(source: str, index_dir: Path, settings: RagheatSettings, *, embedder:
                     writer.folder, writer.generation, chunks, settings.graph, start_step=steps.start,
                     embed_titles=lambda texts, advance: embedder.embed_many(texts, progress=advance))
                 timings["graph"] = time.perf_counter() - t
+            vector_store = None
+            if vs.backend == "milvus":
+                t = time.perf_counter()
+                vector_store = _publish_to_milvus(settings, Path(index_dir), writer.generation, writer.folder, chunks,
+                                                  analyzer, steps)
+                timings["vector_store"] = time.perf_counter() - t
             timings["total"] = time.perf_counter() - started
 
             manifest = {
@@ -136,6 +151,7 @@ def ingest(source: str, index_dir: Path, settings: RagheatSettings, *, embedder:
                 "dense": params,
                 "rerank": rerank,
                 "graph": graph,
+                "vector_store": vector_store,
                 "counts": {"documents": len(corpus.documents), "chunks": len(chunks), "vocabulary": vocabulary},
                 "timings_s": {k: round(v, 3) for k, v in timings.items()},
             }
@@ -144,10 +160,28 @@ def ingest(source: str, index_dir: Path, settings: RagheatSettings, *, embedder:
         where = f" ({exc.filename})" if exc.filename else ""
         raise IngestError(f"writing the new generation into {index_dir} failed: {exc.strerror or exc}{where}; the "
                           f"served generation is unchanged") from exc
+    kept = {p.name for p in (Path(index_dir) / GENERATIONS).iterdir() if not p.name.startswith(".")}
     if settings.graph.enabled:
-        kept = {p.name for p in (Path(index_dir) / GENERATIONS).iterdir() if not p.name.startswith(".")}
         prune_store_generations(settings.graph, generation, kept)
+    try:
+        prune_collections(vs, Path(index_dir), kept)
+    except VectorStoreUnavailable as exc:  # published and served already: the next ingest prunes what is left
+        log.warning("the old generations' Milvus collections were not dropped: %s", exc)
     return IngestReport(Path(index_dir), generation, read_manifest(generation), skipped=False)
+
+
+def _publish_to_milvus(settings: RagheatSettings, index_dir: Path, generation: str, folder: Path,
+                       chunks: list[Chunk], analyzer: LexicalAnalyzer, steps: _Steps) -> dict:
+    """The new generation's passages (its dense index's vectors, the BM25 terms of its chunks) into its collection
+    on the Milvus server; the manifest's ``vector_store`` block."""
+    vectors = dense.stored_vectors(folder)
+    terms = [" ".join(tokens) for tokens in analyzer.tokens_many(passage_text(c) for c in chunks)]
+    try:
+        return publish_generation(settings.vector_store, settings.index, settings.retrieval, index_dir, generation,
+                                  vectors, terms, advance=steps.start("vector store: load (milvus)", len(chunks)))
+    except VectorStoreUnavailable as exc:
+        raise IngestError(f"publishing the passages to Milvus failed: {exc}; the served generation is "
+                          f"unchanged") from exc
 
 
 def _build_indexes(corpus: Corpus, chunker, embedder: OnnxEmbedder, analyzer: LexicalAnalyzer,

@@ -1,4 +1,5 @@
-"""The two ``Retriever`` backends: dense (FAISS) and sparse (BM25)."""
+"""The ``Retriever``s of the dense and BM25 stages: over the index generation's own files (FAISS, bm25s) or over its
+collection on a Milvus server (``vector_store.backend``); the same names, stages and signals either way."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 
 from rag.devicetime import DeviceTimer
 from rag.index import dense, sparse
+from rag.index.milvus import MilvusStore
 from rag.retrieval.lexical import LexicalAnalyzer
 from rag.stages import SEARCH_EFFORTS
 from rag.types import Hit, RetrievalResult
@@ -51,6 +53,40 @@ class BM25Retriever:
                  effort: float = 1.0) -> RetrievalResult:
         start = time.perf_counter()  # BM25 scores every posting of the query's terms: no effort to cut
         ids, scores = sparse.bm25_top_k(self.model, self.analyzer.tokens(query), k)
+        return RetrievalResult(self.name, _hits(ids, scores), time.perf_counter() - start)
+
+
+class MilvusDenseRetriever:
+    """Nearest chunks by inner product, searched in the generation's Milvus collection. ``ef``: HNSW's search breadth
+    at full effort (None: an exact FLAT collection)."""
+
+    name = "dense"
+
+    def __init__(self, store: MilvusStore, collection: str, ef: int | None) -> None:
+        self.store, self.collection, self.ef = store, collection, ef
+
+    def retrieve(self, query: str, query_vector: np.ndarray | None, k: int, *,
+                 effort: float = 1.0) -> RetrievalResult:
+        if query_vector is None:
+            raise ValueError("the dense retriever needs the query embedding")
+        start = time.perf_counter()
+        ef = None if self.ef is None else max(1, round(self.ef * effort))
+        ids, scores = self.store.dense_search(self.collection, query_vector, k, ef)
+        return RetrievalResult(self.name, _hits(ids, scores), time.perf_counter() - start)
+
+
+class MilvusBM25Retriever:
+    """BM25 in the generation's Milvus collection, over the terms the shared lexical analyser makes of the query."""
+
+    name = "bm25"
+
+    def __init__(self, store: MilvusStore, collection: str, analyzer: LexicalAnalyzer) -> None:
+        self.store, self.collection, self.analyzer = store, collection, analyzer
+
+    def retrieve(self, query: str, query_vector: np.ndarray | None, k: int, *,
+                 effort: float = 1.0) -> RetrievalResult:
+        start = time.perf_counter()
+        ids, scores = self.store.bm25_search(self.collection, self.analyzer.tokens(query), k)
         return RetrievalResult(self.name, _hits(ids, scores), time.perf_counter() - start)
 
 

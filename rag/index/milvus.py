@@ -1,0 +1,272 @@
+"""The passages' dense vectors and BM25 terms on a Milvus server (``vector_store.backend=milvus``): one collection per
+index generation, loaded by ``ragheat ingest`` beside the served one before the generation is published, and dropped
+once the generation is pruned from the index folder, so one atomic swap still publishes everything (the Neo4j graph
+backend's pattern). The same client code (``pymilvus``) talks to a Milvus cluster (compose's ``milvus``) and to
+``milvus-lite``'s server (the tests, or one machine without Milvus).
+
+BM25 terms arrive analysed: a chunk is stored as ragheat's own lexical analyser's terms (stop words out,
+Snowball-stemmed: the analyser the local BM25 and the extractive generator share), and a query is sent as its terms, so
+the store's analyser only splits them and its BM25 (``retrieval.bm25_k1``/``bm25_b``) ranks the terms the local index
+ranks. The generation's own files (FAISS, bm25s, chunks) are written either way; chunk texts are read from them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import time
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+
+from rag.errors import ConfigurationError, IndexLoadError, RagheatError
+from rag.settings import IndexSettings, RetrievalSettings, VectorStoreSettings
+
+log = logging.getLogger("ragheat.vector_store")
+
+ID, VECTOR, TERMS, SPARSE = "id", "vector", "terms", "sparse"
+MAX_TERMS_BYTES = 65_535  # Milvus' longest VARCHAR
+INDEX_TYPES = {"flat": "FLAT", "hnsw": "HNSW"}  # index.kind -> the collection's dense index
+
+
+class VectorStoreUnavailable(RagheatError):
+    """The Milvus server cannot be reached, or did not answer within ``vector_store.timeout_ms``."""
+
+
+def index_tag(prefix: str, index_dir: Path) -> str:
+    """What every collection of the index at ``index_dir`` starts with: the prefix and a digest of the folder's path,
+    so that pruning one index never drops another's collections on the same server."""
+    digest = hashlib.sha256(str(Path(index_dir).resolve()).encode()).hexdigest()[:10]
+    return f"{prefix}_{digest}_"
+
+
+def collection_name(prefix: str, index_dir: Path, generation: str) -> str:
+    """The collection holding generation ``generation`` of the index at ``index_dir`` (Milvus names: letters, digits
+    and underscores)."""
+    return index_tag(prefix, index_dir) + re.sub(r"[^0-9A-Za-z_]", "_", generation)
+
+
+def dense_index_type(settings: IndexSettings) -> str:
+    """The collection's dense index for ``index.kind``; ``ConfigurationError`` for a kind Milvus is not given here."""
+    if settings.kind not in INDEX_TYPES:
+        raise ConfigurationError(f"vector_store.backend=milvus builds {' or '.join(INDEX_TYPES)} collections; "
+                                 f"index.kind={settings.kind} is served by the local FAISS index only")
+    return INDEX_TYPES[settings.kind]
+
+
+class MilvusStore:
+    """A ``pymilvus.MilvusClient`` on ``vector_store.uri``; every failure to reach it is ``VectorStoreUnavailable``
+    naming the server."""
+
+    def __init__(self, settings: VectorStoreSettings) -> None:
+        self.settings = settings
+        self.uri = settings.uri
+        self.timeout_s = settings.timeout_ms / 1000
+        self._client = None
+
+    def connect(self) -> "MilvusStore":
+        if self._client is None:
+            from pymilvus import MilvusClient
+
+            try:
+                self._client = MilvusClient(uri=self.uri, token=self.settings.token.get_secret_value(),
+                                            timeout=self.timeout_s)
+            except Exception as exc:  # noqa: BLE001 - pymilvus raises its own and grpc's types
+                raise VectorStoreUnavailable(f"the Milvus server at {self.uri} cannot be reached: "
+                                             f"{type(exc).__name__}: {exc}") from exc
+        return self
+
+    @property
+    def client(self):
+        return self.connect()._client
+
+    def _call(self, what: str, call: Callable, *args, **kwargs):
+        try:
+            return call(*args, **kwargs)
+        except VectorStoreUnavailable:
+            raise
+        except Exception as exc:  # noqa: BLE001 - pymilvus raises its own and grpc's types
+            raise VectorStoreUnavailable(f"the Milvus server at {self.uri} failed to {what}: "
+                                         f"{type(exc).__name__}: {exc}") from exc
+
+    # -- a generation's collection ---------------------------------------------------------------
+    def publish(self, collection: str, vectors: np.ndarray, terms: Sequence[str], index: IndexSettings,
+                retrieval: RetrievalSettings, *, advance: Callable[[int], None] = lambda n: None) -> dict:
+        """Create ``collection`` with ``vectors`` (row i: chunk i) and ``terms`` (chunk i's analysed terms), flush
+        and load it; its block of the manifest. A collection of that name left by a failed ingest is replaced."""
+        from pymilvus import DataType, Function, FunctionType
+
+        if len(vectors) != len(terms):
+            raise ValueError(f"{len(vectors)} vectors but {len(terms)} term lists")
+        index_type = dense_index_type(index)
+        client = self.client
+        started = time.perf_counter()
+        if self._call("look up a collection", client.has_collection, collection):
+            self._call("drop a collection", client.drop_collection, collection)
+        schema = client.create_schema(auto_id=False)
+        schema.add_field(ID, DataType.INT64, is_primary=True)
+        schema.add_field(VECTOR, DataType.FLOAT_VECTOR, dim=int(vectors.shape[1]))
+        schema.add_field(TERMS, DataType.VARCHAR, max_length=MAX_TERMS_BYTES, enable_analyzer=True,
+                         analyzer_params={"tokenizer": "standard"})
+        schema.add_field(SPARSE, DataType.SPARSE_FLOAT_VECTOR)
+        schema.add_function(Function(name="bm25", function_type=FunctionType.BM25, input_field_names=[TERMS],
+                                     output_field_names=[SPARSE]))
+        indexes = client.prepare_index_params()
+        dense_params = {"M": index.hnsw_m, "efConstruction": index.hnsw_ef_construction} if index_type == "HNSW" \
+            else {}
+        bm25_params = {"bm25_k1": retrieval.bm25_k1, "bm25_b": retrieval.bm25_b}
+        indexes.add_index(field_name=VECTOR, index_type=index_type, metric_type="IP", params=_both_ways(dense_params))
+        indexes.add_index(field_name=SPARSE, index_type="SPARSE_INVERTED_INDEX", metric_type="BM25",
+                          params=_both_ways(bm25_params))
+        self._call("create a collection", client.create_collection, collection, schema=schema, index_params=indexes)
+        timings = {"create": time.perf_counter() - started}
+        started = time.perf_counter()
+        batch = self.settings.load_batch
+        for offset in range(0, len(vectors), batch):
+            rows = [{ID: i, VECTOR: vectors[i].tolist(), TERMS: _fit(terms[i])}
+                    for i in range(offset, min(offset + batch, len(vectors)))]
+            self._call("insert passages", client.insert, collection, rows, timeout=None)
+            advance(len(rows))
+        timings["insert"] = time.perf_counter() - started
+        started = time.perf_counter()
+        self._call("flush a collection", client.flush, collection, timeout=None)
+        self._call("load a collection", client.load_collection, collection, timeout=None)
+        timings["flush_and_load"] = time.perf_counter() - started
+        stored = self.count(collection)
+        if stored != len(vectors):
+            raise RagheatError(f"the Milvus collection {collection} holds {stored} passages, {len(vectors)} were "
+                               f"inserted")
+        return {"backend": "milvus", "collection": collection, "uri": self.uri, "dense_index": index_type,
+                "metric": "IP", "bm25": {"k1": retrieval.bm25_k1, "b": retrieval.bm25_b}, "counts": {"rows": stored},
+                "timings_s": {k: round(v, 3) for k, v in timings.items()}}
+
+    def count(self, collection: str) -> int:
+        stats = self._call("count a collection's rows", self.client.get_collection_stats, collection)
+        return int(stats["row_count"])
+
+    def collections(self, starting: str) -> list[str]:
+        names = self._call("list collections", self.client.list_collections)
+        return sorted(n for n in names if n.startswith(starting))
+
+    def drop(self, collection: str) -> None:
+        self._call("drop a collection", self.client.drop_collection, collection)
+
+    # -- searches ---------------------------------------------------------------------------------
+    def dense_search(self, collection: str, vector: np.ndarray, k: int,
+                     ef: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Chunk ids and inner products of the ``k`` nearest passages; ``ef``: HNSW's search breadth."""
+        params = {"metric_type": "IP", **({"params": {"ef": max(ef, k)}} if ef else {})}
+        found = self._call("search vectors", self.client.search, collection, data=[vector.tolist()],
+                           anns_field=VECTOR, limit=k, search_params=params, output_fields=[ID],
+                           timeout=self.timeout_s)
+        return _arrays(found[0], lambda distance: distance)
+
+    def bm25_search(self, collection: str, terms: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Chunk ids and BM25 scores of the ``k`` best passages for the analysed ``terms``."""
+        if not terms:
+            return np.zeros(0, np.int64), np.zeros(0, np.float32)
+        found = self._call("search terms", self.client.search, collection, data=[" ".join(terms)],
+                           anns_field=SPARSE, limit=k, search_params={"metric_type": "BM25"}, output_fields=[ID],
+                           timeout=self.timeout_s)
+        # A Milvus server reports the BM25 score as the distance, milvus-lite its negative: the magnitude either way.
+        ids, scores = _arrays(found[0], abs)
+        keep = scores > 0
+        return ids[keep], scores[keep]
+
+    def close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            try:
+                client.close()
+            except Exception as exc:  # noqa: BLE001 - closing a dead connection must not fail a shutdown
+                log.warning("closing the Milvus client failed: %s", exc)
+
+
+def _both_ways(params: dict) -> dict:
+    """An index's parameters as pymilvus sends them (each its own key, as a Milvus server reads them) and again as
+    one JSON ``params`` key (the older form, the only one milvus-lite's server reads)."""
+    return {**params, "params": dict(params)} if params else {}
+
+
+def _fit(terms: str) -> str:
+    """``terms`` cut at a whole term to fit Milvus' longest VARCHAR (a chunk's terms are far shorter)."""
+    data = terms.encode()
+    if len(data) <= MAX_TERMS_BYTES:
+        return terms
+    return data[:MAX_TERMS_BYTES].decode(errors="ignore").rsplit(" ", 1)[0]
+
+
+def _arrays(hits: Iterable[dict], score: Callable[[float], float]) -> tuple[np.ndarray, np.ndarray]:
+    rows = [(int(h["id"]), float(score(h["distance"]))) for h in hits]
+    ids = np.fromiter((r[0] for r in rows), np.int64, len(rows))
+    scores = np.fromiter((r[1] for r in rows), np.float32, len(rows))
+    return ids, scores
+
+
+def prune_collections(settings: VectorStoreSettings, index_dir: Path, keep: set[str]) -> list[str]:
+    """Drop the collections of the index at ``index_dir`` whose generation it no longer has (``keep``: the
+    generations' names): those pruned from the folder, and those of ingests that never published."""
+    if settings.backend != "milvus":
+        return []
+    store = MilvusStore(settings)
+    try:
+        wanted = {collection_name(settings.collection_prefix, index_dir, g) for g in keep}
+        tag = index_tag(settings.collection_prefix, index_dir)
+        gone = [name for name in store.collections(tag) if name not in wanted]
+        for name in gone:
+            store.drop(name)
+        return gone
+    finally:
+        store.close()
+
+
+def open_generation(settings: VectorStoreSettings, folder: Path, manifest: dict) -> tuple[MilvusStore, str, bool]:
+    """The store holding generation ``folder``'s collection, checked against its manifest: (store, collection, whether
+    its dense index is exact). ``IndexLoadError`` naming the folder when it cannot be served from Milvus."""
+    block = manifest.get("vector_store") or {}
+    if block.get("backend") != "milvus":
+        raise IndexLoadError(folder, "its passages were not published to a Milvus server (it was ingested with "
+                                     "vector_store.backend=local); ingest it again with "
+                                     "RAGHEAT_VECTOR_STORE__BACKEND=milvus (nothing is embedded again)")
+    store = MilvusStore(settings)
+    collection = block["collection"]
+    try:
+        if not store._call("look up a collection", store.client.has_collection, collection):
+            raise IndexLoadError(folder, f"the Milvus server at {settings.uri} has no collection {collection}; "
+                                         f"ingest it again (`ragheat ingest --force`)")
+        rows = store.count(collection)
+        store._call("load a collection", store.client.load_collection, collection)
+    except VectorStoreUnavailable as exc:
+        store.close()
+        raise IndexLoadError(folder, str(exc)) from exc
+    except IndexLoadError:
+        store.close()
+        raise
+    expected = manifest["counts"]["chunks"]
+    if rows != expected:
+        store.close()
+        raise IndexLoadError(folder, f"the Milvus collection {collection} holds {rows} passages, the manifest says "
+                                     f"{expected}; ingest it again (`ragheat ingest --force`)")
+    return store, collection, block.get("dense_index") == "FLAT"
+
+
+def publish_generation(settings: VectorStoreSettings, index: IndexSettings, retrieval: RetrievalSettings,
+                       index_dir: Path, generation: str, vectors: np.ndarray, terms: Sequence[str], *,
+                       advance: Callable[[int], None] = lambda n: None) -> dict:
+    """Load generation ``generation`` of the index at ``index_dir`` into its collection (before the generation is
+    published: a failure leaves the served one as it was, and drops the half-loaded collection); the manifest's
+    ``vector_store`` block."""
+    store = MilvusStore(settings)
+    collection = collection_name(settings.collection_prefix, index_dir, generation)
+    try:
+        return store.publish(collection, vectors, terms, index, retrieval, advance=advance)
+    except BaseException:
+        try:
+            store.drop(collection)
+        except VectorStoreUnavailable:
+            pass  # the server is gone: the next ingest's pruning drops it
+        raise
+    finally:
+        store.close()

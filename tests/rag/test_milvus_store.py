@@ -1,0 +1,163 @@
+"""``vector_store.backend=milvus``: ingest publishes each index generation into its own collection on a Milvus server
+(here milvus-lite's, speaking Milvus' protocol to the same client), the dense and BM25 stages search it, and what
+they find is what the generation's own files find."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rag.errors import ConfigurationError, IndexLoadError, IngestError
+from rag.index.milvus import MilvusStore, collection_name, index_tag
+from rag.index.store import read_manifest
+from rag.settings import RagheatSettings
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def milvus(tmp_path_factory):
+    from stack.milvus_lite import MilvusLiteServer
+
+    with MilvusLiteServer(tmp_path_factory.mktemp("milvus")) as server:
+        yield server
+
+
+def on_milvus(settings: RagheatSettings, uri: str, **vector_store) -> RagheatSettings:
+    """The defaults with an exact dense index (both backends then rank alike), no graph, and the collections on
+    ``uri``."""
+    return settings.model_copy(update={
+        "index": settings.index.model_copy(update={"kind": "flat"}),
+        "graph": settings.graph.model_copy(update={"enabled": False}),
+        "vector_store": settings.vector_store.model_copy(update={"backend": "milvus", "uri": uri, **vector_store})})
+
+
+@pytest.fixture(scope="module")
+def milvus_index(milvus, scifact_subset, settings, embedder, tmp_path_factory) -> Path:
+    from kept_vectors import kept_ingest
+
+    index = tmp_path_factory.mktemp("milvus-index") / "scifact-subset"
+    kept_ingest("scifact-subset-milvus", scifact_subset, index, on_milvus(settings, milvus.uri), embedder)
+    return index
+
+
+def local(settings: RagheatSettings) -> RagheatSettings:
+    return settings.model_copy(update={"vector_store": settings.vector_store.model_copy(update={"backend": "local"})})
+
+
+def test_the_generation_is_published_into_its_own_collection(milvus, milvus_index, settings):
+    manifest = read_manifest(milvus_index)
+    block = manifest["vector_store"]
+    assert block["backend"] == "milvus" and block["dense_index"] == "FLAT"
+    assert block["collection"] == collection_name("ragheat", milvus_index, manifest["generation"])
+    assert block["counts"]["rows"] == manifest["counts"]["chunks"] > 0
+    store = MilvusStore(on_milvus(settings, milvus.uri).vector_store)
+    try:
+        assert store.collections(index_tag("ragheat", milvus_index)) == [block["collection"]]
+        assert store.count(block["collection"]) == manifest["counts"]["chunks"]
+    finally:
+        store.close()
+
+
+def test_milvus_finds_what_the_generations_own_files_find(milvus, milvus_index, settings, scifact_subset):
+    from rag.eval.beir import load_qrels, load_queries
+    from rag.eval.runner import evaluate
+    from rag.pipeline import RagPipeline
+
+    served = on_milvus(settings, milvus.uri)
+    pipelines = {"milvus": RagPipeline(served, milvus_index), "local": RagPipeline(local(served), milvus_index)}
+    try:
+        for p in pipelines.values():
+            p.warm_up()
+        assert type(pipelines["milvus"].retrievers["dense"]).__name__ == "MilvusDenseRetriever"
+        queries, qrels = load_queries(scifact_subset), load_qrels(scifact_subset, "train")
+        # Each retriever's own list, query by query: the same passages in the same order (ties aside).
+        same = {"dense": 0, "bm25": 0}
+        judged = [text for qid, text in queries.items() if qid in qrels]
+        for text in judged:
+            vector = pipelines["local"].embedder.embed_query(text).vector
+            for name in same:
+                lists = [p.retrievers[name].retrieve(text, vector, 10).hits for p in pipelines.values()]
+                ids = [[h.chunk_id for h in hits] for hits in lists]
+                same[name] += ids[0] == ids[1]
+                scores = [np.array([h.score for h in hits]) for hits in lists]
+                if name == "dense":  # inner products of the same vectors
+                    np.testing.assert_allclose(np.sort(scores[0]), np.sort(scores[1]), atol=1e-4)
+        assert all(count >= 0.95 * len(judged) for count in same.values()), (same, len(judged))
+        # What ragheat eval reports: within 0.01 nDCG@10 on every combination.
+        reports = {name: evaluate(p, queries, qrels, ["dense", "bm25", "hybrid"])["retrievers"]
+                   for name, p in pipelines.items()}
+        for combo in ("dense", "bm25", "hybrid"):
+            assert abs(reports["milvus"][combo]["ndcg@10"] - reports["local"][combo]["ndcg@10"]) <= 0.01, combo
+        answer = pipelines["milvus"].query(judged[0], 5, ["hybrid"])
+        assert answer.sources and {s.name for s in answer.stages} >= {"retrieve_dense", "retrieve_bm25"}
+    finally:
+        for p in pipelines.values():
+            p.close()
+
+
+def test_each_ingest_publishes_a_new_collection_and_drops_those_of_pruned_generations(
+        milvus, scifact_subset, settings, embedder, tmp_path):
+    from kept_vectors import kept_ingest
+
+    index = tmp_path / "index"
+    served = on_milvus(settings, milvus.uri)
+    tag = index_tag("ragheat", index)
+    store = MilvusStore(served.vector_store)
+    try:
+        collections = []
+        for k1 in (1.2, 1.3, 1.4):  # a new fingerprint each time, the same passages (their vectors kept)
+            kept_ingest("scifact-subset-milvus", scifact_subset, index,
+                        served.model_copy(update={"retrieval": served.retrieval.model_copy(update={"bm25_k1": k1})}),
+                        embedder)
+            collections.append(read_manifest(index)["vector_store"]["collection"])
+            # the served generation and the one kept before it for rollback, nothing older
+            assert store.collections(tag) == sorted(collections[-2:])
+        assert len(set(collections)) == 3
+    finally:
+        store.close()
+
+
+def test_serving_an_index_never_published_to_milvus_says_how(milvus, subset_index, settings):
+    from rag.pipeline import RagPipeline
+
+    with pytest.raises(IndexLoadError, match="RAGHEAT_VECTOR_STORE__BACKEND=milvus"):
+        RagPipeline(on_milvus(settings, milvus.uri), subset_index).warm_up()
+
+
+def test_a_server_that_is_down_fails_the_ingest_and_keeps_the_served_generation(
+        milvus_index, settings, embedder, tmp_path):
+    import os
+
+    from rag.childproc import free_port
+    from rag.index.store import CURRENT, GENERATIONS, link_files, resolve_generation
+    from rag.ingest.pipeline import ingest
+
+    index, generation = tmp_path / "index", resolve_generation(milvus_index)
+    link_files(generation, index / GENERATIONS / generation.name)
+    os.symlink(Path(GENERATIONS) / generation.name, index / CURRENT)
+    before = read_manifest(index)["generation"]
+    nowhere = on_milvus(settings, f"http://127.0.0.1:{free_port()}", collection_prefix="elsewhere", timeout_ms=500)
+    with pytest.raises(IngestError, match="publishing the passages to Milvus failed.*served generation is unchanged"):
+        ingest(str(Path(read_manifest(index)["corpus"]["location"])), index, nowhere, embedder=embedder)
+    assert read_manifest(index)["generation"] == before
+
+
+def test_an_ivfpq_index_is_not_given_to_milvus(settings, embedder, scifact_subset, tmp_path):
+    from rag.ingest.pipeline import ingest
+
+    chosen = on_milvus(settings, "http://127.0.0.1:19530")
+    chosen = chosen.model_copy(update={"index": chosen.index.model_copy(update={"kind": "ivfpq"})})
+    with pytest.raises(ConfigurationError, match="index.kind=ivfpq"):  # before anything is embedded
+        ingest(str(scifact_subset), tmp_path / "index", chosen, embedder=embedder)
+    assert not (tmp_path / "index").exists()
+
+
+def test_the_vector_store_settings_refuse_what_cannot_be_a_server():
+    from pydantic import ValidationError
+
+    for bad in ({"uri": "bolt://127.0.0.1:7687"}, {"collection_prefix": "has-dash"}, {"timeout_ms": 0}):
+        with pytest.raises(ValidationError):
+            RagheatSettings(vector_store=bad)
