@@ -162,13 +162,17 @@ def milvus(d: dict) -> str:
                   for name in ("dense", "bm25") for backend in ("local", "milvus")]
     parts = ", ".join(f"{k} {num(v, 1)} s" for k, v in block["timings_s"].items())
     how = "from the generation's own vectors, nothing embedded again" if publish["reused"] else "embedded anew"
+    hnsw = ("" if block["dense_index"] != "HNSW" else " Evaluation asks each retriever for the fused candidates, a "
+            "deeper search: there two HNSW graphs built\napart (FAISS's here, the server's there) may order the top "
+            "ten differently, which an exact (`flat`) index would not.")
     return f"""\
 `vector_store.backend=milvus` (docs/scale.md): the index's current generation ({count(m['chunks'])} chunks) published
 into a collection ({block['dense_index']} dense index, BM25 over ragheat's analysed terms) on a milvus-lite server
 started for the run, {how}: {num(publish['wall_s'], 1)} s in all ({parts}).
 
 Quality, `ragheat eval`'s code on the {count(m['questions'])} judged {m['split']} questions, both backends over the
-same generation; "same top 10": questions whose retriever returned the same ten passages in the same order from both:
+same generation; "same top 10": questions whose retriever, asked for ten hits, returned the same ten passages in the
+same order from both.{hnsw}
 
 {table(["retrievers", "nDCG@10 local", "nDCG@10 Milvus", "difference", "recall@10 local", "recall@10 Milvus",
         "same top 10"], rows, "lrrrrrr")}
