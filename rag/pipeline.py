@@ -148,14 +148,14 @@ class RagPipeline:
             embedder = MicroBatchEmbedder(embedder, embedding.query_batch_max, embedding.query_batch_wait_ms / 1000,
                                           embedding.query_batch_runs)
         analyzer = LexicalAnalyzer(index.manifest["lexical"]["stemmer"])
+        self.retrievers = {"dense": DenseRetriever(index.faiss_index), "bm25": BM25Retriever(index.bm25, analyzer)}
         if s.vector_store.backend == "milvus":  # the generation's collection on the server, checked like its files
             self.vector_store, collection, exact = open_generation(s.vector_store, index.folder, index.manifest)
-            self.retrievers = {"dense": MilvusDenseRetriever(self.vector_store, collection,
-                                                             None if exact else s.index.hnsw_ef_search),
-                               "bm25": MilvusBM25Retriever(self.vector_store, collection, analyzer)}
-        else:
-            self.retrievers = {"dense": DenseRetriever(index.faiss_index),
-                               "bm25": BM25Retriever(index.bm25, analyzer)}
+            local = self.retrievers  # searched while the server is down
+            self.retrievers = {
+                "dense": MilvusDenseRetriever(self.vector_store, collection, None if exact else s.index.hnsw_ef_search,
+                                              fallback=local["dense"]),
+                "bm25": MilvusBM25Retriever(self.vector_store, collection, analyzer, fallback=local["bm25"])}
         self.fuser = WeightedRRF({"dense": s.retrieval.dense_weight, "bm25": s.retrieval.bm25_weight,
                                   "graph": s.graph.weight}, k=s.retrieval.rrf_k)
         self.generator = ExtractiveGenerator(analyzer, index.idf, s.generation.max_sentences)
@@ -248,6 +248,9 @@ class RagPipeline:
             chunks=manifest["counts"]["chunks"], embedding_model=manifest["model"]["name"],
             passage_precision=manifest["model"]["precision"], query_precision=self.embedder.query_precision,
             lone_query_threads=self.embedder.lone_query_threads,
+            vector_store=None if self.vector_store is None else {
+                "backend": "milvus", "collection": self.retrievers["dense"].collection,
+                "down": self.vector_store.down, "failed_searches": self.vector_store.failures},
             generator=self.settings.generation.generator,
             engine_metrics_dir=None if self.llm is None or self.llm.metrics_dir is None else Path(self.llm.metrics_dir),
             graph_backend=None if self.graph is None else self.graph.name,

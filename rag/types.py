@@ -317,6 +317,7 @@ class PipelineDescription:
     passage_precision: str = "int8"  # the precision the index's chunks were embedded at
     query_precision: str = "int8"  # the precision queries are embedded at (embedding.query_precision)
     lone_query_threads: int = 1  # the threads a query that finds the model to itself runs on (quiet_query_threads)
+    vector_store: dict | None = None  # vector_store.backend=milvus: its collection, and whether searches fail now
     engine_metrics_dir: Path | None = None  # where an in-process vLLM engine's child process writes its metrics
     graph_backend: str | None = None  # the knowledge-graph store serving the graph retriever, None without a graph
     graph_ready: bool | None = None  # whether it answers right now (False while it is being restarted)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
@@ -28,6 +29,9 @@ log = logging.getLogger("ragheat.vector_store")
 
 ID, VECTOR, TERMS, SPARSE = "id", "vector", "terms", "sparse"
 MAX_TERMS_BYTES = 65_535  # Milvus' longest VARCHAR
+# After a failed search the server is given this long (longer after each failure in a row) before it is asked again:
+# meanwhile searches fail at once, so a dead or hung server costs one timeout, not one per request.
+RETRY_AFTER_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 INDEX_TYPES = {"flat": "FLAT", "hnsw": "HNSW"}  # index.kind -> the collection's dense index
 
 
@@ -58,13 +62,54 @@ def dense_index_type(settings: IndexSettings) -> str:
 
 class MilvusStore:
     """A ``pymilvus.MilvusClient`` on ``vector_store.uri``; every failure to reach it is ``VectorStoreUnavailable``
-    naming the server."""
+    naming the server. A search that fails marks the server down for ``RETRY_AFTER_S``: searches meanwhile fail at
+    once; the first one after it asks the server again, on a new client, loading the collection first (a restarted
+    server holds it released). ``failures`` counts failed searches."""
 
     def __init__(self, settings: VectorStoreSettings) -> None:
         self.settings = settings
         self.uri = settings.uri
         self.timeout_s = settings.timeout_ms / 1000
         self._client = None
+        self.failures = 0
+        self._in_a_row = 0
+        self._retry_at = 0.0  # time.monotonic() before which searches fail at once
+        self._lock = threading.Lock()
+
+    def _search(self, what: str, collection: str, **request) -> list:
+        if (wait := self._retry_at - time.monotonic()) > 0:
+            raise VectorStoreUnavailable(f"the Milvus server at {self.uri} is down (asked again in {wait:.1f} s)")
+        again = self._in_a_row > 0
+        if again:  # asked again after a failure: on a new client (the old one may have given up)
+            self.close()
+
+        def search():
+            if again:  # a restarted server holds the collection released
+                self.client.load_collection(collection, timeout=self.timeout_s)
+            return self.client.search(collection, timeout=self.timeout_s, **request)
+
+        try:
+            found = self._call(what, search)
+        except VectorStoreUnavailable as exc:
+            with self._lock:
+                self.failures += 1
+                self._in_a_row += 1
+                self._retry_at = time.monotonic() + RETRY_AFTER_S[min(self._in_a_row, len(RETRY_AFTER_S)) - 1]
+                first = self._in_a_row == 1
+            if first:
+                log.warning("%s; searching the generation's own files until it answers again", exc)
+            raise
+        if self._in_a_row:
+            with self._lock:
+                failed, self._in_a_row = self._in_a_row, 0
+            if failed:
+                log.warning("the Milvus server at %s answers again after %d failed searches", self.uri, failed)
+        return found
+
+    @property
+    def down(self) -> bool:
+        """Whether the latest search failed (searches go to the generation's own files meanwhile)."""
+        return self._in_a_row > 0
 
     def connect(self) -> "MilvusStore":
         if self._client is None:
@@ -158,18 +203,16 @@ class MilvusStore:
                      ef: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Chunk ids and inner products of the ``k`` nearest passages; ``ef``: HNSW's search breadth."""
         params = {"metric_type": "IP", **({"params": {"ef": max(ef, k)}} if ef else {})}
-        found = self._call("search vectors", self.client.search, collection, data=[vector.tolist()],
-                           anns_field=VECTOR, limit=k, search_params=params, output_fields=[ID],
-                           timeout=self.timeout_s)
+        found = self._search("search vectors", collection, data=[vector.tolist()], anns_field=VECTOR, limit=k,
+                             search_params=params, output_fields=[ID])
         return _arrays(found[0], lambda distance: distance)
 
     def bm25_search(self, collection: str, terms: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         """Chunk ids and BM25 scores of the ``k`` best passages for the analysed ``terms``."""
         if not terms:
             return np.zeros(0, np.int64), np.zeros(0, np.float32)
-        found = self._call("search terms", self.client.search, collection, data=[" ".join(terms)],
-                           anns_field=SPARSE, limit=k, search_params={"metric_type": "BM25"}, output_fields=[ID],
-                           timeout=self.timeout_s)
+        found = self._search("search terms", collection, data=[" ".join(terms)], anns_field=SPARSE, limit=k,
+                             search_params={"metric_type": "BM25"}, output_fields=[ID])
         # A Milvus server reports the BM25 score as the distance, milvus-lite its negative: the magnitude either way.
         ids, scores = _arrays(found[0], abs)
         keep = scores > 0

@@ -11,7 +11,7 @@ import numpy as np
 
 from rag.devicetime import DeviceTimer
 from rag.index import dense, sparse
-from rag.index.milvus import MilvusStore
+from rag.index.milvus import MilvusStore, VectorStoreUnavailable
 from rag.retrieval.lexical import LexicalAnalyzer
 from rag.stages import SEARCH_EFFORTS
 from rag.types import Hit, RetrievalResult
@@ -58,12 +58,13 @@ class BM25Retriever:
 
 class MilvusDenseRetriever:
     """Nearest chunks by inner product, searched in the generation's Milvus collection. ``ef``: HNSW's search breadth
-    at full effort (None: an exact FLAT collection)."""
+    at full effort (None: an exact FLAT collection). While the server is down (``VectorStoreUnavailable``) the
+    ``fallback`` (the generation's own FAISS index) answers: the same passages, the parity benchmark shows."""
 
     name = "dense"
 
-    def __init__(self, store: MilvusStore, collection: str, ef: int | None) -> None:
-        self.store, self.collection, self.ef = store, collection, ef
+    def __init__(self, store: MilvusStore, collection: str, ef: int | None, fallback: DenseRetriever) -> None:
+        self.store, self.collection, self.ef, self.fallback = store, collection, ef, fallback
 
     def retrieve(self, query: str, query_vector: np.ndarray | None, k: int, *,
                  effort: float = 1.0) -> RetrievalResult:
@@ -71,22 +72,30 @@ class MilvusDenseRetriever:
             raise ValueError("the dense retriever needs the query embedding")
         start = time.perf_counter()
         ef = None if self.ef is None else max(1, round(self.ef * effort))
-        ids, scores = self.store.dense_search(self.collection, query_vector, k, ef)
+        try:
+            ids, scores = self.store.dense_search(self.collection, query_vector, k, ef)
+        except VectorStoreUnavailable:
+            return self.fallback.retrieve(query, query_vector, k, effort=effort)
         return RetrievalResult(self.name, _hits(ids, scores), time.perf_counter() - start)
 
 
 class MilvusBM25Retriever:
-    """BM25 in the generation's Milvus collection, over the terms the shared lexical analyser makes of the query."""
+    """BM25 in the generation's Milvus collection, over the terms the shared lexical analyser makes of the query;
+    the ``fallback`` (the generation's own bm25s index) answers while the server is down."""
 
     name = "bm25"
 
-    def __init__(self, store: MilvusStore, collection: str, analyzer: LexicalAnalyzer) -> None:
-        self.store, self.collection, self.analyzer = store, collection, analyzer
+    def __init__(self, store: MilvusStore, collection: str, analyzer: LexicalAnalyzer,
+                 fallback: BM25Retriever) -> None:
+        self.store, self.collection, self.analyzer, self.fallback = store, collection, analyzer, fallback
 
     def retrieve(self, query: str, query_vector: np.ndarray | None, k: int, *,
                  effort: float = 1.0) -> RetrievalResult:
         start = time.perf_counter()
-        ids, scores = self.store.bm25_search(self.collection, self.analyzer.tokens(query), k)
+        try:
+            ids, scores = self.store.bm25_search(self.collection, self.analyzer.tokens(query), k)
+        except VectorStoreUnavailable:
+            return self.fallback.retrieve(query, query_vector, k, effort=effort)
         return RetrievalResult(self.name, _hits(ids, scores), time.perf_counter() - start)
 
 

@@ -161,3 +161,53 @@ def test_the_vector_store_settings_refuse_what_cannot_be_a_server():
     for bad in ({"uri": "bolt://127.0.0.1:7687"}, {"collection_prefix": "has-dash"}, {"timeout_ms": 0}):
         with pytest.raises(ValidationError):
             RagheatSettings(vector_store=bad)
+
+
+def test_while_the_server_is_down_the_generations_own_files_answer_and_milvus_is_asked_again(
+        settings, embedder, scifact_subset, tmp_path):
+    """A dead server costs one failed search, not one per request: the answers come from the generation's files
+    (the same passages), the description /readyz shows says so, and once it is back the searches go to it again."""
+    import json
+    import shutil
+    import time
+
+    from kept_vectors import kept_ingest
+    from rag.index.milvus import RETRY_AFTER_S
+    from rag.pipeline import RagPipeline
+    from stack.milvus_lite import MilvusLiteServer
+
+    # A server of its own (the module's keeps serving the other tests), holding a copy of the collection's data.
+    own = MilvusLiteServer(tmp_path / "milvus").start()
+    served = on_milvus(settings, own.uri, timeout_ms=1000)
+    texts = [json.loads(line)["text"] for line in (scifact_subset / "queries.jsonl").read_text().splitlines()][:5]
+    index = tmp_path / "index"
+    pipeline = local_answers = None
+    try:
+        kept_ingest("scifact-subset-milvus", scifact_subset, index, served, embedder)
+        pipeline = RagPipeline(served, index)
+        pipeline.warm_up()
+        local_answers = RagPipeline(local(served), index)
+        local_answers.warm_up()
+        expected = {t: [s.chunk.chunk_id for s in local_answers.query(t, 5, ["hybrid"]).sources] for t in texts}
+        assert pipeline.describe().vector_store["down"] is False
+        own.stop()
+        started = time.perf_counter()
+        for text in texts:  # answered, from the generation's own files, the same passages
+            assert [s.chunk.chunk_id for s in pipeline.query(text, 5, ["hybrid"]).sources] == expected[text]
+        # one search waited for the dead server; the rest were answered at once
+        assert time.perf_counter() - started < served.vector_store.timeout_ms / 1000 + 2.0
+        described = pipeline.describe().vector_store
+        assert described["down"] and described["failed_searches"] >= 1
+        own.start()  # the same data folder and port: the collection is back
+        deadline = time.monotonic() + sum(RETRY_AFTER_S) + 10
+        while pipeline.describe().vector_store["down"] and time.monotonic() < deadline:
+            pipeline.query(texts[0], 5, ["hybrid"])
+            time.sleep(0.2)
+        assert not pipeline.describe().vector_store["down"]
+        assert [s.chunk.chunk_id for s in pipeline.query(texts[1], 5, ["hybrid"]).sources] == expected[texts[1]]
+    finally:
+        for p in (pipeline, local_answers):
+            if p is not None:
+                p.close()
+        own.stop()
+        shutil.rmtree(tmp_path / "milvus", ignore_errors=True)
