@@ -36,6 +36,7 @@ from rag.generation.llm import GeneratorUnavailable
 from rag.generation.prompt_budget import PassageCompressor
 from rag.generation.support import SupportChecker
 from rag.graph.store import GraphStoreUnavailable
+from rag.index.milvus import MilvusStore, open_generation
 from rag.index.store import LoadedIndex, load_index
 from rag.protocols import (AnswerCache, Embedder, EntityLinker, Fuser, Generator, GraphRetriever, GraphStore,
                            HypotheticalPassageWriter, PromptCompressor, Reranker, Retriever, Router,
@@ -47,7 +48,6 @@ from rag.query_context import QueryContext, StageOptions
 from rag.rerank.features import RerankQuery
 from rag.retrieval.fusion import WeightedRRF
 from rag.retrieval.lexical import LexicalAnalyzer
-from rag.index.milvus import MilvusStore, open_generation
 from rag.retrieval.retrievers import BM25Retriever, DenseRetriever, MilvusBM25Retriever, MilvusDenseRetriever
 from rag.routing.names import ROUTED, expand, route_label
 from rag.settings import GenerationSettings, RagheatSettings
@@ -79,6 +79,7 @@ class RagPipeline:
         self.hyde: HypotheticalPassageWriter | None = None  # hyde: whenever there is a language model
         self.retrievers: dict[str, Retriever] = {}  # retrieve_dense, retrieve_bm25
         self.vector_store: MilvusStore | None = None  # vector_store.backend=milvus: what those two search
+        self._collection: str | None = None  # ... in this generation's collection
         self.graph_retriever: GraphRetriever | None = None  # retrieve_graph, over self.graph
         self.graph: GraphStore | None = None
         self.fuser: Fuser | None = None  # fuse
@@ -150,7 +151,9 @@ class RagPipeline:
         analyzer = LexicalAnalyzer(index.manifest["lexical"]["stemmer"])
         self.retrievers = {"dense": DenseRetriever(index.faiss_index), "bm25": BM25Retriever(index.bm25, analyzer)}
         if s.vector_store.backend == "milvus":  # the generation's collection on the server, checked like its files
-            self.vector_store, collection, exact = open_generation(s.vector_store, index.folder, index.manifest)
+            self.vector_store, self._collection, exact = open_generation(s.vector_store, index.folder,
+                                                                         index.manifest)
+            collection = self._collection
             local = self.retrievers  # searched while the server is down
             self.retrievers = {
                 "dense": MilvusDenseRetriever(self.vector_store, collection, None if exact else s.index.hnsw_ef_search,
@@ -249,7 +252,7 @@ class RagPipeline:
             passage_precision=manifest["model"]["precision"], query_precision=self.embedder.query_precision,
             lone_query_threads=self.embedder.lone_query_threads,
             vector_store=None if self.vector_store is None else {
-                "backend": "milvus", "collection": self.retrievers["dense"].collection,
+                "backend": "milvus", "collection": self._collection,
                 "down": self.vector_store.down, "failed_searches": self.vector_store.failures},
             generator=self.settings.generation.generator,
             engine_metrics_dir=None if self.llm is None or self.llm.metrics_dir is None else Path(self.llm.metrics_dir),

@@ -374,8 +374,10 @@ class VectorStoreSettings(_Section):
     token: SecretStr = Field(SecretStr(""), description="milvus: user:password or an API key; never logged or printed")
     collection_prefix: str = Field("ragheat", pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$",
                                    description="milvus: collections are named PREFIX_<index>_<generation>")
-    timeout_ms: int = Field(2000, ge=10, le=600_000, description="milvus: one search; longer = the server is "
-                                                                 "unavailable")
+    timeout_ms: int = Field(2000, ge=10, le=600_000, description="milvus: one search or look-up; longer = the "
+                                                                 "server is unavailable")
+    load_timeout_s: float = Field(600.0, gt=0, le=86_400, description="milvus: one step of loading a collection "
+                                                                      "(create, an insert, flush, load, drop)")
     load_batch: int = Field(2000, ge=1, le=100_000, description="milvus: passages per insert at ingest")
 
 

@@ -1,7 +1,7 @@
 """A Milvus server on loopback for ``vector_store.backend=milvus`` where no Milvus runs: ``milvus-lite``'s gRPC server
 (the PyPI package ``milvus-lite``, installed with ragheat), which speaks Milvus' protocol to the same ``pymilvus``
-client a Milvus cluster answers. Its data lives in a folder of its own. The tests start one per session; compose
-runs the real Milvus instead (docs/scale.md).
+client a Milvus cluster answers. Its data lives in a folder of its own. The tests and the Milvus benchmark start
+their own (docs/scale.md).
 
     >>> with MilvusLiteServer(folder) as server:
     ...     settings = VectorStoreSettings(backend="milvus", uri=server.uri)

@@ -1,8 +1,8 @@
 """The passages' dense vectors and BM25 terms on a Milvus server (``vector_store.backend=milvus``): one collection per
 index generation, loaded by ``ragheat ingest`` beside the served one before the generation is published, and dropped
 once the generation is pruned from the index folder, so one atomic swap still publishes everything (the Neo4j graph
-backend's pattern). The same client code (``pymilvus``) talks to a Milvus cluster (compose's ``milvus``) and to
-``milvus-lite``'s server (the tests, or one machine without Milvus).
+backend's pattern). The same client code (``pymilvus``) talks to a Milvus server or cluster and to ``milvus-lite``'s
+server (the tests, or one machine without Milvus).
 
 BM25 terms arrive analysed: a chunk is stored as ragheat's own lexical analyser's terms (stop words out,
 Snowball-stemmed: the analyser the local BM25 and the extractive generator share), and a query is sent as its terms, so
@@ -61,15 +61,17 @@ def dense_index_type(settings: IndexSettings) -> str:
 
 
 class MilvusStore:
-    """A ``pymilvus.MilvusClient`` on ``vector_store.uri``; every failure to reach it is ``VectorStoreUnavailable``
-    naming the server. A search that fails marks the server down for ``RETRY_AFTER_S``: searches meanwhile fail at
-    once; the first one after it asks the server again, on a new client, loading the collection first (a restarted
-    server holds it released). ``failures`` counts failed searches."""
+    """A ``pymilvus.MilvusClient`` of its own on ``vector_store.uri``; every failure to reach the server is
+    ``VectorStoreUnavailable`` naming it, and every call has a deadline (searches and look-ups ``timeout_ms``, an
+    ingest's loading ``load_timeout_s``). A search that fails marks the server down for ``RETRY_AFTER_S``: searches
+    meanwhile fail at once; after it one request asks again (loading the collection first: a restarted server holds
+    it released) while the others still fail at once. ``failures`` counts failed searches."""
 
     def __init__(self, settings: VectorStoreSettings) -> None:
         self.settings = settings
-        self.uri = settings.uri
+        self.uri = _without_credentials(settings.uri)
         self.timeout_s = settings.timeout_ms / 1000
+        self.load_timeout_s = settings.load_timeout_s
         self._client = None
         self.failures = 0
         self._in_a_row = 0
@@ -77,14 +79,17 @@ class MilvusStore:
         self._lock = threading.Lock()
 
     def _search(self, what: str, collection: str, **request) -> list:
-        if (wait := self._retry_at - time.monotonic()) > 0:
-            raise VectorStoreUnavailable(f"the Milvus server at {self.uri} is down (asked again in {wait:.1f} s)")
-        again = self._in_a_row > 0
-        if again:  # asked again after a failure: on a new client (the old one may have given up)
-            self.close()
+        with self._lock:
+            now = time.monotonic()
+            if now < self._retry_at:
+                raise VectorStoreUnavailable(f"the Milvus server at {self.uri} is down (asked again in "
+                                             f"{self._retry_at - now:.1f} s)")
+            probe = self._in_a_row > 0
+            if probe:  # this request asks again; the others fail at once until it has an answer
+                self._retry_at = now + 2 * self.timeout_s
 
         def search():
-            if again:  # a restarted server holds the collection released
+            if probe:  # a restarted server holds the collection released
                 self.client.load_collection(collection, timeout=self.timeout_s)
             return self.client.search(collection, timeout=self.timeout_s, **request)
 
@@ -101,7 +106,7 @@ class MilvusStore:
             raise
         if self._in_a_row:
             with self._lock:
-                failed, self._in_a_row = self._in_a_row, 0
+                failed, self._in_a_row, self._retry_at = self._in_a_row, 0, 0.0
             if failed:
                 log.warning("the Milvus server at %s answers again after %d failed searches", self.uri, failed)
         return found
@@ -116,8 +121,9 @@ class MilvusStore:
             from pymilvus import MilvusClient
 
             try:
-                self._client = MilvusClient(uri=self.uri, token=self.settings.token.get_secret_value(),
-                                            timeout=self.timeout_s)
+                # dedicated: pymilvus would otherwise share one connection per address, which close() keeps open
+                self._client = MilvusClient(uri=self.settings.uri, token=self.settings.token.get_secret_value(),
+                                            timeout=self.timeout_s, dedicated=True)
             except Exception as exc:  # noqa: BLE001 - pymilvus raises its own and grpc's types
                 raise VectorStoreUnavailable(f"the Milvus server at {self.uri} cannot be reached: "
                                              f"{type(exc).__name__}: {exc}") from exc
@@ -148,8 +154,8 @@ class MilvusStore:
         index_type = dense_index_type(index)
         client = self.client
         started = time.perf_counter()
-        if self._call("look up a collection", client.has_collection, collection):
-            self._call("drop a collection", client.drop_collection, collection)
+        if self._call("look up a collection", client.has_collection, collection, timeout=self.timeout_s):
+            self._call("drop a collection", client.drop_collection, collection, timeout=self.load_timeout_s)
         schema = client.create_schema(auto_id=False)
         schema.add_field(ID, DataType.INT64, is_primary=True)
         schema.add_field(VECTOR, DataType.FLOAT_VECTOR, dim=int(vectors.shape[1]))
@@ -165,19 +171,20 @@ class MilvusStore:
         indexes.add_index(field_name=VECTOR, index_type=index_type, metric_type="IP", params=_both_ways(dense_params))
         indexes.add_index(field_name=SPARSE, index_type="SPARSE_INVERTED_INDEX", metric_type="BM25",
                           params=_both_ways(bm25_params))
-        self._call("create a collection", client.create_collection, collection, schema=schema, index_params=indexes)
+        self._call("create a collection", client.create_collection, collection, schema=schema, index_params=indexes,
+                   timeout=self.load_timeout_s)
         timings = {"create": time.perf_counter() - started}
         started = time.perf_counter()
         batch = self.settings.load_batch
         for offset in range(0, len(vectors), batch):
             rows = [{ID: i, VECTOR: vectors[i].tolist(), TERMS: _fit(terms[i])}
                     for i in range(offset, min(offset + batch, len(vectors)))]
-            self._call("insert passages", client.insert, collection, rows, timeout=None)
+            self._call("insert passages", client.insert, collection, rows, timeout=self.load_timeout_s)
             advance(len(rows))
         timings["insert"] = time.perf_counter() - started
         started = time.perf_counter()
-        self._call("flush a collection", client.flush, collection, timeout=None)
-        self._call("load a collection", client.load_collection, collection, timeout=None)
+        self._call("flush a collection", client.flush, collection, timeout=self.load_timeout_s)
+        self._call("load a collection", client.load_collection, collection, timeout=self.load_timeout_s)
         timings["flush_and_load"] = time.perf_counter() - started
         stored = self.count(collection)
         if stored != len(vectors):
@@ -188,15 +195,16 @@ class MilvusStore:
                 "timings_s": {k: round(v, 3) for k, v in timings.items()}}
 
     def count(self, collection: str) -> int:
-        stats = self._call("count a collection's rows", self.client.get_collection_stats, collection)
+        stats = self._call("count a collection's rows", self.client.get_collection_stats, collection,
+                           timeout=self.timeout_s)
         return int(stats["row_count"])
 
     def collections(self, starting: str) -> list[str]:
-        names = self._call("list collections", self.client.list_collections)
+        names = self._call("list collections", self.client.list_collections, timeout=self.timeout_s)
         return sorted(n for n in names if n.startswith(starting))
 
     def drop(self, collection: str) -> None:
-        self._call("drop a collection", self.client.drop_collection, collection)
+        self._call("drop a collection", self.client.drop_collection, collection, timeout=self.load_timeout_s)
 
     # -- searches ---------------------------------------------------------------------------------
     def dense_search(self, collection: str, vector: np.ndarray, k: int,
@@ -225,6 +233,12 @@ class MilvusStore:
                 client.close()
             except Exception as exc:  # noqa: BLE001 - closing a dead connection must not fail a shutdown
                 log.warning("closing the Milvus client failed: %s", exc)
+
+
+def _without_credentials(uri: str) -> str:
+    """``uri`` as errors and logs may show it: a ``user:password@`` in it left out."""
+    scheme, sep, rest = uri.partition("://")
+    return f"{scheme}{sep}{rest.rsplit('@', 1)[-1]}" if sep else uri
 
 
 def _both_ways(params: dict) -> dict:
@@ -276,11 +290,11 @@ def open_generation(settings: VectorStoreSettings, folder: Path, manifest: dict)
     store = MilvusStore(settings)
     collection = block["collection"]
     try:
-        if not store._call("look up a collection", store.client.has_collection, collection):
-            raise IndexLoadError(folder, f"the Milvus server at {settings.uri} has no collection {collection}; "
+        if not store._call("look up a collection", store.client.has_collection, collection, timeout=store.timeout_s):
+            raise IndexLoadError(folder, f"the Milvus server at {store.uri} has no collection {collection}; "
                                          f"ingest it again (`ragheat ingest --force`)")
         rows = store.count(collection)
-        store._call("load a collection", store.client.load_collection, collection)
+        store._call("load a collection", store.client.load_collection, collection, timeout=store.load_timeout_s)
     except VectorStoreUnavailable as exc:
         store.close()
         raise IndexLoadError(folder, str(exc)) from exc

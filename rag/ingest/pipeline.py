@@ -18,7 +18,7 @@ from rag.index.milvus import VectorStoreUnavailable, dense_index_type, prune_col
 from rag.graph.ingest import build_generation_graph, graph_config, prune_store_generations
 from rag.index.store import (CHUNKS, GENERATIONS, MANIFEST, IndexWriter, link_files, read_chunks, read_manifest,
                              resolve_generation, write_chunks)
-from rag.errors import IndexLoadError, IngestError
+from rag.errors import IndexLoadError, IngestError, RagheatError
 from rag.ingest.chunking import SemanticDensityChunker, TokenWindowChunker
 from rag.ingest.sources import Corpus, load_source
 from rag.rerank.ingest import token_config, token_writer
@@ -28,6 +28,7 @@ from rag.settings import RagheatSettings
 from rag.types import Chunk
 
 log = logging.getLogger("ragheat.ingest")
+
 
 @dataclass
 class IngestReport:
@@ -156,18 +157,24 @@ def ingest(source: str, index_dir: Path, settings: RagheatSettings, *, embedder:
                 "timings_s": {k: round(v, 3) for k, v in timings.items()},
             }
             generation = writer.publish(manifest)
+            # Still holding the index's lock: no other ingest has a collection or graph loaded but unpublished.
+            _prune_stores(settings, Path(index_dir), generation)
     except OSError as exc:  # a full disk, a file-size limit, a read-only folder: a sentence, not a traceback
         where = f" ({exc.filename})" if exc.filename else ""
         raise IngestError(f"writing the new generation into {index_dir} failed: {exc.strerror or exc}{where}; the "
                           f"served generation is unchanged") from exc
-    kept = {p.name for p in (Path(index_dir) / GENERATIONS).iterdir() if not p.name.startswith(".")}
+    return IngestReport(Path(index_dir), generation, read_manifest(generation), skipped=False)
+
+
+def _prune_stores(settings: RagheatSettings, index_dir: Path, generation: Path) -> None:
+    """Remove from the graph and vector stores the generations the index folder no longer has."""
+    kept = {p.name for p in (index_dir / GENERATIONS).iterdir() if not p.name.startswith(".")}
     if settings.graph.enabled:
         prune_store_generations(settings.graph, generation, kept)
     try:
-        prune_collections(vs, Path(index_dir), kept)
+        prune_collections(settings.vector_store, index_dir, kept)
     except VectorStoreUnavailable as exc:  # published and served already: the next ingest prunes what is left
         log.warning("the old generations' Milvus collections were not dropped: %s", exc)
-    return IngestReport(Path(index_dir), generation, read_manifest(generation), skipped=False)
 
 
 def _publish_to_milvus(settings: RagheatSettings, index_dir: Path, generation: str, folder: Path,
@@ -179,7 +186,7 @@ def _publish_to_milvus(settings: RagheatSettings, index_dir: Path, generation: s
     try:
         return publish_generation(settings.vector_store, settings.index, settings.retrieval, index_dir, generation,
                                   vectors, terms, advance=steps.start("vector store: load (milvus)", len(chunks)))
-    except VectorStoreUnavailable as exc:
+    except (VectorStoreUnavailable, RagheatError, ValueError) as exc:
         raise IngestError(f"publishing the passages to Milvus failed: {exc}; the served generation is "
                           f"unchanged") from exc
 

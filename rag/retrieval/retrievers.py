@@ -3,6 +3,7 @@ collection on a Milvus server (``vector_store.backend``); the same names, stages
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import faiss
@@ -75,7 +76,7 @@ class MilvusDenseRetriever:
         try:
             ids, scores = self.store.dense_search(self.collection, query_vector, k, ef)
         except VectorStoreUnavailable:
-            return self.fallback.retrieve(query, query_vector, k, effort=effort)
+            return _instead(self.fallback.retrieve(query, query_vector, k, effort=effort), start)
         return RetrievalResult(self.name, _hits(ids, scores), time.perf_counter() - start)
 
 
@@ -95,8 +96,13 @@ class MilvusBM25Retriever:
         try:
             ids, scores = self.store.bm25_search(self.collection, self.analyzer.tokens(query), k)
         except VectorStoreUnavailable:
-            return self.fallback.retrieve(query, query_vector, k, effort=effort)
+            return _instead(self.fallback.retrieve(query, query_vector, k, effort=effort), start)
         return RetrievalResult(self.name, _hits(ids, scores), time.perf_counter() - start)
+
+
+def _instead(result: RetrievalResult, start: float) -> RetrievalResult:
+    """The fallback's result, timed from ``start``: the wait for the server that failed is the stage's too."""
+    return dataclasses.replace(result, seconds=time.perf_counter() - start)
 
 
 def _hits(ids: np.ndarray, scores: np.ndarray) -> list[Hit]:

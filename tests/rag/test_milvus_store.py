@@ -91,6 +91,8 @@ def test_milvus_finds_what_the_generations_own_files_find(milvus, milvus_index, 
                    for name, p in pipelines.items()}
         for combo in ("dense", "bm25", "hybrid"):
             assert abs(reports["milvus"][combo]["ndcg@10"] - reports["local"][combo]["ndcg@10"]) <= 0.01, combo
+        # every list above came from the server: a failed search would have fallen back to the local files unseen
+        assert pipelines["milvus"].vector_store.failures == 0
         answer = pipelines["milvus"].query(judged[0], 5, ["hybrid"])
         assert answer.sources and {s.name for s in answer.stages} >= {"retrieve_dense", "retrieve_bm25"}
     finally:
@@ -99,7 +101,7 @@ def test_milvus_finds_what_the_generations_own_files_find(milvus, milvus_index, 
 
 
 def test_each_ingest_publishes_a_new_collection_and_drops_those_of_pruned_generations(
-        milvus, scifact_subset, settings, embedder, tmp_path):
+        milvus, milvus_index, scifact_subset, settings, embedder, tmp_path):
     from kept_vectors import kept_ingest
 
     index = tmp_path / "index"
@@ -116,6 +118,15 @@ def test_each_ingest_publishes_a_new_collection_and_drops_those_of_pruned_genera
             # the served generation and the one kept before it for rollback, nothing older
             assert store.collections(tag) == sorted(collections[-2:])
         assert len(set(collections)) == 3
+        # another index's collections on the same server are not this index's to prune
+        other = read_manifest(milvus_index)["vector_store"]["collection"]
+        assert store.collections(index_tag("ragheat", milvus_index)) == [other]
+        # a collection gone from the server: the index cannot be served from it, and the error says what to do
+        store.drop(collections[-1])
+        with pytest.raises(IndexLoadError, match="has no collection .*ingest it again"):
+            from rag.pipeline import RagPipeline
+
+            RagPipeline(served, index).warm_up()
     finally:
         store.close()
 
