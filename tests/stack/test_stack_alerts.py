@@ -149,7 +149,10 @@ def test_an_injected_stage_delay_pages_through_alertmanager_naming_the_stage(fau
         alert = named
     assert alert["annotations"]["stage"] == DELAYED_STAGE, alert
     assert f"stage: {DELAYED_STAGE}" in alert["annotations"]["summary"], alert
-    assert alert["annotations"].get("stage_evidence", DELAYED_STAGE).startswith(DELAYED_STAGE), alert
+    # The evidence names it too: as the stage that alone took longer than the SLO, or, when the compressed profile's
+    # few-second window holds too few scrapes for that rate, as the stage with the highest P99.
+    evidence = alert["annotations"].get("stage_evidence", DELAYED_STAGE)
+    assert evidence.startswith(DELAYED_STAGE) or f"; {DELAYED_STAGE} has the highest P99" in evidence, alert
     print(f"fast-burn page received {time.monotonic() - started:.1f} s after the load started "
           f"({len(load.statuses)} requests)")
 
