@@ -151,14 +151,13 @@ class RagPipeline:
         analyzer = LexicalAnalyzer(index.manifest["lexical"]["stemmer"])
         self.retrievers = {"dense": DenseRetriever(index.faiss_index), "bm25": BM25Retriever(index.bm25, analyzer)}
         if s.vector_store.backend == "milvus":  # the generation's collection on the server, checked like its files
-            self.vector_store, self._collection, exact = open_generation(s.vector_store, index.folder,
-                                                                         index.manifest)
-            collection = self._collection
+            store, collection, exact = open_generation(s.vector_store, index.folder, index.manifest)
+            self.vector_store, self._collection = store, collection
             local = self.retrievers  # searched while the server is down
             self.retrievers = {
-                "dense": MilvusDenseRetriever(self.vector_store, collection, None if exact else s.index.hnsw_ef_search,
+                "dense": MilvusDenseRetriever(store, collection, None if exact else s.index.hnsw_ef_search,
                                               fallback=local["dense"]),
-                "bm25": MilvusBM25Retriever(self.vector_store, collection, analyzer, fallback=local["bm25"])}
+                "bm25": MilvusBM25Retriever(store, collection, analyzer, fallback=local["bm25"])}
         self.fuser = WeightedRRF({"dense": s.retrieval.dense_weight, "bm25": s.retrieval.bm25_weight,
                                   "graph": s.graph.weight}, k=s.retrieval.rrf_k)
         self.generator = ExtractiveGenerator(analyzer, index.idf, s.generation.max_sentences)

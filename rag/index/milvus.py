@@ -90,7 +90,7 @@ class MilvusStore:
 
         def search():
             if probe:  # a restarted server holds the collection released
-                self.client.load_collection(collection, timeout=self.timeout_s)
+                self.load(collection, self.timeout_s)
             return self.client.search(collection, timeout=self.timeout_s, **request)
 
         try:
@@ -154,8 +154,8 @@ class MilvusStore:
         index_type = dense_index_type(index)
         client = self.client
         started = time.perf_counter()
-        if self._call("look up a collection", client.has_collection, collection, timeout=self.timeout_s):
-            self._call("drop a collection", client.drop_collection, collection, timeout=self.load_timeout_s)
+        if self.has(collection):
+            self.drop(collection)
         schema = client.create_schema(auto_id=False)
         schema.add_field(ID, DataType.INT64, is_primary=True)
         schema.add_field(VECTOR, DataType.FLOAT_VECTOR, dim=int(vectors.shape[1]))
@@ -184,7 +184,7 @@ class MilvusStore:
         timings["insert"] = time.perf_counter() - started
         started = time.perf_counter()
         self._call("flush a collection", client.flush, collection, timeout=self.load_timeout_s)
-        self._call("load a collection", client.load_collection, collection, timeout=self.load_timeout_s)
+        self.load(collection)
         timings["flush_and_load"] = time.perf_counter() - started
         stored = self.count(collection)
         if stored != len(vectors):
@@ -193,6 +193,14 @@ class MilvusStore:
         return {"backend": "milvus", "collection": collection, "uri": self.uri, "dense_index": index_type,
                 "metric": "IP", "bm25": {"k1": retrieval.bm25_k1, "b": retrieval.bm25_b}, "counts": {"rows": stored},
                 "timings_s": {k: round(v, 3) for k, v in timings.items()}}
+
+    def has(self, collection: str) -> bool:
+        return bool(self._call("look up a collection", self.client.has_collection, collection, timeout=self.timeout_s))
+
+    def load(self, collection: str, timeout_s: float | None = None) -> None:
+        """Load ``collection`` into the server's memory for searches (``load_timeout_s`` unless told)."""
+        self._call("load a collection", self.client.load_collection, collection,
+                   timeout=self.load_timeout_s if timeout_s is None else timeout_s)
 
     def count(self, collection: str) -> int:
         stats = self._call("count a collection's rows", self.client.get_collection_stats, collection,
@@ -288,24 +296,21 @@ def open_generation(settings: VectorStoreSettings, folder: Path, manifest: dict)
                                      "vector_store.backend=local); ingest it again with "
                                      "RAGHEAT_VECTOR_STORE__BACKEND=milvus (nothing is embedded again)")
     store = MilvusStore(settings)
-    collection = block["collection"]
+    collection, expected = block["collection"], manifest["counts"]["chunks"]
     try:
-        if not store._call("look up a collection", store.client.has_collection, collection, timeout=store.timeout_s):
+        if not store.has(collection):
             raise IndexLoadError(folder, f"the Milvus server at {store.uri} has no collection {collection}; "
                                          f"ingest it again (`ragheat ingest --force`)")
-        rows = store.count(collection)
-        store._call("load a collection", store.client.load_collection, collection, timeout=store.load_timeout_s)
+        if (rows := store.count(collection)) != expected:
+            raise IndexLoadError(folder, f"the Milvus collection {collection} holds {rows} passages, the manifest "
+                                         f"says {expected}; ingest it again (`ragheat ingest --force`)")
+        store.load(collection)
     except VectorStoreUnavailable as exc:
         store.close()
         raise IndexLoadError(folder, str(exc)) from exc
-    except IndexLoadError:
+    except BaseException:
         store.close()
         raise
-    expected = manifest["counts"]["chunks"]
-    if rows != expected:
-        store.close()
-        raise IndexLoadError(folder, f"the Milvus collection {collection} holds {rows} passages, the manifest says "
-                                     f"{expected}; ingest it again (`ragheat ingest --force`)")
     return store, collection, block.get("dense_index") == "FLAT"
 
 
