@@ -92,25 +92,26 @@ def encoders(queries: list[str], rounds: int) -> dict:
         for feed in feeds[:20]:
             session.run(names, feed)
     per_round = {name: {"p50_ms": [], "p99_ms": [], "cpu_ms": [], "idle_gap_p50_ms": []} for name in sessions}
+    def runs(session, gap_s: float) -> list[float]:
+        """Each feed's run alone, seconds; ``gap_s`` idle before each."""
+        seconds = []
+        for feed in feeds:
+            if gap_s:
+                time.sleep(gap_s)
+            start = time.perf_counter()
+            session.run(names, feed)
+            seconds.append(time.perf_counter() - start)
+        return seconds
+
     for _ in range(rounds):
         for name, session in sessions.items():
-            seconds = []
             cpu_start = time.process_time()
-            for feed in feeds:
-                start = time.perf_counter()
-                session.run(names, feed)
-                seconds.append(time.perf_counter() - start)
+            seconds = runs(session, 0.0)
             per_round[name]["cpu_ms"].append((time.process_time() - cpu_start) / len(feeds) * 1e3)
             per_round[name]["p50_ms"].append(float(np.percentile(seconds, 50) * 1e3))
             per_round[name]["p99_ms"].append(float(np.percentile(seconds, 99) * 1e3))
         for name, session in sessions.items():  # each run after a lone request's idle gap
-            seconds = []
-            for feed in feeds:
-                time.sleep(LONE_QUERY_GAP_S)
-                start = time.perf_counter()
-                session.run(names, feed)
-                seconds.append(time.perf_counter() - start)
-            per_round[name]["idle_gap_p50_ms"].append(float(np.percentile(seconds, 50) * 1e3))
+            per_round[name]["idle_gap_p50_ms"].append(float(np.percentile(runs(session, LONE_QUERY_GAP_S), 50) * 1e3))
     tokens = [int(f["input_ids"].shape[1]) for f in feeds]
     return {"cores": cores, "queries": len(feeds), "median_tokens": float(np.median(tokens)),
             "idle_gap_ms": LONE_QUERY_GAP_S * 1e3,

@@ -5,7 +5,8 @@ without raising the median P50 beyond it; a kept knob is part of the baseline th
 The knobs (rag/placement.py and the embedding settings): the ONNX Runtime threads of a lone query, FAISS's OpenMP
 threads (BLAS's are one always), the index memory locked or on huge pages, and, when a model server runs beside the
 service, the two on separate core sets (``placement.cpus`` for the service, the rest of the cores for the model
-server) against both on every core. A knob the host cannot serve (no transparent huge pages, memory it may not lock, a single core) is
+server) against both on every core. A knob the host cannot serve (no transparent huge pages, memory it may not lock,
+a single core) is
 reported with the reason and not measured.
 """
 
