@@ -480,19 +480,22 @@ class SteeringSettings(_Section):
     hold_s: float = Field(5.0, ge=0, le=600, description="least time without pressure before a step up (doubled "
                                                          "after a step up that did not hold)")
     window_s: float = Field(5.0, gt=0, le=600, description="the arrival rate is averaged over this")
-    down_at: float = Field(0.9, gt=0, le=2, description="step down when the arrivals would keep this share of the "
-                                                        "cores busy at the current rung")
-    settle_at: float = Field(0.75, gt=0, le=2, description="a step down goes to the best rung whose demand is under "
-                                                           "this share")
-    up_at: float = Field(0.6, gt=0, le=2, description="step up when the rung above would need less than this share")
+    down_at: float = Field(1.2, gt=0, le=2, description="step down when the arrivals would take this share of the "
+                                                        "capacity at the current rung (the CPU the process reaches "
+                                                        "when saturated; the cores until it has been)")
+    settle_at: float = Field(0.9, gt=0, le=2, description="a step down goes to the best rung whose demand is under "
+                                                          "this share of the capacity")
+    up_at: float = Field(1.05, gt=0, le=2, description="step up to the best rung whose demand would be under this "
+                                                       "share of the capacity (and that did not come under pressure "
+                                                       "at this load lately)")
     pressure_share: float = Field(0.5, gt=0, le=1, description="step down when a query arriving now is predicted to "
                                                                "finish after this share of its deadline")
 
     @model_validator(mode="after")
     def _check(self) -> "SteeringSettings":
-        if not self.up_at < self.settle_at < self.down_at:
-            raise ValueError(f"steering needs up_at < settle_at < down_at, got {self.up_at:g}, {self.settle_at:g}, "
-                             f"{self.down_at:g}")
+        if not (self.settle_at < self.down_at and self.up_at < self.down_at):
+            raise ValueError(f"steering needs settle_at and up_at under down_at, got settle_at {self.settle_at:g}, "
+                             f"up_at {self.up_at:g}, down_at {self.down_at:g}")
         return self
 
 

@@ -2,20 +2,29 @@
 the service answers at. Pure logic over readings (``Reading``), with its own clock: the API feeds it
 (``rag.api.steering``), tests and benchmarks drive it directly.
 
-Demand is what the answers would cost at a rung: the recent arrival rate (refused requests included: they asked)
-times that rung's CPU seconds per answer, over the cores the process may use. Each rung's cost is learned live,
-per answer, while the service runs at it; a rung not yet seen, or last seen more than ``STALE_S`` ago, is priced
-from the measured ladder (``Ladder``): the current rung's live cost plus the measured difference between the two. A
-cost learned long ago says more about that moment (a start's first answers, a neighbour's burst) than about now.
+Demand is what the answers would cost at a rung, as a share of the capacity: the recent arrival rate (refused
+requests included: they asked) times that rung's CPU seconds per answer, over the CPU the process reaches when it is
+saturated. The capacity is learned from the ticks a queue or refusals lasted through (the process's CPU rate then,
+the highest of a saturated stretch; the next stretch learns it anew); until one was seen it is the cores the process
+may use. A process rarely turns every core into answers
+(the event loop and the interpreter's lock serialise part of each answer, a load generator or a neighbour takes its
+share), so a share of the raw cores would call a saturated service half idle.
+
+Each rung's cost is learned live, per answer, while the service runs at it; a rung not yet seen, or last seen more
+than ``STALE_S`` ago, is priced from the measured ladder (``Ladder``): the current rung's live cost plus the
+measured difference between the two. A cost learned long ago says more about that moment (a start's first answers, a
+neighbour's burst) than about now.
 
 - Step down when the service is under pressure: more than one request and ``SHED_SHARE`` of a tick's arrivals were
   refused, the queue's predicted completion passed ``pressure_share`` of the deadline in two readings running, or
-  the demand at the current rung is above ``down_at``. It steps to the best
-  rung whose demand fits under ``settle_at`` (several rungs at once in a burst), at least one rung.
-- Step up one rung when there was no pressure for ``hold_s`` and the demand at the rung above would be under
-  ``up_at``. ``up_at`` < ``settle_at`` < ``down_at`` is the hysteresis: a rung it steps up to is one it would not
-  leave at the same load. A step down soon after a step up doubles ``hold_s`` (up to ``MAX_HOLD_S``); a step up
-  that holds for two holds resets it.
+  the demand at the current rung is above ``down_at``. It steps to the best rung whose demand fits under
+  ``settle_at`` (several rungs at once in a burst), at least one rung. The arrival rate a rung came under pressure
+  at is remembered: the rung is not tried again at that rate (``BREAK_MARGIN``), nor any rung above it, for ``BREAK_MEMORY_S``.
+- Step up when there was no pressure for ``hold_s``, to the best rung above whose demand would be under ``up_at``
+  and that did not come under pressure at this rate. Near the capacity the estimates cannot tell a rung that fits
+  from one that does not, so ``up_at`` sits just above it: a step up is a trial, settled by the pressure that
+  follows or does not. The remembered rate keeps a failed trial from being repeated at the same load, and a step
+  down soon after a step up doubles ``hold_s`` (up to ``MAX_HOLD_S``); a step up that holds for two holds resets it.
 """
 
 from __future__ import annotations
@@ -31,6 +40,8 @@ MIN_ANSWERS = 3  # answers in a tick before its CPU per answer teaches the rung'
 SHED_SHARE = 0.01  # refusals above this share of a tick's arrivals (and more than one) are pressure
 MIN_COST_SHARE = 0.2  # a rung priced from the ladder costs at least this share of the current rung's live cost
 STALE_S = 30.0  # a rung's learned cost older than this (or two holds, when longer) is priced from the current rung's
+BREAK_MARGIN = 0.9  # a rung that came under pressure at a rate is tried again below this share of it
+BREAK_MEMORY_S = MAX_HOLD_S  # how long the rate a rung came under pressure at is remembered
 
 
 @dataclass(frozen=True)
@@ -59,15 +70,17 @@ class Change:
 
 class LevelController:
     """Picks the rung (of ``levels``, best first; the last is the floor) from ``Reading``s. ``prior_ms``: measured CPU
-    ms per answer by rung (``Ladder.cpu_ms``); ``cores``: CPUs the process may use."""
+    ms per answer by rung (``Ladder.cpu_ms``); ``cores``: CPUs the process may use (the capacity until one is
+    learned); ``down_at``, ``settle_at``, ``up_at``: shares of the capacity."""
 
     def __init__(self, levels: Sequence[str], prior_ms: Mapping[str, float], cores: float, *, hold_s: float = 5.0,
-                 window_s: float = 5.0, down_at: float = 0.9, settle_at: float = 0.75, up_at: float = 0.6,
+                 window_s: float = 5.0, down_at: float = 1.2, settle_at: float = 0.9, up_at: float = 1.05,
                  pressure_share: float = 0.5, clock: Callable[[], float] = time.monotonic) -> None:
         if not levels:
             raise ValueError("the ladder needs at least one level")
-        if not 0 < up_at < settle_at < down_at:
-            raise ValueError(f"steering needs 0 < up_at < settle_at < down_at, got {up_at}, {settle_at}, {down_at}")
+        if not (0 < settle_at < down_at and 0 < up_at < down_at):
+            raise ValueError(f"steering needs settle_at and up_at under down_at, got settle_at {settle_at}, up_at "
+                             f"{up_at}, down_at {down_at}")
         self.levels, self.prior_ms, self.cores = tuple(levels), dict(prior_ms), max(cores, 0.1)
         self.base_hold_s = self.hold_s = hold_s
         self.window_s, self.down_at, self.settle_at, self.up_at = window_s, down_at, settle_at, up_at
@@ -75,14 +88,23 @@ class LevelController:
         self.index = 0
         self.learned_s: dict[str, float] = {}
         self.learned_at: dict[str, float] = {}
+        self.broke_at: dict[str, tuple[float, float]] = {}  # rung -> (arrival rate it came under pressure at, when)
+        self.learned_capacity: float | None = None
+        self._saturated = False  # the previous tick ran saturated
         self._window: collections.deque[tuple[float, Reading]] = collections.deque()
         self._last_change = self._last_pressure = clock() - hold_s
         self._last_up: float | None = None
         self._queued = False  # the previous reading's queue was pressure
+        self._busy = False  # the previous reading found a queue or refusals
 
     @property
     def level(self) -> str:
         return self.levels[self.index]
+
+    @property
+    def capacity(self) -> float:
+        """The CPU (in cores) the process turns into answers when saturated: learned, else the cores."""
+        return self.cores if self.learned_capacity is None else self.learned_capacity
 
     def cost_s(self, level: str) -> float | None:
         """CPU seconds per answer at ``level``: learned live (within ``STALE_S``, or the current rung's), else the
@@ -115,9 +137,9 @@ class LevelController:
         return rate
 
     def demand(self, level: str, rising: bool = False) -> float | None:
-        """The share of the cores the recent arrivals would keep busy at ``level`` (None: its cost is unknown)."""
+        """The share of the capacity the recent arrivals would take at ``level`` (None: its cost is unknown)."""
         cost = self.cost_s(level)
-        return None if cost is None else self.arrival_rate(rising) * cost / self.cores
+        return None if cost is None else self.arrival_rate(rising) * cost / self.capacity
 
     def tick(self, reading: Reading) -> Change | None:
         now = self.clock()
@@ -129,6 +151,7 @@ class LevelController:
             old = self.learned_s.get(self.level) if self._fresh(self.level, now) else None  # stale: learned anew
             self.learned_s[self.level] = per_answer if old is None else old + LEARN_ALPHA * (per_answer - old)
             self.learned_at[self.level] = now
+        self._learn_capacity(reading)
         why = self._pressure(reading)
         if why is not None:
             self._last_pressure = now
@@ -139,17 +162,44 @@ class LevelController:
             return None
         if now - max(self._last_change, self._last_pressure) < self.hold_s or reading.waiting:
             return None
-        upper = self.levels[self.index - 1]
-        demand = self.demand(upper)
+        rate = self.arrival_rate()
         here = self.demand(self.level)
-        if demand is None:  # never measured: priced at twice this rung
-            demand = None if here is None else 2 * here
-        if demand is None or demand > self.up_at:
-            return None
-        return self._move(now, self.index - 1, f"demand at {upper} {demand:.0%} of the cores (< {self.up_at:.0%})")
+        for index in range(self.index):
+            upper = self.levels[index]
+            demand = self.demand(upper)
+            if demand is None:  # never measured: priced at twice this rung
+                demand = None if here is None else 2 * here
+            if demand is None or demand > self.up_at or self._broke_near(index, rate, now):
+                continue
+            return self._move(now, index, f"demand at {upper} {demand:.0%} of the capacity "
+                                          f"({self.capacity:.2f} cores; < {self.up_at:.0%})")
+        return None
+
+    def _learn_capacity(self, reading: Reading) -> None:
+        """A tick that a queue or refusals lasted through ran saturated: its CPU rate is what the process can do."""
+        busy = reading.waiting > 0 or self._refusing(reading)
+        saturated = busy and self._busy and reading.seconds > 0 and reading.cpu_s > 0
+        if saturated:
+            rate = min(self.cores, reading.cpu_s / reading.seconds)
+            stretch = self._saturated and self.learned_capacity is not None
+            self.learned_capacity = max(self.learned_capacity, rate) if stretch else rate
+        self._busy, self._saturated = busy, saturated
+
+    def _broke_near(self, index: int, rate: float, now: float) -> bool:
+        """Whether the rung at ``index``, or a cheaper one above the current rung, came under pressure lately at a
+        rate not clearly above ``rate`` (what a cheaper rung could not hold, a costlier one cannot either)."""
+        for level in self.levels[index:self.index]:
+            broke = self.broke_at.get(level)
+            if broke is not None and now - broke[1] <= BREAK_MEMORY_S and rate > BREAK_MARGIN * broke[0]:
+                return True
+        return False
+
+    @staticmethod
+    def _refusing(reading: Reading) -> bool:
+        return reading.shed > max(1.0, SHED_SHARE * reading.arrived)
 
     def _pressure(self, reading: Reading) -> str | None:
-        if reading.shed > max(1.0, SHED_SHARE * reading.arrived):
+        if self._refusing(reading):
             return f"{reading.shed} of {reading.arrived} requests refused"
         queued = reading.waiting > 0 and reading.predicted_s > self.pressure_share * reading.deadline_s
         was_queued, self._queued = self._queued, queued
@@ -158,10 +208,12 @@ class LevelController:
                     f"of its {reading.deadline_s * 1000:.0f}")
         demand = self.demand(self.level, rising=True)
         if demand is not None and demand > self.down_at:
-            return f"demand at {self.level} {demand:.0%} of the cores (> {self.down_at:.0%})"
+            return (f"demand at {self.level} {demand:.0%} of the capacity ({self.capacity:.2f} cores; "
+                    f"> {self.down_at:.0%})")
         return None
 
     def _step_down(self, now: float, why: str) -> Change | None:
+        self.broke_at[self.level] = (self.arrival_rate(rising=True), now)
         last = len(self.levels) - 1
         if self.index == last:
             return None

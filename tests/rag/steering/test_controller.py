@@ -165,5 +165,65 @@ def test_an_unmeasured_rung_is_priced_from_the_ladder_by_difference():
 
 
 def test_bad_thresholds_are_refused_with_a_sentence():
-    with pytest.raises(ValueError, match="up_at < settle_at < down_at"):
-        LevelController(LEVELS, PRIOR_MS, 2.0, up_at=0.9, settle_at=0.8, down_at=0.95)
+    with pytest.raises(ValueError, match="under down_at"):
+        LevelController(LEVELS, PRIOR_MS, 2.0, up_at=0.9, settle_at=0.8, down_at=0.85)
+    with pytest.raises(ValueError, match="under down_at"):
+        LevelController(LEVELS, PRIOR_MS, 2.0, up_at=0.7, settle_at=1.0, down_at=0.95)
+
+
+# A service that turns only part of its cores into answers (the event loop and the interpreter's lock serialise part
+# of every answer, a load generator shares the machine): saturated, it reaches this many cores, not the two it has.
+EFFECTIVE_CORES = 1.3
+
+
+def test_the_capacity_is_the_cpu_rate_a_saturated_service_reaches_and_each_saturated_stretch_learns_it_anew():
+    controller, clock = make()
+    assert controller.capacity == 2.0  # nothing seen yet: the cores
+    full = EFFECTIVE_CORES / cost_s("full")
+    load(controller, clock, 0.5 * full, 10, cores=EFFECTIVE_CORES)
+    assert controller.capacity == 2.0, "a service that kept up says nothing of what it can do"
+    load(controller, clock, 3 * full, 3, cores=EFFECTIVE_CORES)
+    assert controller.capacity == pytest.approx(EFFECTIVE_CORES, rel=0.02)
+    load(controller, clock, 0.3 * full, 200, cores=EFFECTIVE_CORES)
+    assert controller.capacity == pytest.approx(EFFECTIVE_CORES, rel=0.02), "kept while nothing says otherwise"
+    load(controller, clock, 3 * full, 3, cores=1.6)  # a neighbour left: the next saturated stretch says so
+    assert controller.capacity == pytest.approx(1.6, rel=0.02)
+
+
+def test_at_the_knee_a_burst_tick_steps_down_and_full_quality_comes_back_within_a_hold():
+    """At the highest rate full quality holds, Poisson arrivals now and then bring a second that is refused in part:
+    the controller steps down on it, and must come back to full although full's demand is near the capacity."""
+    controller, clock = make(hold_s=5.0)
+    full = EFFECTIVE_CORES / cost_s("full")
+    load(controller, clock, 0.97 * full, 20, cores=EFFECTIVE_CORES)
+    assert controller.level == "full"
+    down = load(controller, clock, 1.3 * full, 2, cores=EFFECTIVE_CORES)  # a burst second, then one more
+    assert down and down[0].direction == "down"
+    back = load(controller, clock, 0.97 * full, 7, cores=EFFECTIVE_CORES)
+    assert controller.level == "full", (back, controller.learned_s, controller.capacity)
+    assert load(controller, clock, 0.97 * full, 300, cores=EFFECTIVE_CORES) == []
+
+
+def test_past_the_knee_it_settles_below_full_and_does_not_retry_a_rung_that_failed_at_this_load():
+    controller, clock = make(hold_s=5.0)
+    full = EFFECTIVE_CORES / cost_s("full")
+    load(controller, clock, 0.3 * full, 10, cores=EFFECTIVE_CORES)
+    load(controller, clock, 1.5 * full, 30, cores=EFFECTIVE_CORES)
+    assert controller.level != "full"
+    changes = load(controller, clock, 1.5 * full, 240, cores=EFFECTIVE_CORES)
+    assert len(changes) / 4 <= 2, changes  # at most two changes a minute at steady load
+    assert controller.level != "full"
+    for change in changes:
+        if change.direction == "up":  # a trial that failed is not repeated at the same load
+            assert not [c for c in changes if c.direction == "up" and c.after == change.after and c is not change]
+
+
+def test_a_rung_that_came_under_pressure_is_tried_again_once_the_load_is_clearly_lower():
+    controller, clock = make(hold_s=5.0)
+    full = EFFECTIVE_CORES / cost_s("full")
+    load(controller, clock, 0.3 * full, 10, cores=EFFECTIVE_CORES)
+    load(controller, clock, 1.2 * full, 20, cores=EFFECTIVE_CORES)
+    rate, _ = controller.broke_at["full"]
+    assert controller.level != "full"
+    load(controller, clock, 0.8 * full, 30, cores=EFFECTIVE_CORES)
+    assert controller.level == "full" and 0.8 * full < 0.9 * rate
