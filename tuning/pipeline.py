@@ -15,10 +15,12 @@ import random
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, ContextManager
+from typing import Callable, ContextManager, Mapping
 
+from rag.embedding.embedder import OnnxEmbedder
 from rag.eval.beir import Qrels, load_qrels, load_queries
 from rag.index.store import read_manifest
+from rag.settings import RagheatSettings
 from tuning import measure
 from tuning.labels import Labels, choose_labels
 from tuning.model_server_step import choose_model_limits
@@ -86,6 +88,13 @@ class TuneState:
 
 def _not_measured(base: dict, candidate: dict) -> tuple[dict, dict]:
     raise AssertionError("step 4 (placement) measures no knob when none is asked for")
+
+
+def lone_query_threads(sections: Mapping[str, Mapping]) -> int:
+    """The threads a configuration's query encoder runs a lone query on, on this CPU: the choice its service would
+    make (kept beside the model's conversions, or timed now and kept for the service)."""
+    settings = RagheatSettings(**{name: dict(fields) for name, fields in sections.items()})
+    return OnnxEmbedder(settings.embedding).lone_query_threads
 
 
 def digest(*parts) -> str:
@@ -321,7 +330,8 @@ class TuneRun:
             return pair["without"], pair["with"]
 
         asked = None if r.knobs is None else frozenset(r.knobs)
-        result = tune_placement(sections, measure_pair, model_server=beside is not None, asked=asked, log=self.log)
+        result = tune_placement(sections, measure_pair, model_server=beside is not None, asked=asked,
+                                lone_query_threads=lone_query_threads, log=self.log)
         result["load_qps"] = load_qps
         if beside is not None:
             result["knee_beside_model_server"] = knee_beside

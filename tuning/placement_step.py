@@ -118,10 +118,13 @@ def decide(baseline: dict, candidate: dict) -> tuple[bool, str]:
 
 def tune_placement(base: Mapping[str, Mapping], measure_pair: Callable[[dict, dict], tuple[dict, dict]], *,
                    model_server: bool, asked: frozenset[str] | None = None,
+                   lone_query_threads: Callable[[Mapping[str, Mapping]], int] | None = None,
                    log: Callable[[str], None] = lambda _: None) -> dict:
     """Every knob in turn (of ``asked``, None: all) against the configuration so far (``measure_pair(base,
     candidate)`` serves both side by side and returns their summaries); the settings kept and each knob's figures
-    and verdict."""
+    and verdict. ``lone_query_threads(settings)``: the threads a configuration's encoder runs a lone query on (its
+    own timing decides them on this CPU); a knob that leaves them as they are serves the same thing twice, and is
+    skipped."""
     capabilities = host_capabilities()
     knobs, skipped = candidate_knobs(capabilities, model_server, asked)
     current = merge(base, {})
@@ -131,6 +134,12 @@ def tune_placement(base: Mapping[str, Mapping], measure_pair: Callable[[dict, di
         if candidate == current:
             skipped[knob.name] = "already the configuration's setting"
             continue
+        if knob.name == "lone_query_threads_1" and lone_query_threads is not None:
+            threads = lone_query_threads(current)
+            if threads == lone_query_threads(candidate):
+                skipped[knob.name] = (f"the configuration's encoder already runs a lone query on {threads} thread(s) "
+                                      f"on this CPU (its own timing chose it: /readyz embedding.lone_query_threads)")
+                continue
         baseline_figures, candidate_figures = measure_pair(current, candidate)
         kept, verdict = decide(baseline_figures, candidate_figures)
         log(f"placement {knob.name}: {verdict}")

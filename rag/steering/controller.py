@@ -23,8 +23,9 @@ neighbour's burst) than about now.
 - Step up when there was no pressure for ``hold_s``, to the best rung above whose demand would be under ``up_at``
   and that did not come under pressure at this rate. Near the capacity the estimates cannot tell a rung that fits
   from one that does not, so ``up_at`` sits just above it: a step up is a trial, settled by the pressure that
-  follows or does not. The remembered rate keeps a failed trial from being repeated at the same load, and a step
-  down soon after a step up doubles ``hold_s`` (up to ``MAX_HOLD_S``); a step up that holds for two holds resets it.
+  follows or does not. A trial that fails (pressure within two holds of it) doubles ``hold_s`` (up to
+  ``MAX_HOLD_S``; a step up that holds for two holds resets it), and for ``BREAK_MEMORY_S`` only rungs with clear
+  headroom (demand under ``settle_at``) are tried: the estimates proved optimistic at this load.
 """
 
 from __future__ import annotations
@@ -94,6 +95,7 @@ class LevelController:
         self._window: collections.deque[tuple[float, Reading]] = collections.deque()
         self._last_change = self._last_pressure = clock() - hold_s
         self._last_up: float | None = None
+        self._failed_trial_at = -float("inf")  # when a step up last came under pressure within two holds
         self._queued = False  # the previous reading's queue was pressure
         self._busy = False  # the previous reading found a queue or refusals
 
@@ -164,15 +166,17 @@ class LevelController:
             return None
         rate = self.arrival_rate()
         here = self.demand(self.level)
+        # After a trial that failed, the estimates proved optimistic at this load: only clear headroom is tried.
+        limit = self.settle_at if now - self._failed_trial_at <= BREAK_MEMORY_S else self.up_at
         for index in range(self.index):
             upper = self.levels[index]
             demand = self.demand(upper)
             if demand is None:  # never measured: priced at twice this rung
                 demand = None if here is None else 2 * here
-            if demand is None or demand > self.up_at or self._broke_near(index, rate, now):
+            if demand is None or demand > limit or self._broke_near(index, rate, now):
                 continue
             return self._move(now, index, f"demand at {upper} {demand:.0%} of the capacity "
-                                          f"({self.capacity:.2f} cores; < {self.up_at:.0%})")
+                                          f"({self.capacity:.2f} cores; < {limit:.0%})")
         return None
 
     def _learn_capacity(self, reading: Reading) -> None:
@@ -224,6 +228,7 @@ class LevelController:
             target = self.index + 1  # the pressure is the queue's, not the rate's: one rung
         if self._last_up is not None and now - self._last_up < 2 * self.hold_s:
             self.hold_s = min(MAX_HOLD_S, 2 * self.hold_s)  # it stepped up too soon: wait longer next time
+            self._failed_trial_at = now
         return self._move(now, target, why)
 
     def _move(self, now: float, index: int, why: str) -> Change:

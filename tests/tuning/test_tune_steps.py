@@ -118,6 +118,29 @@ def test_placement_keeps_a_winning_knob_and_measures_the_next_against_it(monkeyp
     assert merge({"a": {"x": 1}}, {"a": {"y": 2}, "b": {"z": 3}}) == {"a": {"x": 1, "y": 2}, "b": {"z": 3}}
 
 
+def test_the_lone_query_knob_is_skipped_where_the_encoder_timing_already_chose_its_threads(monkeypatch):
+    import tuning.placement_step as step
+
+    monkeypatch.setattr(step, "host_capabilities", lambda: capabilities())
+    seen, same = [], summary([5.0, 5.1, 5.0], [8.0, 8.1, 8.0])
+
+    def measure_pair(base, candidate):
+        seen.append(candidate)
+        return same, same
+
+    def threads_timed(chosen: int):
+        def lone(settings) -> int:  # quiet_query_threads 0 (the default): whatever the timing chose on this CPU
+            return settings.get("embedding", {}).get("quiet_query_threads", 0) or chosen
+        return lone
+
+    asked = frozenset({"lone_query_threads_1"})
+    result = tune_placement({}, measure_pair, model_server=False, asked=asked, lone_query_threads=threads_timed(1))
+    assert seen == [] and result["knobs"] == []
+    assert "already runs a lone query on 1 thread(s)" in result["skipped"]["lone_query_threads_1"]
+    result = tune_placement({}, measure_pair, model_server=False, asked=asked, lone_query_threads=threads_timed(2))
+    assert [k["knob"] for k in result["knobs"]] == ["lone_query_threads_1"] and len(seen) == 1
+
+
 def test_step_three_takes_the_fastest_cell_that_met_the_objective_and_nothing_when_none_did():
     def cell(seqs: int, length: int, tokens: float, meets: bool, failure: str | None = None) -> dict:
         return {"max_num_seqs": seqs, "max_model_len": length, "tokens_per_s": tokens, "meets_slo": meets,

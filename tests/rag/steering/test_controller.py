@@ -22,7 +22,7 @@ class Clock:
 
 
 def cost_s(level: str) -> float:
-    return OVERHEAD_S + PRIOR_MS[level] / 1000
+    return OVERHEAD_S + {**PRIOR_MS, "light_search": 3.6}[level] / 1000
 
 
 def make(**options) -> tuple[LevelController, Clock]:
@@ -31,13 +31,13 @@ def make(**options) -> tuple[LevelController, Clock]:
 
 
 def load(controller: LevelController, clock: Clock, rate: float, seconds: int, cores: float = 2.0,
-         shed_when_over: bool = True) -> list:
-    """``seconds`` one-second ticks of ``rate`` arrivals per second; answered at the current rung's cost up to the
-    cores, the rest refused (with ``shed_when_over``)."""
+         shed_when_over: bool = True, true_cost=cost_s) -> list:
+    """``seconds`` one-second ticks of ``rate`` arrivals per second; answered at the current rung's cost
+    (``true_cost``) up to the cores, the rest refused (with ``shed_when_over``)."""
     changes = []
     for _ in range(seconds):
         clock.now += 1.0
-        cost = cost_s(controller.level)
+        cost = true_cost(controller.level)
         capacity = cores / cost
         answered = min(rate, capacity)
         shed = int(rate - answered) if shed_when_over else 0
@@ -208,14 +208,35 @@ def test_past_the_knee_it_settles_below_full_and_does_not_retry_a_rung_that_fail
     controller, clock = make(hold_s=5.0)
     full = EFFECTIVE_CORES / cost_s("full")
     load(controller, clock, 0.3 * full, 10, cores=EFFECTIVE_CORES)
-    load(controller, clock, 1.5 * full, 30, cores=EFFECTIVE_CORES)
+    first_minute = load(controller, clock, 1.5 * full, 60, cores=EFFECTIVE_CORES)
     assert controller.level != "full"
+    assert len(first_minute) <= 3, first_minute  # the step down, and at most one trial that fails
     changes = load(controller, clock, 1.5 * full, 240, cores=EFFECTIVE_CORES)
     assert len(changes) / 4 <= 2, changes  # at most two changes a minute at steady load
     assert controller.level != "full"
     for change in changes:
         if change.direction == "up":  # a trial that failed is not repeated at the same load
             assert not [c for c in changes if c.direction == "up" and c.after == change.after and c is not change]
+
+
+def test_when_a_trial_fails_only_clear_headroom_is_tried_for_a_while():
+    """Under load a rung costs more than the ladder's difference from a cheaper one says (contention the ladder's
+    quiet measurement did not see): trials priced by it fail, and one failure must make the controller cautious
+    rather than try each rung in turn."""
+    def contended(level: str) -> float:
+        return cost_s(level) * (1.0 if level == "bm25_only" else 1.3)
+
+    clock = Clock()
+    levels = ("full", "shallow_rerank", "no_rerank", "light_search", "bm25_only")
+    controller = LevelController(levels, {**PRIOR_MS, "light_search": 3.6}, cores=2.0, clock=clock, hold_s=5.0)
+    full = EFFECTIVE_CORES / contended("full")
+    load(controller, clock, 0.3 * full, 10, cores=EFFECTIVE_CORES, true_cost=contended)
+    first_minute = load(controller, clock, 1.4 * full, 60, cores=EFFECTIVE_CORES, true_cost=contended)
+    assert any(c.direction == "up" for c in first_minute), "the setting of this test no longer makes a trial"
+    # the way down (two steps when the first is sized before the capacity is known), one trial, its failure
+    assert [c.direction for c in first_minute].count("up") == 1 and len(first_minute) <= 4, first_minute
+    later = load(controller, clock, 1.4 * full, 240, cores=EFFECTIVE_CORES, true_cost=contended)
+    assert len(later) / 4 <= 2, later
 
 
 def test_a_rung_that_came_under_pressure_is_tried_again_once_the_load_is_clearly_lower():
