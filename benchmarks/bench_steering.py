@@ -10,7 +10,9 @@ service's ``/metrics`` scraped every ``--sample`` seconds meanwhile (``ragheat_q
 are served at, and ``ragheat_quality_level_changes_total``).
 
 1. The full-quality knee: ascending rates on ``shed`` alone until the first that misses the SLO (``find_knee``), or
-   ``--knee R``.
+   ``--knee R``; then confirmed over a steady step's length (``--warmup`` + ``--duration``): the highest passing rate
+   that ``shed`` also holds that long (descending through the passing rates), so that 1x is a load full quality
+   holds, not one a short step happened to pass (``--no-confirm-knee``: the sweep's knee as it is).
 2. Steady load at ``--factors`` times the knee: ``--duration`` seconds measured after ``--warmup`` seconds (time for
    the controller to settle). Per step: goodput (answers within the SLO per second), admitted P99, refusals per
    second, the answers' quality levels (each response's ``quality_level``), their mean quality (the ladder's
@@ -77,6 +79,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--knee", type=float, default=None, help="the full-quality knee in req/s (skips measuring it)")
     p.add_argument("--knee-duration", type=float, default=10.0, help="measured seconds per knee rate")
     p.add_argument("--knee-warmup", type=float, default=2.0, help="unmeasured seconds before each knee rate")
+    p.add_argument("--confirm-knee", action=argparse.BooleanOptionalAction, default=True,
+                   help="confirm the sweep's knee over a steady step's length, descending until a rate holds")
     p.add_argument("--factors", default="1,1.5,2,4", help="steady steps, as multiples of the knee")
     p.add_argument("--base-factor", type=float, default=0.5, help="the burst's rate before and after it (x knee)")
     p.add_argument("--burst-factor", type=float, default=4.0, help="the burst's rate (x knee)")
@@ -331,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     configs = list(CONFIGS)
     load_before = os.getloadavg()
     fleet = {name: ((), env) for name, env in CONFIGS.items()}
-    knee_steps, steady, burst, ramp = [], [], {}, None
+    knee_steps, confirmations, steady, burst, ramp = [], [], [], {}, None
     with ServeFleet(args.index, fleet, work, args.ready_timeout) as services, StopSignals() as stop:
         urls = services.urls
 
@@ -383,6 +387,24 @@ def main(argv: list[str] | None = None) -> int:
             knee = find_knee(knee_steps, args.slo_ms, MAX_ERROR_RATE)
             if knee is None:
                 raise SystemExit("no knee rate met the SLO: offer lower --rates, or give --knee")
+            passing = sorted((s.offered_qps for s in knee_steps if s.offered_qps <= knee), reverse=True)
+            for n, rate in enumerate(passing if args.confirm_knee else []):
+                if stop.presses:
+                    break
+                offsets = poisson_offsets(rate, args.warmup + args.duration, np.random.default_rng(50 + n))
+                step, *_ = load("shed", offsets, rate, args.duration, args.warmup, sampled=False)
+                if step is None:
+                    break
+                held = find_knee([step], args.slo_ms, MAX_ERROR_RATE) == rate
+                confirmations.append({"held": held, **row(step)})
+                say("shed", f"confirm {rate:g}", step)
+                drain("shed")
+                if held:
+                    knee = rate
+                    break
+            else:
+                if confirmations:
+                    raise SystemExit("no rate of the sweep held over a steady step's length: offer lower --rates")
         else:
             knee = args.knee
 
@@ -463,7 +485,8 @@ def main(argv: list[str] | None = None) -> int:
                    "command": ladder.source.get("command")},
         "knee": {"qps": knee, "measured": args.knee is None, "duration_s": args.knee_duration,
                  "warmup_s": args.knee_warmup, "steps": [row(s) for s in knee_steps],
-                 "top_met": bool(knee_steps) and knee == knee_steps[-1].offered_qps},
+                 "top_met": bool(knee_steps) and knee == knee_steps[-1].offered_qps,
+                 "confirmations": confirmations},
         "steady": {"factors": args.factors, "duration_s": args.duration, "warmup_s": args.warmup,
                    "skipped": [[c, f] for c, f in sorted(args.skip)], "steps": steady},
         "burst": {"base_s": args.burst_base, "burst_s": args.burst, "after_s": args.burst_after,

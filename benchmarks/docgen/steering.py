@@ -127,7 +127,21 @@ def _knee(d: dict) -> str:
             f"warm-up, ascending until the first rate that misses the SLO; the highest offered rate with P99 ≤ "
             f"{d['slo_ms']:g} ms, errors and shed queries ≤ {d['max_error_rate'] * 100:g} %, every lower rate "
             f"meeting it too): {bold(count(k['qps']) + ' req/s')} (P99 per offered rate: {cells})"
-            + (": the highest rate offered met the SLO, so the knee may lie above it." if k.get("top_met") else "."))
+            + (": the highest rate offered met the SLO, so the knee may lie above it." if k.get("top_met") else ".")
+            + _confirmed(d))
+
+
+def _confirmed(d: dict) -> str:
+    """The sweep's passing rates tried over a steady step's length, from the highest down, until one held."""
+    tried = d["knee"].get("confirmations") or []
+    if not tried:
+        return ""
+    st = d["steady"]
+    cells = "; ".join(f"{s['offered_qps']:g}: P99 {opt(s['latency_ms'].get('p99'), 1)} ms, "
+                      f"{num(s['shed_rate'] * 100, 1)} % refused, {'held' if s['held'] else 'missed'}" for s in tried)
+    return (f" Confirmed on `shed` over a steady step's length ({st['warmup_s']:g} s of warm-up and "
+            f"{st['duration_s']:g} s measured), the passing rates from the highest down until one held, which is "
+            f"the knee the steps below multiply: {cells}.")
 
 
 def _steady(d: dict) -> str:

@@ -25,7 +25,8 @@ neighbour's burst) than about now.
   from one that does not, so ``up_at`` sits just above it: a step up is a trial, settled by the pressure that
   follows or does not. A trial that fails (pressure within two holds of it) doubles ``hold_s`` (up to
   ``MAX_HOLD_S``; a step up that holds for two holds resets it), and for ``BREAK_MEMORY_S`` only rungs with clear
-  headroom (demand under ``settle_at``) are tried: the estimates proved optimistic at this load.
+  headroom (demand under ``settle_at``) are tried: the estimates proved optimistic at this load. Both lessons hold
+  while the load does: once it is clearly lower (``BREAK_MARGIN``) the usual hold and ``up_at`` are back.
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ class LevelController:
         self._window: collections.deque[tuple[float, Reading]] = collections.deque()
         self._last_change = self._last_pressure = clock() - hold_s
         self._last_up: float | None = None
-        self._failed_trial_at = -float("inf")  # when a step up last came under pressure within two holds
+        self._failed_trial: tuple[float, float] | None = None  # (rate, when) a step up last failed at
         self._queued = False  # the previous reading's queue was pressure
         self._busy = False  # the previous reading found a queue or refusals
 
@@ -160,14 +161,17 @@ class LevelController:
             return self._step_down(now, why)
         if self._last_up is not None and now - self._last_up >= 2 * self.hold_s:
             self.hold_s, self._last_up = self.base_hold_s, None  # the last step up held: the next waits as usual
+        rate = self.arrival_rate()
+        failed_here = self._failed_trial is not None and self._near(self._failed_trial, rate, now)
+        if not failed_here:  # a failed trial's lessons (a longer hold, caution) belong to the load it failed at
+            self.hold_s = self.base_hold_s
         if self.index == 0:
             return None
         if now - max(self._last_change, self._last_pressure) < self.hold_s or reading.waiting:
             return None
-        rate = self.arrival_rate()
         here = self.demand(self.level)
         # After a trial that failed, the estimates proved optimistic at this load: only clear headroom is tried.
-        limit = self.settle_at if now - self._failed_trial_at <= BREAK_MEMORY_S else self.up_at
+        limit = self.settle_at if failed_here else self.up_at
         for index in range(self.index):
             upper = self.levels[index]
             demand = self.demand(upper)
@@ -192,11 +196,13 @@ class LevelController:
     def _broke_near(self, index: int, rate: float, now: float) -> bool:
         """Whether the rung at ``index``, or a cheaper one above the current rung, came under pressure lately at a
         rate not clearly above ``rate`` (what a cheaper rung could not hold, a costlier one cannot either)."""
-        for level in self.levels[index:self.index]:
-            broke = self.broke_at.get(level)
-            if broke is not None and now - broke[1] <= BREAK_MEMORY_S and rate > BREAK_MARGIN * broke[0]:
-                return True
-        return False
+        return any(level in self.broke_at and self._near(self.broke_at[level], rate, now)
+                   for level in self.levels[index:self.index])
+
+    @staticmethod
+    def _near(lesson: tuple[float, float], rate: float, now: float) -> bool:
+        """Whether a lesson learned at (rate, when) speaks of ``rate`` now: lately, and the load not clearly lower."""
+        return now - lesson[1] <= BREAK_MEMORY_S and rate > BREAK_MARGIN * lesson[0]
 
     @staticmethod
     def _refusing(reading: Reading) -> bool:
@@ -228,7 +234,7 @@ class LevelController:
             target = self.index + 1  # the pressure is the queue's, not the rate's: one rung
         if self._last_up is not None and now - self._last_up < 2 * self.hold_s:
             self.hold_s = min(MAX_HOLD_S, 2 * self.hold_s)  # it stepped up too soon: wait longer next time
-            self._failed_trial_at = now
+            self._failed_trial, self._last_up = (self.arrival_rate(rising=True), now), None
         return self._move(now, target, why)
 
     def _move(self, now: float, index: int, why: str) -> Change:

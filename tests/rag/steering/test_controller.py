@@ -239,6 +239,19 @@ def test_when_a_trial_fails_only_clear_headroom_is_tried_for_a_while():
     assert len(later) / 4 <= 2, later
 
 
+def test_once_the_load_falls_a_failed_trial_no_longer_holds_the_climb_back():
+    def contended(level: str) -> float:
+        return cost_s(level) * (1.0 if level == "bm25_only" else 1.3)
+
+    controller, clock = make(hold_s=5.0)
+    full = EFFECTIVE_CORES / contended("full")
+    load(controller, clock, 0.3 * full, 10, cores=EFFECTIVE_CORES, true_cost=contended)
+    load(controller, clock, 1.4 * full, 40, cores=EFFECTIVE_CORES, true_cost=contended)
+    assert controller.hold_s > 5.0 and controller.level != "full"  # a trial failed: a longer hold at this load
+    load(controller, clock, 0.3 * full, 7, cores=EFFECTIVE_CORES, true_cost=contended)
+    assert controller.level == "full" and controller.hold_s == 5.0
+
+
 def test_a_rung_that_came_under_pressure_is_tried_again_once_the_load_is_clearly_lower():
     controller, clock = make(hold_s=5.0)
     full = EFFECTIVE_CORES / cost_s("full")
