@@ -334,7 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     ndcg = {level: q[corpus] for level, q in ladder.quality.items() if corpus in q}
     configs = list(CONFIGS)
     load_before = os.getloadavg()
-    fleet = {name: ((), env) for name, env in CONFIGS.items()}
+    # steer logs why it changes rungs (ragheat.steering, at info)
+    fleet = {name: (("--log-level", "info") if name == "steer" else (), env) for name, env in CONFIGS.items()}
     knee_steps, confirmations, steady, burst, ramp = [], [], [], {}, None
     with ServeFleet(args.index, fleet, work, args.ready_timeout) as services, StopSignals() as stop:
         urls = services.urls

@@ -42,6 +42,7 @@ MIN_ANSWERS = 3  # answers in a tick before its CPU per answer teaches the rung'
 SHED_SHARE = 0.01  # refusals above this share of a tick's arrivals (and more than one) are pressure
 MIN_COST_SHARE = 0.2  # a rung priced from the ladder costs at least this share of the current rung's live cost
 STALE_S = 30.0  # a rung's learned cost older than this (or two holds, when longer) is priced from the current rung's
+BURST_FACTOR = 1.5  # a second with this many times the window's arrivals is a burst, not random arrivals' spread
 BREAK_MARGIN = 0.9  # a rung that came under pressure at a rate is tried again below this share of it
 BREAK_MEMORY_S = MAX_HOLD_S  # how long the rate a rung came under pressure at is remembered
 
@@ -129,14 +130,18 @@ class LevelController:
         a backed-off hold is longer (a step up that failed keeps its lesson until the next try)."""
         return now - self.learned_at.get(level, -float("inf")) <= max(STALE_S, 2 * self.hold_s)
 
-    def arrival_rate(self, rising: bool = False) -> float:
-        """Arrivals per second over the window; with ``rising``, the latest tick's rate when higher (a burst is
-        met at once, a step up waits for the whole window)."""
+    def arrival_rate(self, rising: bool = False, peak: bool = False) -> float:
+        """Arrivals per second over the window; with ``rising``, the latest tick's rate when it is a burst
+        (``BURST_FACTOR`` times the window's: a burst is met at once, a second of random arrivals is not one, and a
+        step up waits for the whole window); with ``peak``, the latest tick's rate whenever it is higher (the rate a
+        rung came under pressure at)."""
         span = sum(r.seconds for _, r in self._window)
         rate = sum(r.arrived for _, r in self._window) / span if span > 0 else 0.0
-        if rising and self._window and self._window[-1][1].seconds > 0:
+        if (rising or peak) and self._window and self._window[-1][1].seconds > 0:
             latest = self._window[-1][1]
-            rate = max(rate, latest.arrived / latest.seconds)
+            now = latest.arrived / latest.seconds
+            if now > (rate if peak else BURST_FACTOR * rate):
+                rate = now
         return rate
 
     def demand(self, level: str, rising: bool = False) -> float | None:
@@ -223,7 +228,7 @@ class LevelController:
         return None
 
     def _step_down(self, now: float, why: str) -> Change | None:
-        self.broke_at[self.level] = (self.arrival_rate(rising=True), now)
+        self.broke_at[self.level] = (self.arrival_rate(peak=True), now)
         last = len(self.levels) - 1
         if self.index == last:
             return None
@@ -234,7 +239,7 @@ class LevelController:
             target = self.index + 1  # the pressure is the queue's, not the rate's: one rung
         if self._last_up is not None and now - self._last_up < 2 * self.hold_s:
             self.hold_s = min(MAX_HOLD_S, 2 * self.hold_s)  # it stepped up too soon: wait longer next time
-            self._failed_trial, self._last_up = (self.arrival_rate(rising=True), now), None
+            self._failed_trial, self._last_up = (self.arrival_rate(peak=True), now), None
         return self._move(now, target, why)
 
     def _move(self, now: float, index: int, why: str) -> Change:

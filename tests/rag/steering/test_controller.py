@@ -261,3 +261,18 @@ def test_a_rung_that_came_under_pressure_is_tried_again_once_the_load_is_clearly
     assert controller.level != "full"
     load(controller, clock, 0.8 * full, 30, cores=EFFECTIVE_CORES)
     assert controller.level == "full" and 0.8 * full < 0.9 * rate
+
+
+def test_a_second_of_random_arrivals_is_not_a_burst_but_a_multiple_of_the_load_is():
+    controller, clock = make()
+    for arrived in (100, 100, 100, 100):
+        clock.now += 1.0
+        controller.tick(Reading(1.0, arrived, arrived, 0, 0.5, 0, 0.0, 0.42))
+    clock.now += 1.0
+    controller.tick(Reading(1.0, 125, 125, 0, 0.6, 0, 0.0, 0.42))
+    window = controller.arrival_rate()
+    assert controller.arrival_rate(rising=True) == window == pytest.approx(105.0)
+    assert controller.arrival_rate(peak=True) == 125.0  # the rate a rung came under pressure at is the second's own
+    clock.now += 1.0
+    controller.tick(Reading(1.0, 400, 100, 0, 0.6, 0, 0.0, 0.42))
+    assert controller.arrival_rate(rising=True) == 400.0
