@@ -150,7 +150,9 @@ class RagPipeline:
                                           embedding.query_batch_runs)
         analyzer = LexicalAnalyzer(index.manifest["lexical"]["stemmer"])
         self.retrievers = {"dense": DenseRetriever(index.faiss_index), "bm25": BM25Retriever(index.bm25, analyzer)}
-        if s.vector_store.backend == "milvus":  # the generation's collection on the server, checked like its files
+        # The generation's collection on the server, checked like its files; a server that cannot be reached leaves
+        # the store down (its files answer) until a search reaches it.
+        if s.vector_store.backend == "milvus":
             store, collection, exact = open_generation(s.vector_store, index.folder, index.manifest)
             self.vector_store, self._collection = store, collection
             local = self.retrievers  # searched while the server is down
@@ -252,7 +254,8 @@ class RagPipeline:
             lone_query_threads=self.embedder.lone_query_threads,
             vector_store=None if self.vector_store is None else {
                 "backend": "milvus", "collection": self._collection,
-                "down": self.vector_store.down, "failed_searches": self.vector_store.failures},
+                "down": self.vector_store.down, "down_because": self.vector_store.down_because,
+                "failed_searches": self.vector_store.failures},
             generator=self.settings.generation.generator,
             engine_metrics_dir=None if self.llm is None or self.llm.metrics_dir is None else Path(self.llm.metrics_dir),
             graph_backend=None if self.graph is None else self.graph.name,

@@ -32,11 +32,21 @@ MAX_TERMS_BYTES = 65_535  # Milvus' longest VARCHAR
 # After a failed search the server is given this long (longer after each failure in a row) before it is asked again:
 # meanwhile searches fail at once, so a dead or hung server costs one timeout, not one per request.
 RETRY_AFTER_S = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+# The calls of the request that asks again (connect, look up, count, load, search), each bounded by timeout_ms: the
+# other requests fail at once for as long as they may take.
+PROBE_CALLS = 5
 INDEX_TYPES = {"flat": "FLAT", "hnsw": "HNSW"}  # index.kind -> the collection's dense index
 
 
 class VectorStoreUnavailable(RagheatError):
-    """The Milvus server cannot be reached, or did not answer within ``vector_store.timeout_ms``."""
+    """The Milvus server cannot serve the searches now: it cannot be reached, or did not answer within
+    ``vector_store.timeout_ms`` (the searches go to the generation's own files meanwhile)."""
+
+
+class CollectionUnusable(VectorStoreUnavailable):
+    """The server answers, but the generation's collection is missing or holds another count of passages than its
+    manifest: when the server comes back so (an empty data volume, a collection dropped by hand), the searches go on
+    falling back rather than trusting it."""
 
 
 def index_tag(prefix: str, index_dir: Path) -> str:
@@ -64,8 +74,11 @@ class MilvusStore:
     """A ``pymilvus.MilvusClient`` of its own on ``vector_store.uri``; every failure to reach the server is
     ``VectorStoreUnavailable`` naming it, and every call has a deadline (searches and look-ups ``timeout_ms``, an
     ingest's loading ``load_timeout_s``). A search that fails marks the server down for ``RETRY_AFTER_S``: searches
-    meanwhile fail at once; after it one request asks again (loading the collection first: a restarted server holds
-    it released) while the others still fail at once. ``failures`` counts failed searches."""
+    meanwhile fail at once; after it one request asks again (checking the collection against the count its manifest
+    gave ``expect`` and loading it first: a restarted server holds it released, or may have lost it) while the others
+    still fail at once. A store opened while the server cannot be reached starts down (``start_down``), asked again
+    the same way. ``failures`` counts failed searches; ``down_because`` says why they fail now (``unreachable``,
+    ``collection``; None while they do not)."""
 
     def __init__(self, settings: VectorStoreSettings) -> None:
         self.settings = settings
@@ -74,6 +87,9 @@ class MilvusStore:
         self.load_timeout_s = settings.load_timeout_s
         self._client = None
         self.failures = 0
+        self.down_because: str | None = None
+        self._expected: dict[str, int] = {}  # collection -> the passages its manifest says, checked by each probe
+        self._told: str | None = None  # the failure the latest warning was about
         self._in_a_row = 0
         self._retry_at = 0.0  # time.monotonic() before which searches fail at once
         self._lock = threading.Lock()
@@ -86,34 +102,55 @@ class MilvusStore:
                                              f"{self._retry_at - now:.1f} s)")
             probe = self._in_a_row > 0
             if probe:  # this request asks again; the others fail at once until it has an answer
-                self._retry_at = now + 2 * self.timeout_s
+                self._retry_at = now + PROBE_CALLS * self.timeout_s
 
         def search():
-            if probe:  # a restarted server holds the collection released
+            if probe:  # a restarted server may have lost the collection, and holds it released
+                if collection in self._expected:
+                    self.check(collection, self._expected[collection])
                 self.load(collection, self.timeout_s)
             return self.client.search(collection, timeout=self.timeout_s, **request)
 
         try:
             found = self._call(what, search)
         except VectorStoreUnavailable as exc:
+            because = "collection" if isinstance(exc, CollectionUnusable) else "unreachable"
+            news = str(exc) if because == "collection" else because  # what a warning is logged for when it changes
             with self._lock:
                 self.failures += 1
                 self._in_a_row += 1
                 self._retry_at = time.monotonic() + RETRY_AFTER_S[min(self._in_a_row, len(RETRY_AFTER_S)) - 1]
-                first = self._in_a_row == 1
-            if first:
-                log.warning("%s; searching the generation's own files until it answers again", exc)
+                changed, self._told, self.down_because = news != self._told, news, because
+            if changed:
+                log.warning("%s; searching the generation's own files until it %s", exc,
+                            "holds it (ingest again: `ragheat ingest --force`)" if because == "collection"
+                            else "answers again")
             raise
         if self._in_a_row:
             with self._lock:
                 failed, self._in_a_row, self._retry_at = self._in_a_row, 0, 0.0
+                self.down_because = self._told = None
             if failed:
-                log.warning("the Milvus server at %s answers again after %d failed searches", self.uri, failed)
+                log.warning("the Milvus server at %s answers again after %d failed attempts, collection %s checked; "
+                            "the searches go to it again", self.uri, failed, collection)
         return found
+
+    def start_down(self) -> None:
+        """Open with the server unreachable: searches fail at once (the generation's own files answer) until the first
+        retry asks it again, checking and loading the collection as after any outage."""
+        with self._lock:
+            self._in_a_row = max(self._in_a_row, 1)
+            self._retry_at = time.monotonic() + RETRY_AFTER_S[0]
+            self.down_because = self._told = "unreachable"
+
+    def expect(self, collection: str, rows: int) -> None:
+        """Have every probe check that ``collection`` holds ``rows`` passages (its manifest's) before trusting it."""
+        self._expected[collection] = rows
 
     @property
     def down(self) -> bool:
-        """Whether the latest search failed (searches go to the generation's own files meanwhile)."""
+        """Whether the latest search failed, or the server could not be reached when the store was opened (searches
+        go to the generation's own files meanwhile)."""
         return self._in_a_row > 0
 
     def connect(self) -> "MilvusStore":
@@ -193,6 +230,15 @@ class MilvusStore:
         return {"backend": "milvus", "collection": collection, "uri": self.uri, "dense_index": index_type,
                 "metric": "IP", "bm25": {"k1": retrieval.bm25_k1, "b": retrieval.bm25_b}, "counts": {"rows": stored},
                 "timings_s": {k: round(v, 3) for k, v in timings.items()}}
+
+    def check(self, collection: str, rows: int) -> None:
+        """``CollectionUnusable`` naming the server and collection unless it exists and holds ``rows`` passages;
+        ``VectorStoreUnavailable`` when the server cannot be asked."""
+        if not self.has(collection):
+            raise CollectionUnusable(f"the Milvus server at {self.uri} has no collection {collection}")
+        if (stored := self.count(collection)) != rows:
+            raise CollectionUnusable(f"the Milvus collection {collection} holds {stored} passages, the manifest says "
+                                     f"{rows}")
 
     def has(self, collection: str) -> bool:
         return bool(self._call("look up a collection", self.client.has_collection, collection, timeout=self.timeout_s))
@@ -289,7 +335,10 @@ def prune_collections(settings: VectorStoreSettings, index_dir: Path, keep: set[
 
 def open_generation(settings: VectorStoreSettings, folder: Path, manifest: dict) -> tuple[MilvusStore, str, bool]:
     """The store holding generation ``folder``'s collection, checked against its manifest: (store, collection, whether
-    its dense index is exact). ``IndexLoadError`` naming the folder when it cannot be served from Milvus."""
+    its dense index is exact). ``IndexLoadError`` naming the folder when it cannot be served from Milvus: never
+    published there, or its collection missing or holding another count of passages. A server that cannot be reached
+    is not one of those: the store is returned down, the generation's own files answer as during any outage, and the
+    first search that reaches the server checks the collection before trusting it."""
     block = manifest.get("vector_store") or {}
     if block.get("backend") != "milvus":
         raise IndexLoadError(folder, "its passages were not published to a Milvus server (it was ingested with "
@@ -297,17 +346,17 @@ def open_generation(settings: VectorStoreSettings, folder: Path, manifest: dict)
                                      "RAGHEAT_VECTOR_STORE__BACKEND=milvus (nothing is embedded again)")
     store = MilvusStore(settings)
     collection, expected = block["collection"], manifest["counts"]["chunks"]
+    store.expect(collection, expected)
     try:
-        if not store.has(collection):
-            raise IndexLoadError(folder, f"the Milvus server at {store.uri} has no collection {collection}; "
-                                         f"ingest it again (`ragheat ingest --force`)")
-        if (rows := store.count(collection)) != expected:
-            raise IndexLoadError(folder, f"the Milvus collection {collection} holds {rows} passages, the manifest "
-                                         f"says {expected}; ingest it again (`ragheat ingest --force`)")
+        store.check(collection, expected)
         store.load(collection)
-    except VectorStoreUnavailable as exc:
+    except CollectionUnusable as exc:
         store.close()
-        raise IndexLoadError(folder, str(exc)) from exc
+        raise IndexLoadError(folder, f"{exc}; ingest it again (`ragheat ingest --force`)") from None
+    except VectorStoreUnavailable as exc:
+        store.start_down()
+        log.warning("%s; generation %s is searched in its own files (FAISS, bm25s) until the server answers, its "
+                    "collection %s checked then", exc, folder.name, collection)
     except BaseException:
         store.close()
         raise

@@ -222,3 +222,157 @@ def test_while_the_server_is_down_the_generations_own_files_answer_and_milvus_is
                 p.close()
         own.stop()
         shutil.rmtree(tmp_path / "milvus", ignore_errors=True)
+
+
+# -- a server that cannot be reached when the service starts -------------------------------------------------------
+
+@pytest.fixture
+def stopped_server(settings, embedder, scifact_subset, tmp_path, monkeypatch):
+    """A server of its own holding a freshly ingested index's collection, then stopped: (server, settings on it, the
+    index, five queries, each query's sources from the generation's own files). Asked again soon after a failure,
+    so the tests wait fractions of a second for a probe."""
+    import json
+
+    from kept_vectors import kept_ingest
+    from rag.index import milvus as milvus_module
+    from rag.pipeline import RagPipeline
+    from stack.milvus_lite import MilvusLiteServer
+
+    monkeypatch.setattr(milvus_module, "RETRY_AFTER_S", (0.1, 0.2))
+    own = MilvusLiteServer(tmp_path / "milvus").start()
+    served = on_milvus(settings, own.uri, timeout_ms=1000)
+    index = tmp_path / "index"
+    texts = [json.loads(line)["text"] for line in (scifact_subset / "queries.jsonl").read_text().splitlines()][:5]
+    try:
+        kept_ingest("scifact-subset-milvus", scifact_subset, index, served, embedder)
+        files = RagPipeline(local(served), index)
+        try:
+            files.warm_up()
+            expected = {t: [s.chunk.chunk_id for s in files.query(t, 5, ["hybrid"]).sources] for t in texts}
+        finally:
+            files.close()
+        own.stop()
+        yield own, served, index, texts, expected
+    finally:
+        own.stop()
+
+
+def spy_on_searches(pipeline, monkeypatch) -> tuple[list[str], list[str]]:
+    """(the store's searches that answered, the generation's files' searches), each appended as it runs."""
+    reached, fell_back = [], []
+    store = pipeline.vector_store
+    for name in ("dense_search", "bm25_search"):
+        def answered(*args, _search=getattr(store, name), _name=name, **kwargs):
+            found = _search(*args, **kwargs)
+            reached.append(_name)
+            return found
+        monkeypatch.setattr(store, name, answered)
+    for name in ("dense", "bm25"):
+        fallback = pipeline.retrievers[name].fallback
+        def searched(*args, _retrieve=fallback.retrieve, _name=name, **kwargs):
+            fell_back.append(_name)
+            return _retrieve(*args, **kwargs)
+        monkeypatch.setattr(fallback, "retrieve", searched)
+    return reached, fell_back
+
+
+def sources(pipeline, text: str) -> list[int]:
+    return [s.chunk.chunk_id for s in pipeline.query(text, 5, ["hybrid"]).sources]
+
+
+def test_a_server_unreachable_at_start_up_leaves_the_files_answering_until_it_comes_back(
+        stopped_server, monkeypatch, caplog):
+    """The service starts with the server down: ready, its answers from the generation's own files, /readyz saying
+    so, a warning naming the server. Once the server is up, the first search that reaches it checks the collection
+    and loads it, and from then on the searches are the server's."""
+    import logging
+    import time
+
+    import httpx
+
+    from rag.api.app import create_app
+    from rag.pipeline import RagPipeline
+    from stack.servers import BackgroundServer
+
+    own, served, index, texts, expected = stopped_server
+    pipeline = RagPipeline(served, index)
+    with caplog.at_level(logging.WARNING, logger="ragheat.vector_store"), \
+            BackgroundServer(create_app(served, pipeline=pipeline)) as url, httpx.Client(base_url=url) as client:
+        collection = read_manifest(index)["vector_store"]["collection"]
+        assert f"the Milvus server at {own.uri} cannot be reached" in caplog.text
+        assert f"its collection {collection} checked then" in caplog.text
+        described = client.get("/readyz").json()["vector_store"]
+        assert described == {"backend": "milvus", "collection": collection, "down": True,
+                             "down_because": "unreachable", "failed_searches": 0}
+        reached, fell_back = spy_on_searches(pipeline, monkeypatch)
+        for text in texts:  # the same passages, from the files
+            assert sources(pipeline, text) == expected[text]
+        assert not reached and len(fell_back) == 2 * len(texts)
+        assert pipeline.describe().vector_store["down"]
+        own.start()  # the same data folder and port: the collection is back
+        deadline = time.monotonic() + 30
+        while pipeline.describe().vector_store["down"] and time.monotonic() < deadline:
+            sources(pipeline, texts[0])
+            time.sleep(0.05)
+        described = client.get("/readyz").json()["vector_store"]
+        assert described["down"] is False and described["down_because"] is None, described
+        assert "answers again" in caplog.text
+        failures, reached[:], fell_back[:] = described["failed_searches"], [], []
+        for text in texts:
+            assert sources(pipeline, text) == expected[text]
+        assert sorted(reached) == sorted(["dense_search", "bm25_search"] * len(texts)) and not fell_back
+        assert pipeline.vector_store.failures == failures
+
+
+def test_a_server_back_without_the_collection_keeps_the_files_answering_and_says_why(
+        stopped_server, tmp_path, monkeypatch, caplog):
+    """A server that comes back without the generation's collection (a new data volume), or with another count of
+    passages in it, is not trusted: each probe checks it again, the files go on answering, and the log and /readyz
+    say why."""
+    import logging
+    import time
+
+    from rag.pipeline import RagPipeline
+    from stack.milvus_lite import MilvusLiteServer
+
+    own, served, index, texts, expected = stopped_server
+    collection = read_manifest(index)["vector_store"]["collection"]
+    pipeline = RagPipeline(served, index)
+    empty = MilvusLiteServer(tmp_path / "empty", port=own.port)
+    try:
+        pipeline.warm_up()  # down
+        reached, fell_back = spy_on_searches(pipeline, monkeypatch)
+        empty.start()  # the same address, no data
+
+        def until_it_says(sentence: str) -> None:
+            deadline = time.monotonic() + 30
+            while sentence not in caplog.text and time.monotonic() < deadline:
+                assert sources(pipeline, texts[0]) == expected[texts[0]]
+                time.sleep(0.05)
+            assert sentence in caplog.text
+            failures = pipeline.vector_store.failures
+            end = time.monotonic() + 1.0  # several probes: each finds it so again
+            while time.monotonic() < end:
+                for text in texts:
+                    assert sources(pipeline, text) == expected[text]
+                time.sleep(0.05)
+            described = pipeline.describe().vector_store
+            assert described["down"] and described["down_because"] == "collection", described
+            assert described["failed_searches"] >= failures + 2
+            assert not reached and fell_back
+
+        with caplog.at_level(logging.WARNING, logger="ragheat.vector_store"):
+            until_it_says(f"the Milvus server at {own.uri} has no collection {collection}; searching the "
+                          f"generation's own files until it holds it")
+            # a collection of that name with three passages, where the manifest says more
+            store = MilvusStore(served.vector_store)
+            try:
+                vectors = np.eye(3, pipeline.index.faiss_index.d, dtype=np.float32)
+                store.publish(collection, vectors, ["a", "b", "c"], served.index, served.retrieval)
+            finally:
+                store.close()
+            until_it_says(f"the Milvus collection {collection} holds 3 passages, the manifest says "
+                          f"{read_manifest(index)['counts']['chunks']}")
+    finally:
+        pipeline.close()
+        empty.stop()

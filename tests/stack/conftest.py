@@ -19,7 +19,7 @@ RAGHEAT = str(Path(sys.executable).parent / "ragheat")
 FREE_PORTS = ["--api-port", "0", "--prometheus-port", "0", "--alertmanager-port", "0", "--alert-receiver-port", "0",
               "--probes-port", "0", "--vllm-port", "0"]
 """``ragheat stack up`` flags for free ports, so a test stack never collides with a running one."""
-PROFILES = ["cpu", "gpu", "probes"]
+PROFILES = ["cpu", "gpu", "probes", "milvus"]
 # Values for the variables compose requires; nothing here is a real secret.
 REQUIRED_ENV = {"NEO4J_PASSWORD": "test-password", "GRAFANA_ADMIN_PASSWORD": "test-password",
                 "RAGHEAT_API_KEY": "rh_test-key-0123456789abcdef"}
@@ -50,8 +50,8 @@ class Compose:
         return subprocess.run([*command, *args], capture_output=True, text=True, timeout=60,
                               env={**base, **(REQUIRED_ENV if env is None else env)})
 
-    def model(self, profiles: tuple[str, ...] = tuple(PROFILES)) -> dict:
-        result = self.run("config", "--format", "json", profiles=profiles)
+    def model(self, profiles: tuple[str, ...] = tuple(PROFILES), env: dict | None = None) -> dict:
+        result = self.run("config", "--format", "json", profiles=profiles, env=env)
         assert result.returncode == 0, result.stderr
         return json.loads(result.stdout)
 

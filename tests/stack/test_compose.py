@@ -9,6 +9,7 @@ import re
 import subprocess
 import tomllib
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -176,20 +177,68 @@ def test_api_and_ingest_use_the_neo4j_graph_store(compose_model, service, monkey
     """The ingest job loads the knowledge graph into the neo4j service and the API queries it: their RAGHEAT_*
     environment, read by the real settings class, selects the neo4j backend at the service's Bolt address with the
     password compose was given, and both wait for Neo4j to be healthy."""
-    from rag.settings import RagheatSettings
-
     services = compose_model["services"]
     spec = services[service]
-    for key in [k for k in os.environ if k.startswith("RAGHEAT_")]:
-        monkeypatch.delenv(key)
-    for key, value in spec["environment"].items():
-        if key.startswith("RAGHEAT_"):
-            monkeypatch.setenv(key, value)
-    graph = RagheatSettings().graph
+    graph = settings_of(spec, monkeypatch).graph
     assert (graph.backend, graph.uri, graph.user) == ("neo4j", "bolt://neo4j:7687", "neo4j")
     assert graph.password.get_secret_value() == REQUIRED_ENV["NEO4J_PASSWORD"]
     assert services["neo4j"]["environment"]["NEO4J_AUTH"] == f"neo4j/{REQUIRED_ENV['NEO4J_PASSWORD']}"
     assert spec["depends_on"]["neo4j"] == {"condition": "service_healthy", "required": True}
+
+
+def settings_of(service: dict, monkeypatch):
+    """What the real settings class reads from a service's RAGHEAT_* environment alone."""
+    from rag.settings import RagheatSettings
+
+    for key in [k for k in os.environ if k.startswith("RAGHEAT_")]:
+        monkeypatch.delenv(key)
+    for key, value in service["environment"].items():
+        if key.startswith("RAGHEAT_"):
+            monkeypatch.setenv(key, value)
+    return RagheatSettings()
+
+
+@pytest.mark.parametrize("service", ["api", "ingest"])
+def test_api_and_ingest_search_milvus_only_when_asked(compose, service, monkeypatch):
+    """Unset, RAGHEAT_VECTOR_STORE_BACKEND leaves them on the generation's own files (no profile needs a Milvus
+    server); set to milvus, with the milvus profile, they use the milvus service's gRPC port and wait for it to be
+    healthy (a dependency that is not required: without the profile there is no service to wait for, as with
+    vLLM's)."""
+    plain = compose.model(("cpu",))
+    assert "milvus" not in plain["services"]
+    assert settings_of(plain["services"][service], monkeypatch).vector_store.backend == "local"
+    model = compose.model(("cpu", "milvus"), env={**REQUIRED_ENV, "RAGHEAT_VECTOR_STORE_BACKEND": "milvus"})
+    spec = model["services"][service]
+    vector_store = settings_of(spec, monkeypatch).vector_store
+    assert vector_store.backend == "milvus"
+    uri = urlsplit(vector_store.uri)
+    assert uri.hostname in model["services"] and uri.hostname == "milvus" and uri.port == 19530
+    assert spec["depends_on"]["milvus"] == {"condition": "service_healthy", "required": False}
+
+
+def test_the_milvus_service_runs_standalone_with_everything_in_its_named_volume(compose_model):
+    """Milvus standalone in one container: its metadata in an embedded etcd listening on the container's loopback,
+    its segments on local storage, both in a named volume; no host port; healthy once its health endpoint answers;
+    the server release of the client major version pyproject requires."""
+    milvus = compose_model["services"]["milvus"]
+    assert milvus["profiles"] == ["milvus"] and milvus["command"] == ["milvus", "run", "standalone"]
+    assert "ports" not in milvus
+    mounts = {v["target"]: v for v in milvus["volumes"]}
+    data = mounts["/var/lib/milvus"]
+    assert data["type"] == "volume" and data["source"] in compose_model["volumes"]
+    env = milvus["environment"]
+    assert (env["ETCD_USE_EMBED"], env["COMMON_STORAGETYPE"]) == ("true", "local")
+    assert env["ETCD_DATA_DIR"].startswith("/var/lib/milvus/")  # kept across restarts with the segments
+    etcd_config = mounts[env["ETCD_CONFIG_PATH"]]
+    assert etcd_config["type"] == "bind" and etcd_config["read_only"] is True
+    etcd = yaml.safe_load(Path(etcd_config["source"]).read_text())
+    assert {urlsplit(etcd[key]).hostname for key in ("listen-client-urls", "advertise-client-urls")} == {"127.0.0.1"}
+    assert etcd["auto-compaction-mode"] == "revision" and int(etcd["auto-compaction-retention"]) > 0
+    check = milvus["healthcheck"]
+    assert check["test"][:3] == ["CMD", "curl", "-f"] and urlsplit(check["test"][3]).path == "/healthz"
+    assert check["start_period"] and check["retries"] >= 3
+    [major] = set(re.findall(r'"pymilvus>=(\d+)\.', (REPO / "pyproject.toml").read_text()))
+    assert re.fullmatch(rf"milvusdb/milvus:v{major}\.\d+\.\d+", milvus["image"]), milvus["image"]
 
 
 def test_probes_get_exactly_the_privileges_they_need(compose_model):
