@@ -11,8 +11,8 @@ are served at, and ``ragheat_quality_level_changes_total``).
 
 1. The full-quality knee: ascending rates on ``shed`` alone until the first that misses the SLO (``find_knee``), or
    ``--knee R``; then confirmed over a steady step's length (``--warmup`` + ``--duration``): the highest passing rate
-   that ``shed`` also holds that long (descending through the passing rates), so that 1x is a load full quality
-   holds, not one a short step happened to pass (``--no-confirm-knee``: the sweep's knee as it is).
+   that ``shed`` also holds that long, on the very arrivals the 1x step offers (descending through the passing
+   rates), so that 1x is a load full quality holds, not one a short step happened to pass (``--no-confirm-knee``: the sweep's knee as it is).
 2. Steady load at ``--factors`` times the knee: ``--duration`` seconds measured after ``--warmup`` seconds (time for
    the controller to settle). Per step: goodput (answers within the SLO per second), admitted P99, refusals per
    second, the answers' quality levels (each response's ``quality_level``), their mean quality (the ladder's
@@ -62,6 +62,7 @@ from rag.stages import QUALITY_LEVELS  # noqa: E402
 from rag.steering.ladder import Ladder  # noqa: E402
 from stack.servers import ServeFleet  # noqa: E402
 
+STEADY_SEED = 100  # the steady steps' arrivals: step i draws from STEADY_SEED + i
 ADMISSION_OFF = {"RAGHEAT_ADMISSION__ENABLED": "false", "RAGHEAT_ADMISSION__DEGRADE": "false"}
 CONFIGS = {"steer": {"RAGHEAT_STEERING__ENABLED": "true"}, "shed": {"RAGHEAT_STEERING__ENABLED": "false"},
            "neither": {**ADMISSION_OFF, "RAGHEAT_STEERING__ENABLED": "false"}}
@@ -389,10 +390,11 @@ def main(argv: list[str] | None = None) -> int:
             if knee is None:
                 raise SystemExit("no knee rate met the SLO: offer lower --rates, or give --knee")
             passing = sorted((s.offered_qps for s in knee_steps if s.offered_qps <= knee), reverse=True)
-            for n, rate in enumerate(passing if args.confirm_knee else []):
+            for rate in passing if args.confirm_knee else []:
                 if stop.presses:
                     break
-                offsets = poisson_offsets(rate, args.warmup + args.duration, np.random.default_rng(50 + n))
+                # the arrivals the first steady step offers when this rate is the knee
+                offsets = poisson_offsets(rate, args.warmup + args.duration, np.random.default_rng(STEADY_SEED))
                 step, *_ = load("shed", offsets, rate, args.duration, args.warmup, sampled=False)
                 if step is None:
                     break
@@ -412,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
         # 2. steady load at multiples of the knee
         for i, factor in enumerate(args.factors):
             rate = factor * knee
-            offsets = poisson_offsets(rate, args.warmup + args.duration, np.random.default_rng(100 + i))
+            offsets = poisson_offsets(rate, args.warmup + args.duration, np.random.default_rng(STEADY_SEED + i))
             for position, config in enumerate(rotated(configs, i)):
                 if stop.presses:
                     break

@@ -140,8 +140,8 @@ def _confirmed(d: dict) -> str:
     cells = "; ".join(f"{s['offered_qps']:g}: P99 {opt(s['latency_ms'].get('p99'), 1)} ms, "
                       f"{num(s['shed_rate'] * 100, 1)} % refused, {'held' if s['held'] else 'missed'}" for s in tried)
     return (f" Confirmed on `shed` over a steady step's length ({st['warmup_s']:g} s of warm-up and "
-            f"{st['duration_s']:g} s measured), the passing rates from the highest down until one held, which is "
-            f"the knee the steps below multiply: {cells}.")
+            f"{st['duration_s']:g} s measured) on the arrivals the first steady step offers, the passing rates from the "
+            f"highest down until one held, which is the knee the steps below multiply: {cells}.")
 
 
 def _steady(d: dict) -> str:

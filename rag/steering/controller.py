@@ -4,11 +4,13 @@ the service answers at. Pure logic over readings (``Reading``), with its own clo
 
 Demand is what the answers would cost at a rung, as a share of the capacity: the recent arrival rate (refused
 requests included: they asked) times that rung's CPU seconds per answer, over the CPU the process reaches when it is
-saturated. The capacity is learned from the ticks a queue or refusals lasted through (the process's CPU rate then,
-the highest of a saturated stretch; the next stretch learns it anew); until one was seen it is the cores the process
-may use. A process rarely turns every core into answers
-(the event loop and the interpreter's lock serialise part of each answer, a load generator or a neighbour takes its
-share), so a share of the raw cores would call a saturated service half idle.
+saturated at that rung. The capacity is learned per rung from the ticks a long queue or refusals lasted through at it
+(the process's CPU rate then, the highest of a saturated stretch; the next stretch learns it anew); a rung not seen
+saturated takes the highest capacity learned at any rung, and until one was it is the cores the process may use. A
+process rarely turns every core into answers (the event loop and the interpreter's lock serialise part of each
+answer, a load generator or a neighbour takes its share), so a share of the raw cores would call a saturated service
+half idle; and how much it can turn depends on the rung: a cheap answer is mostly the event loop's work on one core,
+a reranked one mostly the model's on every core.
 
 Each rung's cost is learned live, per answer, while the service runs at it; a rung not yet seen, or last seen more
 than ``STALE_S`` ago, is priced from the measured ladder (``Ladder``): the current rung's live cost plus the
@@ -92,8 +94,8 @@ class LevelController:
         self.learned_s: dict[str, float] = {}
         self.learned_at: dict[str, float] = {}
         self.broke_at: dict[str, tuple[float, float]] = {}  # rung -> (arrival rate it came under pressure at, when)
-        self.learned_capacity: float | None = None
-        self._saturated = False  # the previous tick ran saturated
+        self.learned_capacity: dict[str, float] = {}  # rung -> CPU (cores) it reached saturated
+        self._saturated_at: str | None = None  # the rung the previous tick ran saturated at
         self._window: collections.deque[tuple[float, Reading]] = collections.deque()
         self._last_change = self._last_pressure = clock() - hold_s
         self._last_up: float | None = None
@@ -105,10 +107,12 @@ class LevelController:
     def level(self) -> str:
         return self.levels[self.index]
 
-    @property
-    def capacity(self) -> float:
-        """The CPU (in cores) the process turns into answers when saturated: learned, else the cores."""
-        return self.cores if self.learned_capacity is None else self.learned_capacity
+    def capacity(self, level: str) -> float:
+        """The CPU (in cores) the process turns into answers at ``level`` when saturated: learned at it, else the
+        highest learned at any rung, else the cores."""
+        if level in self.learned_capacity:
+            return self.learned_capacity[level]
+        return max(self.learned_capacity.values(), default=self.cores)
 
     def cost_s(self, level: str) -> float | None:
         """CPU seconds per answer at ``level``: learned live (within ``STALE_S``, or the current rung's), else the
@@ -147,7 +151,7 @@ class LevelController:
     def demand(self, level: str, rising: bool = False) -> float | None:
         """The share of the capacity the recent arrivals would take at ``level`` (None: its cost is unknown)."""
         cost = self.cost_s(level)
-        return None if cost is None else self.arrival_rate(rising) * cost / self.capacity
+        return None if cost is None else self.arrival_rate(rising) * cost / self.capacity(level)
 
     def tick(self, reading: Reading) -> Change | None:
         now = self.clock()
@@ -185,18 +189,20 @@ class LevelController:
             if demand is None or demand > limit or self._broke_near(index, rate, now):
                 continue
             return self._move(now, index, f"demand at {upper} {demand:.0%} of the capacity "
-                                          f"({self.capacity:.2f} cores; < {limit:.0%})")
+                                          f"({self.capacity(upper):.2f} cores; < {limit:.0%})")
         return None
 
     def _learn_capacity(self, reading: Reading) -> None:
-        """A tick that a queue or refusals lasted through ran saturated: its CPU rate is what the process can do."""
-        busy = reading.waiting > 0 or self._refusing(reading)
+        """A tick that a long queue or refusals lasted through ran saturated: its CPU rate is what the process can
+        do. A short queue says nothing: random arrivals leave one now and then at any load."""
+        busy = self._refusing(reading) or self._long_queue(reading)
         saturated = busy and self._busy and reading.seconds > 0 and reading.cpu_s > 0
         if saturated:
             rate = min(self.cores, reading.cpu_s / reading.seconds)
-            stretch = self._saturated and self.learned_capacity is not None
-            self.learned_capacity = max(self.learned_capacity, rate) if stretch else rate
-        self._busy, self._saturated = busy, saturated
+            known = self.learned_capacity.get(self.level)
+            stretch = self._saturated_at == self.level and known is not None
+            self.learned_capacity[self.level] = max(known, rate) if stretch else rate
+        self._busy, self._saturated_at = busy, self.level if saturated else None
 
     def _broke_near(self, index: int, rate: float, now: float) -> bool:
         """Whether the rung at ``index``, or a cheaper one above the current rung, came under pressure lately at a
@@ -209,6 +215,10 @@ class LevelController:
         """Whether a lesson learned at (rate, when) speaks of ``rate`` now: lately, and the load not clearly lower."""
         return now - lesson[1] <= BREAK_MEMORY_S and rate > BREAK_MARGIN * lesson[0]
 
+    def _long_queue(self, reading: Reading) -> bool:
+        """A queue whose newcomer is predicted to finish past ``pressure_share`` of its deadline."""
+        return reading.waiting > 0 and reading.predicted_s > self.pressure_share * reading.deadline_s
+
     @staticmethod
     def _refusing(reading: Reading) -> bool:
         return reading.shed > max(1.0, SHED_SHARE * reading.arrived)
@@ -216,14 +226,14 @@ class LevelController:
     def _pressure(self, reading: Reading) -> str | None:
         if self._refusing(reading):
             return f"{reading.shed} of {reading.arrived} requests refused"
-        queued = reading.waiting > 0 and reading.predicted_s > self.pressure_share * reading.deadline_s
+        queued = self._long_queue(reading)
         was_queued, self._queued = self._queued, queued
         if queued and was_queued:  # two readings running: a queue that lasts, not one that a tick's burst left
             return (f"{reading.waiting} waiting, a new request would finish in {reading.predicted_s * 1000:.0f} ms "
                     f"of its {reading.deadline_s * 1000:.0f}")
         demand = self.demand(self.level, rising=True)
         if demand is not None and demand > self.down_at:
-            return (f"demand at {self.level} {demand:.0%} of the capacity ({self.capacity:.2f} cores; "
+            return (f"demand at {self.level} {demand:.0%} of the capacity ({self.capacity(self.level):.2f} cores; "
                     f"> {self.down_at:.0%})")
         return None
 

@@ -178,16 +178,16 @@ EFFECTIVE_CORES = 1.3
 
 def test_the_capacity_is_the_cpu_rate_a_saturated_service_reaches_and_each_saturated_stretch_learns_it_anew():
     controller, clock = make()
-    assert controller.capacity == 2.0  # nothing seen yet: the cores
+    assert controller.capacity(controller.level) == 2.0  # nothing seen yet: the cores
     full = EFFECTIVE_CORES / cost_s("full")
     load(controller, clock, 0.5 * full, 10, cores=EFFECTIVE_CORES)
-    assert controller.capacity == 2.0, "a service that kept up says nothing of what it can do"
+    assert controller.capacity(controller.level) == 2.0, "a service that kept up says nothing of what it can do"
     load(controller, clock, 3 * full, 3, cores=EFFECTIVE_CORES)
-    assert controller.capacity == pytest.approx(EFFECTIVE_CORES, rel=0.02)
+    assert controller.capacity(controller.level) == pytest.approx(EFFECTIVE_CORES, rel=0.02)
     load(controller, clock, 0.3 * full, 200, cores=EFFECTIVE_CORES)
-    assert controller.capacity == pytest.approx(EFFECTIVE_CORES, rel=0.02), "kept while nothing says otherwise"
+    assert controller.capacity(controller.level) == pytest.approx(EFFECTIVE_CORES, rel=0.02), "kept while nothing says otherwise"
     load(controller, clock, 3 * full, 3, cores=1.6)  # a neighbour left: the next saturated stretch says so
-    assert controller.capacity == pytest.approx(1.6, rel=0.02)
+    assert controller.capacity(controller.level) == pytest.approx(1.6, rel=0.02)
 
 
 def test_at_the_knee_a_burst_tick_steps_down_and_full_quality_comes_back_within_a_hold():
@@ -200,7 +200,7 @@ def test_at_the_knee_a_burst_tick_steps_down_and_full_quality_comes_back_within_
     down = load(controller, clock, 1.3 * full, 2, cores=EFFECTIVE_CORES)  # a burst second, then one more
     assert down and down[0].direction == "down"
     back = load(controller, clock, 0.97 * full, 7, cores=EFFECTIVE_CORES)
-    assert controller.level == "full", (back, controller.learned_s, controller.capacity)
+    assert controller.level == "full", (back, controller.learned_s, controller.learned_capacity)
     assert load(controller, clock, 0.97 * full, 300, cores=EFFECTIVE_CORES) == []
 
 
@@ -276,3 +276,31 @@ def test_a_second_of_random_arrivals_is_not_a_burst_but_a_multiple_of_the_load_i
     clock.now += 1.0
     controller.tick(Reading(1.0, 400, 100, 0, 0.6, 0, 0.0, 0.42))
     assert controller.arrival_rate(rising=True) == 400.0
+
+
+def test_a_short_queue_at_two_readings_teaches_nothing_of_the_capacity():
+    """Random arrivals leave a short queue at a reading now and then at any load; only a long queue (or refusals)
+    that lasts through a tick says the process ran saturated."""
+    controller, clock = make()
+    for _ in range(5):
+        clock.now += 1.0
+        controller.tick(Reading(1.0, 200, 200, 0, 0.4, waiting=3, predicted_s=0.02, deadline_s=0.42))
+    assert controller.capacity(controller.level) == 2.0
+    for _ in range(2):
+        clock.now += 1.0
+        controller.tick(Reading(1.0, 200, 150, 0, 1.3, waiting=40, predicted_s=0.3, deadline_s=0.42))
+    assert controller.capacity(controller.level) == pytest.approx(1.3)
+
+
+def test_each_rung_has_the_capacity_it_reached_saturated():
+    """A cheap answer is mostly the event loop's work on one core, a reranked one the model's on every core: a
+    saturated floor does not make the top rung look as if it could use only what the floor could."""
+    controller, clock = make()
+    for level, cpu in (("full", 1.3), ("bm25_only", 0.9)):
+        for _ in range(3):
+            controller.index = LEVELS.index(level)  # held at the rung: the controller's own steps do not count here
+            clock.now += 1.0
+            controller.tick(Reading(1.0, 300, 100, 0, cpu, waiting=40, predicted_s=0.3, deadline_s=0.42))
+    assert controller.capacity("full") == pytest.approx(1.3)
+    assert controller.capacity("bm25_only") == pytest.approx(0.9)
+    assert controller.capacity("no_rerank") == pytest.approx(1.3)  # not seen saturated: the most any rung reached
