@@ -4,13 +4,12 @@ the service answers at. Pure logic over readings (``Reading``), with its own clo
 
 Demand is what the answers would cost at a rung, as a share of the capacity: the recent arrival rate (refused
 requests included: they asked) times that rung's CPU seconds per answer, over the CPU the process reaches when it is
-saturated at that rung. The capacity is learned per rung from the ticks a long queue or refusals lasted through at it
-(the process's CPU rate then, the highest of a saturated stretch; the next stretch learns it anew); a rung not seen
-saturated takes the highest capacity learned at any rung, and until one was it is the cores the process may use. A
-process rarely turns every core into answers (the event loop and the interpreter's lock serialise part of each
-answer, a load generator or a neighbour takes its share), so a share of the raw cores would call a saturated service
-half idle; and how much it can turn depends on the rung: a cheap answer is mostly the event loop's work on one core,
-a reranked one mostly the model's on every core.
+saturated at that rung. A process rarely turns every core into answers (the event loop and the interpreter's lock
+serialise part of each answer, a load generator or a neighbour takes its share), and how much it turns depends on the
+rung: a cheap answer is mostly the event loop's work on one core, a reranked one mostly the model's on every core.
+The capacity is learned per rung from the ticks a long queue or refusals lasted through at it (the process's CPU rate
+then, the highest of a saturated stretch; the next stretch learns it anew); a rung not seen saturated is given the
+cores the process may use, and a trial settles it.
 
 Each rung's cost is learned live, per answer, while the service runs at it; a rung not yet seen, or last seen more
 than ``STALE_S`` ago, is priced from the measured ladder (``Ladder``): the current rung's live cost plus the
@@ -20,15 +19,17 @@ neighbour's burst) than about now.
 - Step down when the service is under pressure: more than one request and ``SHED_SHARE`` of a tick's arrivals were
   refused, the queue's predicted completion passed ``pressure_share`` of the deadline in two readings running, or
   the demand at the current rung is above ``down_at``. It steps to the best rung whose demand fits under
-  ``settle_at`` (several rungs at once in a burst), at least one rung. The arrival rate a rung came under pressure
-  at is remembered: the rung is not tried again at that rate (``BREAK_MARGIN``), nor any rung above it, for ``BREAK_MEMORY_S``.
+  ``settle_at`` against no more capacity than the process reached in that tick (several rungs at once), at least
+  one rung. The arrival rate a rung came under pressure at is remembered: the rung is not tried again at that rate
+  (``BREAK_MARGIN``), nor any rung above it, for ``BREAK_MEMORY_S``.
 - Step up when there was no pressure for ``hold_s``, to the best rung above whose demand would be under ``up_at``
   and that did not come under pressure at this rate. Near the capacity the estimates cannot tell a rung that fits
   from one that does not, so ``up_at`` sits just above it: a step up is a trial, settled by the pressure that
   follows or does not. A trial that fails (pressure within two holds of it) doubles ``hold_s`` (up to
   ``MAX_HOLD_S``; a step up that holds for two holds resets it), and for ``BREAK_MEMORY_S`` only rungs with clear
-  headroom (demand under ``settle_at``) are tried: the estimates proved optimistic at this load. Both lessons hold
-  while the load does: once it is clearly lower (``BREAK_MARGIN``) the usual hold and ``up_at`` are back.
+  headroom (demand under ``settle_at``, against no more capacity than the failed trial reached) are tried: the
+  estimates proved optimistic at this load. Both lessons hold while the load does: once it is clearly lower
+  (``BREAK_MARGIN``) the usual hold and ``up_at`` are back.
 """
 
 from __future__ import annotations
@@ -100,8 +101,10 @@ class LevelController:
         self._last_change = self._last_pressure = clock() - hold_s
         self._last_up: float | None = None
         self._failed_trial: tuple[float, float] | None = None  # (rate, when) a step up last failed at
+        self._failed_trial_cpu = 0.0  # the CPU rate (cores) the process reached in the tick that trial failed
         self._queued = False  # the previous reading's queue was pressure
-        self._busy = False  # the previous reading found a queue or refusals
+        self._busy = False  # the previous reading found a long queue or refusals
+        self._busy_at: str | None = None  # the rung the previous reading found
 
     @property
     def level(self) -> str:
@@ -109,10 +112,8 @@ class LevelController:
 
     def capacity(self, level: str) -> float:
         """The CPU (in cores) the process turns into answers at ``level`` when saturated: learned at it, else the
-        highest learned at any rung, else the cores."""
-        if level in self.learned_capacity:
-            return self.learned_capacity[level]
-        return max(self.learned_capacity.values(), default=self.cores)
+        cores (a rung not seen saturated is given the benefit of the doubt: a trial settles it)."""
+        return self.learned_capacity.get(level, self.cores)
 
     def cost_s(self, level: str) -> float | None:
         """CPU seconds per answer at ``level``: learned live (within ``STALE_S``, or the current rung's), else the
@@ -148,10 +149,11 @@ class LevelController:
                 rate = now
         return rate
 
-    def demand(self, level: str, rising: bool = False) -> float | None:
-        """The share of the capacity the recent arrivals would take at ``level`` (None: its cost is unknown)."""
+    def demand(self, level: str, rising: bool = False, capacity: float | None = None) -> float | None:
+        """The share of the capacity (``capacity``, else the rung's) the recent arrivals would take at ``level``
+        (None: its cost is unknown)."""
         cost = self.cost_s(level)
-        return None if cost is None else self.arrival_rate(rising) * cost / self.capacity(level)
+        return None if cost is None else self.arrival_rate(rising) * cost / (capacity or self.capacity(level))
 
     def tick(self, reading: Reading) -> Change | None:
         now = self.clock()
@@ -167,7 +169,7 @@ class LevelController:
         why = self._pressure(reading)
         if why is not None:
             self._last_pressure = now
-            return self._step_down(now, why)
+            return self._step_down(now, why, reading)
         if self._last_up is not None and now - self._last_up >= 2 * self.hold_s:
             self.hold_s, self._last_up = self.base_hold_s, None  # the last step up held: the next waits as usual
         rate = self.arrival_rate()
@@ -179,30 +181,34 @@ class LevelController:
         if now - max(self._last_change, self._last_pressure) < self.hold_s or reading.waiting:
             return None
         here = self.demand(self.level)
-        # After a trial that failed, the estimates proved optimistic at this load: only clear headroom is tried.
+        # After a trial that failed, the estimates proved optimistic at this load: only clear headroom is tried,
+        # against no more capacity than the failed trial found.
         limit = self.settle_at if failed_here else self.up_at
         for index in range(self.index):
             upper = self.levels[index]
-            demand = self.demand(upper)
+            capacity = min(self.capacity(upper), self._failed_trial_cpu) if failed_here else None
+            demand = self.demand(upper, capacity=capacity)
             if demand is None:  # never measured: priced at twice this rung
                 demand = None if here is None else 2 * here
             if demand is None or demand > limit or self._broke_near(index, rate, now):
                 continue
             return self._move(now, index, f"demand at {upper} {demand:.0%} of the capacity "
-                                          f"({self.capacity(upper):.2f} cores; < {limit:.0%})")
+                                          f"({capacity or self.capacity(upper):.2f} cores; < {limit:.0%})")
         return None
 
     def _learn_capacity(self, reading: Reading) -> None:
         """A tick that a long queue or refusals lasted through ran saturated: its CPU rate is what the process can
         do. A short queue says nothing: random arrivals leave one now and then at any load."""
         busy = self._refusing(reading) or self._long_queue(reading)
-        saturated = busy and self._busy and reading.seconds > 0 and reading.cpu_s > 0
+        # a tick that began at another rung mixes two rungs' work, and its queue was priced at the other's
+        saturated = (busy and self._busy and self._busy_at == self.level and reading.seconds > 0
+                     and reading.cpu_s > 0)
         if saturated:
             rate = min(self.cores, reading.cpu_s / reading.seconds)
             known = self.learned_capacity.get(self.level)
             stretch = self._saturated_at == self.level and known is not None
             self.learned_capacity[self.level] = max(known, rate) if stretch else rate
-        self._busy, self._saturated_at = busy, self.level if saturated else None
+        self._busy, self._busy_at, self._saturated_at = busy, self.level, self.level if saturated else None
 
     def _broke_near(self, index: int, rate: float, now: float) -> bool:
         """Whether the rung at ``index``, or a cheaper one above the current rung, came under pressure lately at a
@@ -237,19 +243,25 @@ class LevelController:
                     f"> {self.down_at:.0%})")
         return None
 
-    def _step_down(self, now: float, why: str) -> Change | None:
+    def _step_down(self, now: float, why: str, reading: Reading) -> Change | None:
         self.broke_at[self.level] = (self.arrival_rate(peak=True), now)
         last = len(self.levels) - 1
         if self.index == last:
             return None
+        # Sized by what the process did while it could not keep up: this tick's CPU rate, when lower than the
+        # capacity it would otherwise assume (a rung not seen saturated is given every core).
+        seen = reading.cpu_s / reading.seconds if reading.seconds > 0 and reading.cpu_s > 0 else None
+        capacity = {level: min(self.capacity(level), seen or self.cores) for level in self.levels[self.index:]}
         target = next((i for i in range(self.index + 1, last + 1)
-                       if (d := self.demand(self.levels[i], rising=True)) is not None and d <= self.settle_at), last)
-        here = self.demand(self.level, rising=True)
+                       if (d := self.demand(self.levels[i], True, capacity[self.levels[i]])) is not None
+                       and d <= self.settle_at), last)
+        here = self.demand(self.level, True, capacity[self.level])
         if here is not None and here <= self.settle_at:
             target = self.index + 1  # the pressure is the queue's, not the rate's: one rung
         if self._last_up is not None and now - self._last_up < 2 * self.hold_s:
             self.hold_s = min(MAX_HOLD_S, 2 * self.hold_s)  # it stepped up too soon: wait longer next time
             self._failed_trial, self._last_up = (self.arrival_rate(peak=True), now), None
+            self._failed_trial_cpu = seen or self.cores
         return self._move(now, target, why)
 
     def _move(self, now: float, index: int, why: str) -> Change:
