@@ -372,18 +372,24 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{config:8s} {label:12s} goodput {step.goodput_qps:7.1f}/s  P99 {p99 or nan:8.1f} ms  shed "
                   f"{step.shed:5d}  errors {step.errors:4d}  levels [{mix}]", flush=True)
 
+        def on_shed(label: str, rate: float, duration: float, warmup: float, seed: int):
+            """One step on ``shed`` alone (its arrivals drawn from ``seed``), its backlog drained after it."""
+            offsets = poisson_offsets(rate, warmup + duration, np.random.default_rng(seed))
+            step, *_ = load("shed", offsets, rate, duration, warmup, sampled=False)
+            if step is not None:
+                say("shed", f"{label} {rate:g}", step)
+                drain("shed")
+            return step
+
         # 1. the full-quality knee, on admission control alone
         if args.knee is None:
             for i, rate in enumerate(parse_rates(args.rates)):
                 if stop.presses:
                     break
-                offsets = poisson_offsets(rate, args.knee_warmup + args.knee_duration, np.random.default_rng(i))
-                step, *_ = load("shed", offsets, rate, args.knee_duration, args.knee_warmup, sampled=False)
+                step = on_shed("knee", rate, args.knee_duration, args.knee_warmup, i)
                 if step is None:
                     break
                 knee_steps.append(step)
-                say("shed", f"knee {rate:g}", step)
-                drain("shed")
                 if find_knee(knee_steps, args.slo_ms, MAX_ERROR_RATE) != rate:
                     break  # the first rate that misses the SLO: no higher one can be the knee
             knee = find_knee(knee_steps, args.slo_ms, MAX_ERROR_RATE)
@@ -394,14 +400,11 @@ def main(argv: list[str] | None = None) -> int:
                 if stop.presses:
                     break
                 # the arrivals the first steady step offers when this rate is the knee
-                offsets = poisson_offsets(rate, args.warmup + args.duration, np.random.default_rng(STEADY_SEED))
-                step, *_ = load("shed", offsets, rate, args.duration, args.warmup, sampled=False)
+                step = on_shed("confirm", rate, args.duration, args.warmup, STEADY_SEED)
                 if step is None:
                     break
                 held = find_knee([step], args.slo_ms, MAX_ERROR_RATE) == rate
                 confirmations.append({"held": held, **row(step)})
-                say("shed", f"confirm {rate:g}", step)
-                drain("shed")
                 if held:
                     knee = rate
                     break
