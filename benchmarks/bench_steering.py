@@ -12,7 +12,8 @@ are served at, and ``ragheat_quality_level_changes_total``).
 1. The full-quality knee: ascending rates on ``shed`` alone until the first that misses the SLO (``find_knee``), or
    ``--knee R``; then confirmed over a steady step's length (``--warmup`` + ``--duration``): the highest passing rate
    that ``shed`` also holds that long, on the very arrivals the 1x step offers (descending through the passing
-   rates), so that 1x is a load full quality holds, not one a short step happened to pass (``--no-confirm-knee``: the sweep's knee as it is).
+   rates; when none holds, or the run is stopped, the sweep's knee), so that 1x is a load full quality holds, not one
+   a short step happened to pass (``--no-confirm-knee``: the sweep's knee as it is).
 2. Steady load at ``--factors`` times the knee: ``--duration`` seconds measured after ``--warmup`` seconds (time for
    the controller to settle). Per step: goodput (answers within the SLO per second), admitted P99, refusals per
    second, the answers' quality levels (each response's ``quality_level``), their mean quality (the ladder's
@@ -396,11 +397,12 @@ def main(argv: list[str] | None = None) -> int:
             if knee is None:
                 raise SystemExit("no knee rate met the SLO: offer lower --rates, or give --knee")
             passing = sorted((s.offered_qps for s in knee_steps if s.offered_qps <= knee), reverse=True)
+            # the arrivals the 1x steady step offers when this rate is the knee (the first step's, without one)
+            seed = STEADY_SEED + (args.factors.index(1.0) if 1.0 in args.factors else 0)
             for rate in passing if args.confirm_knee else []:
                 if stop.presses:
                     break
-                # the arrivals the first steady step offers when this rate is the knee
-                step = on_shed("confirm", rate, args.duration, args.warmup, STEADY_SEED)
+                step = on_shed("confirm", rate, args.duration, args.warmup, seed)
                 if step is None:
                     break
                 held = find_knee([step], args.slo_ms, MAX_ERROR_RATE) == rate
@@ -408,9 +410,9 @@ def main(argv: list[str] | None = None) -> int:
                 if held:
                     knee = rate
                     break
-            else:
-                if confirmations:
-                    raise SystemExit("no rate of the sweep held over a steady step's length: offer lower --rates")
+            if confirmations and not confirmations[-1]["held"]:
+                print(f"no rate of the sweep held over a steady step's length: the steps multiply the sweep's knee "
+                      f"({knee:g} req/s)", flush=True)
         else:
             knee = args.knee
 

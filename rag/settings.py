@@ -478,7 +478,8 @@ class SteeringSettings(_Section):
                                                   "shipped in rag/steering/ladder.json")
     interval_s: float = Field(1.0, gt=0, le=60, description="how often the controller reads the load")
     hold_s: float = Field(5.0, ge=0, le=600, description="least time without pressure before a step up (doubled "
-                                                         "after a step up that did not hold)")
+                                                         "after a step up that did not hold, while the load stays "
+                                                         "at the rate it failed at)")
     window_s: float = Field(5.0, gt=0, le=600, description="the arrival rate is averaged over this")
     down_at: float = Field(1.2, gt=0, le=2, description="step down when the arrivals would take this share of the "
                                                         "capacity at the current rung (the CPU the process reaches "

@@ -215,6 +215,14 @@ def at_load(urls: Mapping[str, str], texts: Sequence[str], qps: float, duration_
                                           "rounds": [round(x, 3) for x in v]}} for name, v in p99.items()}
 
 
+def lone_query_threads(index: Path, settings_file: Path, log_dir: Path) -> int:
+    """The threads one configuration's service runs a lone query on, on this machine (its ``/readyz``
+    ``embedding.lone_query_threads``: its encoder's own choice, with the service's cores and precision)."""
+    with ServeFleet(index, {"readyz": ((), measured_env(settings_file))}, log_dir) as fleet:
+        ready = httpx.get(f"{fleet.urls['readyz']}/readyz", timeout=30.0).json()
+    return int(ready["embedding"]["lone_query_threads"])
+
+
 def knee_of(index: Path, settings_file: Path, texts: Sequence[str], *, rates: Sequence[float], duration_s: float,
             log_dir: Path) -> tuple[float | None, list]:
     """One configuration's knee (``knee_sweep``) on a server of its own: the rate its knobs are compared at when

@@ -15,12 +15,10 @@ import random
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, ContextManager, Mapping
+from typing import Callable, ContextManager
 
-from rag.embedding.embedder import OnnxEmbedder
 from rag.eval.beir import Qrels, load_qrels, load_queries
 from rag.index.store import read_manifest
-from rag.settings import RagheatSettings
 from tuning import measure
 from tuning.labels import Labels, choose_labels
 from tuning.model_server_step import choose_model_limits
@@ -88,13 +86,6 @@ class TuneState:
 
 def _not_measured(base: dict, candidate: dict) -> tuple[dict, dict]:
     raise AssertionError("step 4 (placement) measures no knob when none is asked for")
-
-
-def lone_query_threads(sections: Mapping[str, Mapping]) -> int:
-    """The threads a configuration's query encoder runs a lone query on, on this CPU: the choice its service would
-    make (kept beside the model's conversions, or timed now and kept for the service)."""
-    settings = RagheatSettings(**{name: dict(fields) for name, fields in sections.items()})
-    return OnnxEmbedder(settings.embedding).lone_query_threads
 
 
 def digest(*parts) -> str:
@@ -328,6 +319,13 @@ class TuneRun:
                                    load_qps=load_qps, load_duration_s=r.duration_s, advance=self.advance,
                                    before_round=pin_beside({"without": base, "with": candidate}))
             return pair["without"], pair["with"]
+
+        def lone_query_threads(config: dict) -> int:
+            """What the configuration's own service runs a lone query on here (its /readyz)."""
+            n = next(counter)
+            return measure.lone_query_threads(
+                index, measure.write_settings(r.out / "configs" / f"placement-{n}-lone.json", config),
+                r.out / "logs" / f"placement-{n}-lone")
 
         asked = None if r.knobs is None else frozenset(r.knobs)
         result = tune_placement(sections, measure_pair, model_server=beside is not None, asked=asked,

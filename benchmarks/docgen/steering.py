@@ -139,9 +139,12 @@ def _confirmed(d: dict) -> str:
     st = d["steady"]
     cells = "; ".join(f"{s['offered_qps']:g}: P99 {opt(s['latency_ms'].get('p99'), 1)} ms, "
                       f"{num(s['shed_rate'] * 100, 1)} % refused, {'held' if s['held'] else 'missed'}" for s in tried)
+    held = tried[-1]["held"]
     return (f" Confirmed on `shed` over a steady step's length ({st['warmup_s']:g} s of warm-up and "
-            f"{st['duration_s']:g} s measured) on the arrivals the first steady step offers, the passing rates from the "
-            f"highest down until one held, which is the knee the steps below multiply: {cells}.")
+            f"{st['duration_s']:g} s measured) on the arrivals the {CALM_FACTOR:g}× step offers, the passing rates "
+            f"from the highest down until one held: {cells}"
+            + (": the knee the steps below multiply." if held else
+               ": none held, so the steps below multiply the sweep's knee."))
 
 
 def _steady(d: dict) -> str:

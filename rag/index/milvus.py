@@ -93,6 +93,8 @@ class MilvusStore:
         self._in_a_row = 0
         self._retry_at = 0.0  # time.monotonic() before which searches fail at once
         self._lock = threading.Lock()
+        self._client_lock = threading.Lock()  # one client at a time: a probe and a hot swap's close may race
+        self._closed = False
 
     def _search(self, what: str, collection: str, **request) -> list:
         with self._lock:
@@ -131,8 +133,9 @@ class MilvusStore:
                 failed, self._in_a_row, self._retry_at = self._in_a_row, 0, 0.0
                 self.down_because = self._told = None
             if failed:
-                log.warning("the Milvus server at %s answers again after %d failed attempts, collection %s checked; "
-                            "the searches go to it again", self.uri, failed, collection)
+                log.warning("the Milvus server at %s answers again after %d failed attempts%s; the searches go to "
+                            "it again", self.uri, failed,
+                            f", collection {collection} checked" if collection in self._expected else "")
         return found
 
     def start_down(self) -> None:
@@ -154,17 +157,23 @@ class MilvusStore:
         return self._in_a_row > 0
 
     def connect(self) -> "MilvusStore":
-        if self._client is None:
-            from pymilvus import MilvusClient
-
-            try:
-                # dedicated: pymilvus would otherwise share one connection per address, which close() keeps open
-                self._client = MilvusClient(uri=self.settings.uri, token=self.settings.token.get_secret_value(),
-                                            timeout=self.timeout_s, dedicated=True)
-            except Exception as exc:  # noqa: BLE001 - pymilvus raises its own and grpc's types
-                raise VectorStoreUnavailable(f"the Milvus server at {self.uri} cannot be reached: "
-                                             f"{type(exc).__name__}: {exc}") from exc
+        with self._client_lock:
+            if self._closed:
+                raise VectorStoreUnavailable(f"the store for the Milvus server at {self.uri} is closed")
+            if self._client is None:
+                self._client = self._new_client()
         return self
+
+    def _new_client(self):
+        from pymilvus import MilvusClient
+
+        try:
+            # dedicated: pymilvus would otherwise share one connection per address, which close() keeps open
+            return MilvusClient(uri=self.settings.uri, token=self.settings.token.get_secret_value(),
+                                timeout=self.timeout_s, dedicated=True)
+        except Exception as exc:  # noqa: BLE001 - pymilvus raises its own and grpc's types
+            raise VectorStoreUnavailable(f"the Milvus server at {self.uri} cannot be reached: "
+                                         f"{type(exc).__name__}: {exc}") from exc
 
     @property
     def client(self):
@@ -281,7 +290,8 @@ class MilvusStore:
         return ids[keep], scores[keep]
 
     def close(self) -> None:
-        client, self._client = self._client, None
+        with self._client_lock:
+            client, self._client, self._closed = self._client, None, True
         if client is not None:
             try:
                 client.close()

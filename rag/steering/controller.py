@@ -8,8 +8,9 @@ saturated at that rung. A process rarely turns every core into answers (the even
 serialise part of each answer, a load generator or a neighbour takes its share), and how much it turns depends on the
 rung: a cheap answer is mostly the event loop's work on one core, a reranked one mostly the model's on every core.
 The capacity is learned per rung from the ticks a long queue or refusals lasted through at it (the process's CPU rate
-then, the highest of a saturated stretch; the next stretch learns it anew); a rung not seen saturated is given the
-cores the process may use, and a trial settles it.
+then, the highest of a saturated stretch; the next stretch learns it anew; any tick at the rung that reaches more
+raises it); a rung not seen saturated is given the cores the process may use, and a trial settles it: a trial that
+fails leaves the rung no more capacity than it reached.
 
 Each rung's cost is learned live, per answer, while the service runs at it; a rung not yet seen, or last seen more
 than ``STALE_S`` ago, is priced from the measured ladder (``Ladder``): the current rung's live cost plus the
@@ -27,9 +28,10 @@ neighbour's burst) than about now.
   from one that does not, so ``up_at`` sits just above it: a step up is a trial, settled by the pressure that
   follows or does not. A trial that fails (pressure within two holds of it) doubles ``hold_s`` (up to
   ``MAX_HOLD_S``; a step up that holds for two holds resets it), and for ``BREAK_MEMORY_S`` only rungs with clear
-  headroom (demand under ``settle_at``, against no more capacity than the failed trial reached) are tried: the
-  estimates proved optimistic at this load. Both lessons hold while the load does: once it is clearly lower
-  (``BREAK_MARGIN``) the usual hold and ``up_at`` are back.
+  headroom are tried: demand under ``settle_at``, against no more capacity than the failed trial reached, each price
+  raised by as much as the tried rung's proved too low. The estimates proved optimistic at this load (the window's
+  rate when the trial failed), and the lessons hold while it does: once it is clearly lower (``BREAK_MARGIN``) the
+  usual hold and ``up_at`` are back.
 """
 
 from __future__ import annotations
@@ -102,9 +104,13 @@ class LevelController:
         self._last_up: float | None = None
         self._failed_trial: tuple[float, float] | None = None  # (rate, when) a step up last failed at
         self._failed_trial_cpu = 0.0  # the CPU rate (cores) the process reached in the tick that trial failed
+        self._underpriced = 1.0  # how much more the failed trial's rung cost than it was priced at
+        self._trial_price: float | None = None  # the price of the rung a step up went to, when it went
         self._queued = False  # the previous reading's queue was pressure
         self._busy = False  # the previous reading found a long queue or refusals
         self._busy_at: str | None = None  # the rung the previous reading found
+        self._pressed_cpu: float | None = None  # this tick's CPU rate (cores), when it ran busy at one rung
+        self._tick_cpu: float | None = None  # this tick's CPU rate (cores)
 
     @property
     def level(self) -> str:
@@ -153,7 +159,9 @@ class LevelController:
         """The share of the capacity (``capacity``, else the rung's) the recent arrivals would take at ``level``
         (None: its cost is unknown)."""
         cost = self.cost_s(level)
-        return None if cost is None else self.arrival_rate(rising) * cost / (capacity or self.capacity(level))
+        if capacity is None:
+            capacity = self.capacity(level)
+        return None if cost is None else self.arrival_rate(rising) * cost / capacity
 
     def tick(self, reading: Reading) -> Change | None:
         now = self.clock()
@@ -182,7 +190,8 @@ class LevelController:
             return None
         here = self.demand(self.level)
         # After a trial that failed, the estimates proved optimistic at this load: only clear headroom is tried,
-        # against no more capacity than the failed trial found.
+        # against no more capacity than the failed trial found, each rung's price raised as much as the tried rung's
+        # proved too low.
         limit = self.settle_at if failed_here else self.up_at
         for index in range(self.index):
             upper = self.levels[index]
@@ -190,25 +199,33 @@ class LevelController:
             demand = self.demand(upper, capacity=capacity)
             if demand is None:  # never measured: priced at twice this rung
                 demand = None if here is None else 2 * here
+            elif failed_here:
+                demand *= self._underpriced
             if demand is None or demand > limit or self._broke_near(index, rate, now):
                 continue
+            shown = self.capacity(upper) if capacity is None else capacity
             return self._move(now, index, f"demand at {upper} {demand:.0%} of the capacity "
-                                          f"({capacity or self.capacity(upper):.2f} cores; < {limit:.0%})")
+                                          f"({shown:.2f} cores; < {limit:.0%})")
         return None
 
     def _learn_capacity(self, reading: Reading) -> None:
         """A tick that a long queue or refusals lasted through ran saturated: its CPU rate is what the process can
-        do. A short queue says nothing: random arrivals leave one now and then at any load."""
+        do. A short queue says nothing: random arrivals leave one now and then at any load. Any tick at a rung that
+        reaches more than the capacity learned there proves it higher."""
         busy = self._refusing(reading) or self._long_queue(reading)
         # a tick that began at another rung mixes two rungs' work, and its queue was priced at the other's
-        saturated = (busy and self._busy and self._busy_at == self.level and reading.seconds > 0
-                     and reading.cpu_s > 0)
+        whole = self._busy_at == self.level and reading.seconds > 0 and reading.cpu_s > 0
+        rate = min(self.cores, reading.cpu_s / reading.seconds) if whole else None
+        saturated = busy and self._busy and rate is not None
+        known = self.learned_capacity.get(self.level)
         if saturated:
-            rate = min(self.cores, reading.cpu_s / reading.seconds)
-            known = self.learned_capacity.get(self.level)
             stretch = self._saturated_at == self.level and known is not None
             self.learned_capacity[self.level] = max(known, rate) if stretch else rate
+        elif rate is not None and known is not None and rate > known:
+            self.learned_capacity[self.level] = rate
         self._busy, self._busy_at, self._saturated_at = busy, self.level, self.level if saturated else None
+        self._pressed_cpu = rate if busy else None
+        self._tick_cpu = min(self.cores, reading.cpu_s / reading.seconds) if reading.seconds > 0 else None
 
     def _broke_near(self, index: int, rate: float, now: float) -> bool:
         """Whether the rung at ``index``, or a cheaper one above the current rung, came under pressure lately at a
@@ -248,28 +265,37 @@ class LevelController:
         last = len(self.levels) - 1
         if self.index == last:
             return None
-        # Sized by what the process did while it could not keep up: this tick's CPU rate, when lower than the
-        # capacity it would otherwise assume (a rung not seen saturated is given every core).
-        seen = reading.cpu_s / reading.seconds if reading.seconds > 0 and reading.cpu_s > 0 else None
-        capacity = {level: min(self.capacity(level), seen or self.cores) for level in self.levels[self.index:]}
+        # Sized by what the process did while it could not keep up (this tick's CPU rate, when the tick ran busy at
+        # this rung, or when it was a trial's first) when that is lower than the capacity it would otherwise assume:
+        # a rung not seen saturated is given every core.
+        failed_trial = self._last_up is not None and now - self._last_up < 2 * self.hold_s
+        seen = self._tick_cpu if failed_trial and self._pressed_cpu is None else self._pressed_cpu
+        capacity = {level: self.capacity(level) if seen is None else min(self.capacity(level), seen)
+                    for level in self.levels[self.index:]}
         target = next((i for i in range(self.index + 1, last + 1)
                        if (d := self.demand(self.levels[i], True, capacity[self.levels[i]])) is not None
                        and d <= self.settle_at), last)
         here = self.demand(self.level, True, capacity[self.level])
         if here is not None and here <= self.settle_at:
             target = self.index + 1  # the pressure is the queue's, not the rate's: one rung
-        if self._last_up is not None and now - self._last_up < 2 * self.hold_s:
+        if failed_trial:
             self.hold_s = min(MAX_HOLD_S, 2 * self.hold_s)  # it stepped up too soon: wait longer next time
-            self._failed_trial, self._last_up = (self.arrival_rate(peak=True), now), None
-            self._failed_trial_cpu = seen or self.cores
+            # the load it failed at is the window's: a second's peak would let the lesson lapse at the next calm one
+            self._failed_trial, self._last_up = (self.arrival_rate(), now), None
+            self._failed_trial_cpu = self.cores if seen is None else seen
+            cost, price = self.learned_s.get(self.level), self._trial_price
+            self._underpriced = max(1.0, cost / price) if cost and price and self._fresh(self.level, now) else 1.0
+            if seen is not None:  # the rung tried could not keep up on this much CPU
+                self.learned_capacity[self.level] = min(self.capacity(self.level), seen)
         return self._move(now, target, why)
 
     def _move(self, now: float, index: int, why: str) -> Change:
         before = self.level
         direction = "down" if index > self.index else "up"
+        price = self.cost_s(self.levels[index])  # as the rung it leaves prices it
         self.index, self._last_change = index, now
         if direction == "up":
-            self._last_up = now
+            self._last_up, self._trial_price = now, price
         return Change(before, self.level, direction, why)
 
     def level_for(self, priority: str) -> str:

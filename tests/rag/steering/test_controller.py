@@ -326,3 +326,23 @@ def test_a_tick_that_began_at_another_rung_teaches_no_capacity():
     clock.now += 1.0
     controller.tick(Reading(1.0, 300, 300, 0, 0.4, waiting=40, predicted_s=0.3, deadline_s=0.42))
     assert "bm25_only" not in controller.learned_capacity
+
+
+def test_random_arrivals_past_the_knee_do_not_make_the_lessons_lapse():
+    """Per-second arrivals scatter around the rate (Poisson): a lesson kept at one second's peak and compared with
+    the window's average would lapse at the next calm second, and trials would follow each other."""
+    import numpy as np
+
+    def contended(level: str) -> float:
+        return cost_s(level) * (1.0 if level == "bm25_only" else 1.3)
+
+    clock = Clock()
+    levels = ("full", "shallow_rerank", "no_rerank", "light_search", "bm25_only")
+    controller = LevelController(levels, {**PRIOR_MS, "light_search": 3.6}, cores=2.0, clock=clock, hold_s=5.0)
+    full = EFFECTIVE_CORES / contended("full")
+    load(controller, clock, 0.3 * full, 10, cores=EFFECTIVE_CORES, true_cost=contended)
+    rng, changes = np.random.default_rng(1), []
+    for _ in range(600):
+        changes += load(controller, clock, int(rng.poisson(1.4 * full)), 1, cores=EFFECTIVE_CORES,
+                        true_cost=contended)
+    assert len(changes) / 10 <= 2, [(c.direction, c.after) for c in changes]
