@@ -483,7 +483,7 @@ class SteeringSettings(_Section):
     window_s: float = Field(5.0, gt=0, le=600, description="the arrival rate is averaged over this")
     down_at: float = Field(1.2, gt=0, le=2, description="step down when the arrivals would take this share of the "
                                                         "capacity at the current rung (the CPU the process reaches "
-                                                        "when saturated; the cores until it has been)")
+                                                        "when saturated at that rung; every core until it has been)")
     settle_at: float = Field(0.9, gt=0, le=2, description="a step down goes to the best rung whose demand is under "
                                                           "this share of the capacity")
     up_at: float = Field(1.05, gt=0, le=2, description="step up to the best rung whose demand would be under this "

@@ -235,18 +235,25 @@ def test_past_the_knee_it_settles_below_full_and_does_not_retry_a_rung_that_fail
         assert not [t for t, r in trials if r == rung and 0 < t - when < BREAK_MEMORY_S], trials
 
 
-def test_when_a_trial_fails_only_clear_headroom_is_tried_for_a_while():
-    """Under load a rung costs more than the ladder's difference from a cheaper one says (contention the ladder's
-    quiet measurement did not see): trials priced by it fail, and one failure must make the controller cautious
-    rather than try each rung in turn."""
-    def contended(level: str) -> float:
-        return cost_s(level) * (1.0 if level == "bm25_only" else 1.3)
+def contended(level: str) -> float:
+    """Under load a rung costs more than the ladder's quiet difference from a cheaper one says (contention)."""
+    return cost_s(level) * (1.0 if level == "bm25_only" else 1.3)
 
+
+def contended_ladder() -> tuple[LevelController, Clock, float]:
+    """A controller over five rungs of a contended service, warmed at light load; and full quality's capacity."""
     clock = Clock()
     levels = ("full", "shallow_rerank", "no_rerank", "light_search", "bm25_only")
     controller = LevelController(levels, {**PRIOR_MS, "light_search": 3.6}, cores=2.0, clock=clock, hold_s=5.0)
     full = EFFECTIVE_CORES / contended("full")
     load(controller, clock, 0.3 * full, 10, cores=EFFECTIVE_CORES, true_cost=contended)
+    return controller, clock, full
+
+
+def test_when_a_trial_fails_only_clear_headroom_is_tried_for_a_while():
+    """Trials priced by the ladder's quiet differences fail under contention, and one failure must make the
+    controller cautious rather than try each rung in turn."""
+    controller, clock, full = contended_ladder()
     first_minute = load(controller, clock, 1.4 * full, 60, cores=EFFECTIVE_CORES, true_cost=contended)
     assert any(c.direction == "up" for c in first_minute), "the setting of this test no longer makes a trial"
     # the way down (two steps when the first is sized before the capacity is known), one trial, its failure
@@ -256,9 +263,6 @@ def test_when_a_trial_fails_only_clear_headroom_is_tried_for_a_while():
 
 
 def test_once_the_load_falls_a_failed_trial_no_longer_holds_the_climb_back():
-    def contended(level: str) -> float:
-        return cost_s(level) * (1.0 if level == "bm25_only" else 1.3)
-
     controller, clock = make(hold_s=5.0)
     full = EFFECTIVE_CORES / contended("full")
     load(controller, clock, 0.3 * full, 10, cores=EFFECTIVE_CORES, true_cost=contended)
@@ -333,14 +337,7 @@ def test_random_arrivals_past_the_knee_do_not_make_the_lessons_lapse():
     the window's average would lapse at the next calm second, and trials would follow each other."""
     import numpy as np
 
-    def contended(level: str) -> float:
-        return cost_s(level) * (1.0 if level == "bm25_only" else 1.3)
-
-    clock = Clock()
-    levels = ("full", "shallow_rerank", "no_rerank", "light_search", "bm25_only")
-    controller = LevelController(levels, {**PRIOR_MS, "light_search": 3.6}, cores=2.0, clock=clock, hold_s=5.0)
-    full = EFFECTIVE_CORES / contended("full")
-    load(controller, clock, 0.3 * full, 10, cores=EFFECTIVE_CORES, true_cost=contended)
+    controller, clock, full = contended_ladder()
     rng, changes = np.random.default_rng(1), []
     for _ in range(600):
         changes += load(controller, clock, int(rng.poisson(1.4 * full)), 1, cores=EFFECTIVE_CORES,
