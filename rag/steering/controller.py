@@ -108,9 +108,7 @@ class LevelController:
         self._trial_price: float | None = None  # the price of the rung a step up went to, when it went
         self._queued = False  # the previous reading's queue was pressure
         self._busy = False  # the previous reading found a long queue or refusals
-        self._busy_at: str | None = None  # the rung the previous reading found
-        self._pressed_cpu: float | None = None  # this tick's CPU rate (cores), when it ran busy at one rung
-        self._tick_cpu: float | None = None  # this tick's CPU rate (cores)
+        self._ran_at: str | None = None  # the rung the previous tick ran at
 
     @property
     def level(self) -> str:
@@ -173,11 +171,11 @@ class LevelController:
             old = self.learned_s.get(self.level) if self._fresh(self.level, now) else None  # stale: learned anew
             self.learned_s[self.level] = per_answer if old is None else old + LEARN_ALPHA * (per_answer - old)
             self.learned_at[self.level] = now
-        self._learn_capacity(reading)
+        pressed_cpu = self._learn_capacity(reading)
         why = self._pressure(reading)
         if why is not None:
             self._last_pressure = now
-            return self._step_down(now, why, reading)
+            return self._step_down(now, why, reading, pressed_cpu)
         if self._last_up is not None and now - self._last_up >= 2 * self.hold_s:
             self.hold_s, self._last_up = self.base_hold_s, None  # the last step up held: the next waits as usual
         rate = self.arrival_rate()
@@ -208,14 +206,18 @@ class LevelController:
                                           f"({shown:.2f} cores; < {limit:.0%})")
         return None
 
-    def _learn_capacity(self, reading: Reading) -> None:
+    def _cpu_rate(self, reading: Reading) -> float | None:
+        """The process's CPU rate (cores) over a tick."""
+        return min(self.cores, reading.cpu_s / reading.seconds) if reading.seconds > 0 and reading.cpu_s > 0 else None
+
+    def _learn_capacity(self, reading: Reading) -> float | None:
         """A tick that a long queue or refusals lasted through ran saturated: its CPU rate is what the process can
         do. A short queue says nothing: random arrivals leave one now and then at any load. Any tick at a rung that
-        reaches more than the capacity learned there proves it higher."""
+        reaches more than the capacity learned there proves it higher. Returns the tick's CPU rate when it ran busy
+        at one rung."""
         busy = self._refusing(reading) or self._long_queue(reading)
         # a tick that began at another rung mixes two rungs' work, and its queue was priced at the other's
-        whole = self._busy_at == self.level and reading.seconds > 0 and reading.cpu_s > 0
-        rate = min(self.cores, reading.cpu_s / reading.seconds) if whole else None
+        rate = self._cpu_rate(reading) if self._ran_at == self.level else None
         saturated = busy and self._busy and rate is not None
         known = self.learned_capacity.get(self.level)
         if saturated:
@@ -223,9 +225,8 @@ class LevelController:
             self.learned_capacity[self.level] = max(known, rate) if stretch else rate
         elif rate is not None and known is not None and rate > known:
             self.learned_capacity[self.level] = rate
-        self._busy, self._busy_at, self._saturated_at = busy, self.level, self.level if saturated else None
-        self._pressed_cpu = rate if busy else None
-        self._tick_cpu = min(self.cores, reading.cpu_s / reading.seconds) if reading.seconds > 0 else None
+        self._busy, self._ran_at, self._saturated_at = busy, self.level, self.level if saturated else None
+        return rate if busy else None
 
     def _broke_near(self, index: int, rate: float, now: float) -> bool:
         """Whether the rung at ``index``, or a cheaper one above the current rung, came under pressure lately at a
@@ -260,7 +261,7 @@ class LevelController:
                     f"> {self.down_at:.0%})")
         return None
 
-    def _step_down(self, now: float, why: str, reading: Reading) -> Change | None:
+    def _step_down(self, now: float, why: str, reading: Reading, pressed_cpu: float | None) -> Change | None:
         self.broke_at[self.level] = (self.arrival_rate(peak=True), now)
         last = len(self.levels) - 1
         if self.index == last:
@@ -269,7 +270,7 @@ class LevelController:
         # this rung, or when it was a trial's first) when that is lower than the capacity it would otherwise assume:
         # a rung not seen saturated is given every core.
         failed_trial = self._last_up is not None and now - self._last_up < 2 * self.hold_s
-        seen = self._tick_cpu if failed_trial and self._pressed_cpu is None else self._pressed_cpu
+        seen = self._cpu_rate(reading) if failed_trial and pressed_cpu is None else pressed_cpu
         capacity = {level: self.capacity(level) if seen is None else min(self.capacity(level), seen)
                     for level in self.levels[self.index:]}
         target = next((i for i in range(self.index + 1, last + 1)
