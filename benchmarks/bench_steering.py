@@ -10,12 +10,13 @@ service's ``/metrics`` scraped every ``--sample`` seconds meanwhile (``ragheat_q
 are served at, and ``ragheat_quality_level_changes_total``).
 
 1. The full-quality knee: ascending rates on ``shed`` alone until the first that misses the SLO (``find_knee``), or
-   ``--knee R``; then confirmed over a steady step's length (``--warmup`` + ``--duration``): the highest passing rate
+   ``--knee R``; then confirmed over the 1x step's length (``--warmup`` + its duration): the highest passing rate
    that ``shed`` also holds that long, on the very arrivals the 1x step offers (descending through the passing
    rates; when none holds, or the run is stopped, the sweep's knee), so that 1x is a load full quality holds, not one
    a short step happened to pass (``--no-confirm-knee``: the sweep's knee as it is).
 2. Steady load at ``--factors`` times the knee: ``--duration`` seconds measured after ``--warmup`` seconds (time for
-   the controller to settle). Per step: goodput (answers within the SLO per second), admitted P99, refusals per
+   the controller to settle); at ``--long-factors`` (by default 1x and 1.5x, the loads where a controller could
+   oscillate) ``--long-duration`` seconds, so that level changes a minute are counted over a minute. Per step: goodput (answers within the SLO per second), admitted P99, refusals per
    second, the answers' quality levels (each response's ``quality_level``), their mean quality (the ladder's
    nDCG@10 of each rung, ``rag/steering/ladder.json``, weighted by its share: not measured on these answers) and the
    controller's level changes (the counter, before and after the measured part).
@@ -84,6 +85,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--confirm-knee", action=argparse.BooleanOptionalAction, default=True,
                    help="confirm the sweep's knee over a steady step's length, descending until a rate holds")
     p.add_argument("--factors", default="1,1.5,2,4", help="steady steps, as multiples of the knee")
+    p.add_argument("--long-factors", default="1,1.5",
+                   help="steady steps measured for --long-duration seconds instead of --duration ('': none)")
+    p.add_argument("--long-duration", type=float, default=60.0,
+                   help="measured seconds of the --long-factors steps (and of the knee's confirmation at 1x)")
     p.add_argument("--base-factor", type=float, default=0.5, help="the burst's rate before and after it (x knee)")
     p.add_argument("--burst-factor", type=float, default=4.0, help="the burst's rate (x knee)")
     p.add_argument("--burst-base", type=float, default=5.0, help="seconds at the base rate before the burst")
@@ -106,6 +111,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     check_index(p, args.index)
     args.factors = parse_rates(args.factors)
+    args.long_factors = parse_rates(args.long_factors) if args.long_factors else []
     try:
         args.skip = {(c, float(f)) for c, _, f in (item.partition("@") for item in args.skip.split(",") if item)}
     except ValueError:
@@ -325,6 +331,11 @@ def controller_view(outcomes: list[Outcome], scrapes: list[Scrape], rise: float,
 
 # --- the benchmark --------------------------------------------------------------------------------------------
 
+def step_seconds(args: argparse.Namespace, factor: float) -> float:
+    """The measured seconds of the steady step at ``factor`` times the knee."""
+    return args.long_duration if factor in args.long_factors else args.duration
+
+
 def main(argv: list[str] | None = None) -> int:
     record = BenchmarkRun("steering")
     args = parse_args(argv)
@@ -398,11 +409,12 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit("no knee rate met the SLO: offer lower --rates, or give --knee")
             passing = sorted((s.offered_qps for s in knee_steps if s.offered_qps <= knee), reverse=True)
             # the arrivals the 1x steady step offers when this rate is the knee (the first step's, without one)
-            seed = STEADY_SEED + (args.factors.index(1.0) if 1.0 in args.factors else 0)
+            first = args.factors.index(1.0) if 1.0 in args.factors else 0
+            seed, seconds = STEADY_SEED + first, step_seconds(args, args.factors[first] if args.factors else 1.0)
             for rate in passing if args.confirm_knee else []:
                 if stop.presses:
                     break
-                step = on_shed("confirm", rate, args.duration, args.warmup, seed)
+                step = on_shed("confirm", rate, seconds, args.warmup, seed)
                 if step is None:
                     break
                 held = find_knee([step], args.slo_ms, MAX_ERROR_RATE) == rate
@@ -418,26 +430,26 @@ def main(argv: list[str] | None = None) -> int:
 
         # 2. steady load at multiples of the knee
         for i, factor in enumerate(args.factors):
-            rate = factor * knee
-            offsets = poisson_offsets(rate, args.warmup + args.duration, np.random.default_rng(STEADY_SEED + i))
+            rate, seconds = factor * knee, step_seconds(args, factor)
+            offsets = poisson_offsets(rate, args.warmup + seconds, np.random.default_rng(STEADY_SEED + i))
             for position, config in enumerate(rotated(configs, i)):
                 if stop.presses:
                     break
                 if (config, factor) in args.skip:
                     continue
                 before = scrape(urls[config])
-                step, outcomes, scrapes, origin = load(config, offsets, rate, args.duration, args.warmup)
+                step, outcomes, scrapes, origin = load(config, offsets, rate, seconds, args.warmup)
                 if step is None:
                     break
                 measured = origin + args.warmup
                 steady.append({
                     "factor": factor, "config": config, "position": position, **row(step),
                     "mean_ndcg": mean_quality(step.levels, ndcg),
-                    "changes_measured": changes_between(scrapes, measured, measured + args.duration),
-                    "changes_step": changes_between(scrapes, origin, measured + args.duration),
+                    "changes_measured": changes_between(scrapes, measured, measured + seconds),
+                    "changes_step": changes_between(scrapes, origin, measured + seconds),
                     "level_at_start": before.level if before else None,
                     "gauge": level_track(scrapes, measured), "scrapes": len(scrapes),
-                    "timeline": timeline(outcomes, origin, args.slo_ms, args.warmup + args.duration),
+                    "timeline": timeline(outcomes, origin, args.slo_ms, args.warmup + seconds),
                     "drained_s": drain(config)})
                 say(config, f"{factor:g}x {rate:g}", step)
 
@@ -496,6 +508,7 @@ def main(argv: list[str] | None = None) -> int:
                  "top_met": bool(knee_steps) and knee == knee_steps[-1].offered_qps,
                  "confirmations": confirmations},
         "steady": {"factors": args.factors, "duration_s": args.duration, "warmup_s": args.warmup,
+                   "long_factors": args.long_factors, "long_duration_s": args.long_duration,
                    "skipped": [[c, f] for c, f in sorted(args.skip)], "steps": steady},
         "burst": {"base_s": args.burst_base, "burst_s": args.burst, "after_s": args.burst_after,
                   "others_after_s": min(args.burst_after, args.others_after), "base_factor": args.base_factor,

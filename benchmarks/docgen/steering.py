@@ -140,8 +140,8 @@ def _confirmed(d: dict) -> str:
     cells = "; ".join(f"{s['offered_qps']:g}: P99 {opt(s['latency_ms'].get('p99'), 1)} ms, "
                       f"{num(s['shed_rate'] * 100, 1)} % refused, {'held' if s['held'] else 'missed'}" for s in tried)
     held = tried[-1]["held"]
-    return (f" Confirmed on `shed` over a steady step's length ({st['warmup_s']:g} s of warm-up and "
-            f"{st['duration_s']:g} s measured) on the arrivals the {CALM_FACTOR:g}× step offers, the passing rates "
+    return (f" Confirmed on `shed` over the {CALM_FACTOR:g}× step's length ({st['warmup_s']:g} s of warm-up and "
+            f"{_measured_s(st, CALM_FACTOR):g} s measured) on the arrivals the {CALM_FACTOR:g}× step offers, the passing rates "
             f"from the highest down until one held: {cells}"
             + (": the knee the steps below multiply." if held else
                ": none held, so the steps below multiply the sweep's knee."))
@@ -163,12 +163,25 @@ def _steady(d: dict) -> str:
     return table(["load", "offered req/s", "configuration", "goodput req/s (× knee)", "admitted P99 ms", "refused /s",
                   "errors", "answers by quality level", "mean nDCG@10 (ladder)", "level changes measured", "CPU ms per "
                   "answer: service + generator"], rows, "rrlrrrrlrlr",
-                 f"Steady load: {st['duration_s']:g} s measured after {st['warmup_s']:g} s of warm-up, per multiple of "
-                 f"the knee and configuration, the configurations in turn (the order rotating from one multiple to "
+                 f"Steady load: {_durations(st)} after {st['warmup_s']:g} s of warm-up, per multiple of the knee "
+                 f"and configuration, the configurations in turn (the order rotating from one multiple to "
                  f"the next). Goodput = answers within {d['slo_ms']:g} ms per second; admitted P99 = of the answered "
                  f"queries; refused = queries admission control shed; level changes = the service's own counter "
                  f"(ragheat_quality_level_changes_total) over the measured part, and over the whole step, warm-up "
                  f"included.")
+
+
+def _measured_s(st: dict, factor: float) -> float:
+    """The measured seconds of the steady step at ``factor`` (runs before the long steps wrote a single length)."""
+    return st["long_duration_s"] if factor in st.get("long_factors", ()) else st["duration_s"]
+
+
+def _durations(st: dict) -> str:
+    longer = [f for f in st["factors"] if f in st.get("long_factors", ())]
+    text = f"{st['duration_s']:g} s measured"
+    if longer:
+        text += f" ({st['long_duration_s']:g} s at {join_words([f'{f:g}×' for f in longer])})"
+    return text
 
 
 def _starts(d: dict) -> str:

@@ -17,9 +17,11 @@ than ``STALE_S`` ago, is priced from the measured ladder (``Ladder``): the curre
 measured difference between the two. A cost learned long ago says more about that moment (a start's first answers, a
 neighbour's burst) than about now.
 
-- Step down when the service is under pressure: more than one request and ``SHED_SHARE`` of a tick's arrivals were
-  refused, the queue's predicted completion passed ``pressure_share`` of the deadline in two readings running, or
-  the demand at the current rung is above ``down_at``. It steps to the best rung whose demand fits under
+- Step down when the service is under pressure: requests were refused (more than one and ``SHED_SHARE`` of a tick's
+  arrivals) in two readings running, or ``SHED_AT_ONCE_SHARE`` of them in one (at the knee random arrivals bring a
+  second now and then that the queue cannot absorb whole: a few refusals in it are the spread, not a load the rung
+  cannot hold), the queue's predicted completion passed ``pressure_share`` of the deadline in two readings running,
+  or the demand at the current rung is above ``down_at``. It steps to the best rung whose demand fits under
   ``settle_at`` against no more capacity than the process reached in that tick (several rungs at once), at least
   one rung. The arrival rate a rung came under pressure at is remembered: the rung is not tried again at that rate
   (``BREAK_MARGIN``), nor any rung above it, for ``BREAK_MEMORY_S``.
@@ -44,7 +46,8 @@ from typing import Callable, Mapping, Sequence
 MAX_HOLD_S = 120.0
 LEARN_ALPHA = 0.2
 MIN_ANSWERS = 3  # answers in a tick before its CPU per answer teaches the rung's cost
-SHED_SHARE = 0.01  # refusals above this share of a tick's arrivals (and more than one) are pressure
+SHED_SHARE = 0.01  # refusals above this share of a tick's arrivals (and more than one) are refusals at all
+SHED_AT_ONCE_SHARE = 0.1  # refusals of this share of a tick's arrivals are pressure at once; fewer, in two ticks running
 MIN_COST_SHARE = 0.2  # a rung priced from the ladder costs at least this share of the current rung's live cost
 STALE_S = 30.0  # a rung's learned cost older than this (or two holds, when longer) is priced from the current rung's
 BURST_FACTOR = 1.5  # a second with this many times the window's arrivals is a burst, not random arrivals' spread
@@ -107,6 +110,7 @@ class LevelController:
         self._underpriced = 1.0  # how much more the failed trial's rung cost than it was priced at
         self._trial_price: float | None = None  # the price of the rung a step up went to, when it went
         self._queued = False  # the previous reading's queue was pressure
+        self._refused = False  # the previous reading refused requests
         self._busy = False  # the previous reading found a long queue or refusals
         self._ran_at: str | None = None  # the rung the previous tick ran at
 
@@ -248,10 +252,11 @@ class LevelController:
         return reading.shed > max(1.0, SHED_SHARE * reading.arrived)
 
     def _pressure(self, reading: Reading) -> str | None:
-        if self._refusing(reading):
+        refusing, queued = self._refusing(reading), self._long_queue(reading)
+        was_refusing, was_queued = self._refused, self._queued
+        self._refused, self._queued = refusing, queued
+        if refusing and (was_refusing or reading.shed >= SHED_AT_ONCE_SHARE * reading.arrived):
             return f"{reading.shed} of {reading.arrived} requests refused"
-        queued = self._long_queue(reading)
-        was_queued, self._queued = self._queued, queued
         if queued and was_queued:  # two readings running: a queue that lasts, not one that a tick's burst left
             return (f"{reading.waiting} waiting, a new request would finish in {reading.predicted_s * 1000:.0f} ms "
                     f"of its {reading.deadline_s * 1000:.0f}")

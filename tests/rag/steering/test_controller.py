@@ -82,7 +82,20 @@ def test_one_refusal_in_a_busy_tick_is_not_pressure():
     clock.now += 10
     assert controller.tick(Reading(1.0, 150, 149, 1, 1.5, 0, 0.0, 0.42)) is None
     clock.now += 1
-    assert controller.tick(Reading(1.0, 150, 140, 10, 1.5, 0, 0.0, 0.42)) is not None
+    assert controller.tick(Reading(1.0, 150, 135, 15, 1.5, 0, 0.0, 0.42)) is not None, "a tenth refused at once"
+
+
+def test_a_few_refusals_are_pressure_only_in_two_ticks_running():
+    """At the knee a second of random arrivals now and then is refused in part: alone it is the spread, not a load
+    the rung cannot hold."""
+    controller, clock = make()
+    few, none = Reading(1.0, 150, 142, 8, 1.5, 0, 0.0, 0.42), Reading(1.0, 150, 150, 0, 1.5, 0, 0.0, 0.42)
+    for reading in (few, none, few, none, none, few):
+        clock.now += 1
+        assert controller.tick(reading) is None
+    clock.now += 1
+    change = controller.tick(few)
+    assert change is not None and change.direction == "down" and "refused" in change.why
 
 
 def test_steps_back_up_to_full_once_the_load_falls():
