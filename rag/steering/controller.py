@@ -20,11 +20,12 @@ neighbour's burst) than about now.
 - Step down when the service is under pressure: requests were refused (more than one and ``SHED_SHARE`` of a tick's
   arrivals) in two readings running, or ``SHED_AT_ONCE_SHARE`` of them in one (at the knee random arrivals bring a
   second now and then that the queue cannot absorb whole: a few refusals in it are the spread, not a load the rung
-  cannot hold), the queue's predicted completion passed ``pressure_share`` of the deadline in two readings running,
-  or the demand at the current rung is above ``down_at``. It steps to the best rung whose demand fits under
-  ``settle_at`` against no more capacity than the process reached in that tick (several rungs at once), at least
-  one rung. The arrival rate a rung came under pressure at is remembered: the rung is not tried again at that rate
-  (``BREAK_MARGIN``), nor any rung above it, for ``BREAK_MEMORY_S``.
+  cannot hold), the queue's predicted completion passed ``pressure_share`` of the deadline in two readings running and
+  did not fall between them (at the knee such a queue forms now and then and drains), or the demand at the current
+  rung is above ``down_at``. It steps to the best rung whose demand fits under ``settle_at`` against no more capacity
+  than the process reached in that tick (several rungs at once), at least one rung. The arrival rate a rung came under
+  pressure at is remembered: the rung is not tried again at that rate (``BREAK_MARGIN``), nor any rung above it, for
+  ``BREAK_MEMORY_S``.
 - Step up when there was no pressure for ``hold_s``, to the best rung above whose demand would be under ``up_at``
   and that did not come under pressure at this rate. Near the capacity the estimates cannot tell a rung that fits
   from one that does not, so ``up_at`` sits just above it: a step up is a trial, settled by the pressure that
@@ -47,7 +48,7 @@ MAX_HOLD_S = 120.0
 LEARN_ALPHA = 0.2
 MIN_ANSWERS = 3  # answers in a tick before its CPU per answer teaches the rung's cost
 SHED_SHARE = 0.01  # refusals above this share of a tick's arrivals (and more than one) are refusals at all
-SHED_AT_ONCE_SHARE = 0.1  # refusals of this share of a tick's arrivals are pressure at once; fewer, in two ticks running
+SHED_AT_ONCE_SHARE = 0.1  # this share of a tick's arrivals refused is pressure at once; fewer, in two ticks running
 MIN_COST_SHARE = 0.2  # a rung priced from the ladder costs at least this share of the current rung's live cost
 STALE_S = 30.0  # a rung's learned cost older than this (or two holds, when longer) is priced from the current rung's
 BURST_FACTOR = 1.5  # a second with this many times the window's arrivals is a burst, not random arrivals' spread
@@ -109,7 +110,7 @@ class LevelController:
         self._failed_trial_cpu = 0.0  # the CPU rate (cores) the process reached in the tick that trial failed
         self._underpriced = 1.0  # how much more the failed trial's rung cost than it was priced at
         self._trial_price: float | None = None  # the price of the rung a step up went to, when it went
-        self._queued = False  # the previous reading's queue was pressure
+        self._queued_s: float | None = None  # the previous reading's predicted completion, when its queue was long
         self._refused = False  # the previous reading refused requests
         self._busy = False  # the previous reading found a long queue or refusals
         self._ran_at: str | None = None  # the rung the previous tick ran at
@@ -253,11 +254,12 @@ class LevelController:
 
     def _pressure(self, reading: Reading) -> str | None:
         refusing, queued = self._refusing(reading), self._long_queue(reading)
-        was_refusing, was_queued = self._refused, self._queued
-        self._refused, self._queued = refusing, queued
+        was_refusing, was_queued_s = self._refused, self._queued_s
+        self._refused, self._queued_s = refusing, reading.predicted_s if queued else None
         if refusing and (was_refusing or reading.shed >= SHED_AT_ONCE_SHARE * reading.arrived):
             return f"{reading.shed} of {reading.arrived} requests refused"
-        if queued and was_queued:  # two readings running: a queue that lasts, not one that a tick's burst left
+        # two readings running, and not draining: a queue that lasts, not one a second of random arrivals left
+        if queued and was_queued_s is not None and reading.predicted_s >= was_queued_s:
             return (f"{reading.waiting} waiting, a new request would finish in {reading.predicted_s * 1000:.0f} ms "
                     f"of its {reading.deadline_s * 1000:.0f}")
         demand = self.demand(self.level, rising=True)

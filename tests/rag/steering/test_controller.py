@@ -77,6 +77,18 @@ def test_a_queue_predicted_past_half_the_deadline_for_two_readings_is_pressure_e
     assert change is not None and change.direction == "down" and "waiting" in change.why
 
 
+def test_a_long_queue_that_drains_is_not_pressure():
+    """At the knee a second of random arrivals leaves a queue the next seconds drain: only one that does not fall
+    is the load's."""
+    controller, clock = make()
+    clock.now += 10
+    for predicted_s in (0.35, 0.3, 0.25):
+        clock.now += 1
+        assert controller.tick(Reading(1.0, 150, 150, 0, 1.5, 30, predicted_s, 0.42)) is None, predicted_s
+    clock.now += 1
+    assert controller.tick(Reading(1.0, 150, 150, 0, 1.5, 30, 0.26, 0.42)) is not None
+
+
 def test_one_refusal_in_a_busy_tick_is_not_pressure():
     controller, clock = make()
     clock.now += 10
