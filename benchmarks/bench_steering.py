@@ -69,8 +69,10 @@ ADMISSION_OFF = {"RAGHEAT_ADMISSION__ENABLED": "false", "RAGHEAT_ADMISSION__DEGR
 CONFIGS = {"steer": {"RAGHEAT_STEERING__ENABLED": "true"}, "shed": {"RAGHEAT_STEERING__ENABLED": "false"},
            "neither": {**ADMISSION_OFF, "RAGHEAT_STEERING__ENABLED": "false"}}
 GAUGE, CHANGES, IN_FLIGHT = "ragheat_quality_level", "ragheat_quality_level_changes_total", "ragheat_requests_in_flight"
+SHED = "ragheat_requests_shed_total"
 _SAMPLE = re.compile(r'^(?P<name>[a-z_]+)(?:\{(?P<labels>[^}]*)\})? (?P<value>\S+)')
 _DIRECTION = re.compile(r'direction="(\w+)"')
+_REASON = re.compile(r'reason="(\w+)"')
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -130,13 +132,14 @@ class Scrape:
     down: float
     up: float
     in_flight: float
+    shed: dict[str, float]  # refusals so far by reason (rag.api.admission.SHED_REASONS)
 
 
 def read_scrape(t: float, text: str) -> Scrape:
     """The few lines of a /metrics exposition the benchmark follows (a line scan: the generator's CPU is the load's)."""
-    level, changes, in_flight = None, {"down": 0.0, "up": 0.0}, 0.0
+    level, changes, in_flight, shed = None, {"down": 0.0, "up": 0.0}, 0.0, {}
     for line in text.splitlines():
-        if not line.startswith(("ragheat_quality_level", IN_FLIGHT)):
+        if not line.startswith(("ragheat_quality_level", IN_FLIGHT, SHED)):
             continue
         m = _SAMPLE.match(line)
         if m is None:
@@ -148,7 +151,9 @@ def read_scrape(t: float, text: str) -> Scrape:
             changes[d[1]] += value
         elif name == IN_FLIGHT:
             in_flight += value
-    return Scrape(t, level, changes["down"], changes["up"], in_flight)
+        elif name == SHED and (r := _REASON.search(m["labels"] or "")):
+            shed[r[1]] = shed.get(r[1], 0.0) + value
+    return Scrape(t, level, changes["down"], changes["up"], in_flight, shed)
 
 
 async def _scrape_once(session: aiohttp.ClientSession, url: str, out: list[Scrape]) -> None:
@@ -287,6 +292,15 @@ def changes_between(scrapes: list[Scrape], start: float, end: float) -> dict | N
     a, b = before[-1], after[0]
     return {"down": int(b.down - a.down), "up": int(b.up - a.up), "from_s": round(a.t - start, 2),
             "to_s": round(b.t - end, 2)}
+
+
+def shed_by_reason(scrapes: list[Scrape]) -> dict[str, int]:
+    """Refusals by reason between the first and the last scrape of a step (the service's own counter)."""
+    if len(scrapes) < 2:
+        return {}
+    first, last = scrapes[0].shed, scrapes[-1].shed
+    return {reason: int(last[reason] - first.get(reason, 0.0)) for reason in sorted(last)
+            if last[reason] > first.get(reason, 0.0)}
 
 
 def first_scrape(scrapes: list[Scrape], after: float, test) -> float | None:
@@ -447,6 +461,7 @@ def main(argv: list[str] | None = None) -> int:
                     "mean_ndcg": mean_quality(step.levels, ndcg),
                     "changes_measured": changes_between(scrapes, measured, measured + seconds),
                     "changes_step": changes_between(scrapes, origin, measured + seconds),
+                    "shed_by_reason": shed_by_reason(scrapes),
                     "level_at_start": before.level if before else None,
                     "gauge": level_track(scrapes, measured), "scrapes": len(scrapes),
                     "timeline": timeline(outcomes, origin, args.slo_ms, args.warmup + seconds),

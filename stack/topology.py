@@ -24,8 +24,8 @@ PROMETHEUS_CONFIG = REPO / "deploy" / "prometheus" / "prometheus.yml"
 RENDERED_MOUNT = "/etc/ragheat/rendered"
 """Where compose mounts the ``rendered`` volume that ``dashboards-render`` fills."""
 
-JOB_COMPONENTS = {"ragheat-api": "api", "ragheat-probes": "probes", "vllm": "vllm", "prometheus": "prometheus",
-                  "alertmanager": "alertmanager", "otel-collector": "otel-collector"}
+JOB_COMPONENTS = {"ragheat-api": "api", "ragheat-probes": "probes", "vllm": "vllm", "milvus": "milvus",
+                  "prometheus": "prometheus", "alertmanager": "alertmanager", "otel-collector": "otel-collector"}
 """Scrape job -> the component that serves it. A job missing here is a config change this module must learn."""
 
 SERVICE_COMPONENTS = {"prometheus:9090": "prometheus", "alert-receiver:9095": "alert-receiver",

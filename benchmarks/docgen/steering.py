@@ -154,7 +154,7 @@ def _steady(d: dict) -> str:
         p99 = s["latency_ms"].get("p99")
         rows.append([s["factor"], f"{s['offered_qps']:g}", s["config"],
                      f"{num(s['goodput_qps'], 1)} ({num(s['goodput_qps'] / knee, 2)}×)", opt(p99, 1),
-                     num(s["shed_qps"], 1), count(s["errors"]), _mix(s["levels"], names), opt(s["mean_ndcg"], 4),
+                     _refused(s), count(s["errors"]), _mix(s["levels"], names), opt(s["mean_ndcg"], 4),
                      f"{_changes_cell(s['changes_measured'])}; whole step {opt(_changes(s['changes_step']), 0)}",
                      _cpu(s)])
     rows += [[factor, f"{factor * knee:g}", config, "not offered (`--skip`)", *["–"] * 7]
@@ -166,9 +166,16 @@ def _steady(d: dict) -> str:
                  f"Steady load: {_durations(st)} after {st['warmup_s']:g} s of warm-up, per multiple of the knee "
                  f"and configuration, the configurations in turn (the order rotating from one multiple to "
                  f"the next). Goodput = answers within {d['slo_ms']:g} ms per second; admitted P99 = of the answered "
-                 f"queries; refused = queries admission control shed; level changes = the service's own counter "
+                 f"queries; refused = queries admission control shed (in brackets by the service's reason, "
+                 f"`ragheat_requests_shed_total`, warm-up included); level changes = the service's own counter "
                  f"(ragheat_quality_level_changes_total) over the measured part, and over the whole step, warm-up "
                  f"included.")
+
+
+def _refused(step: dict) -> str:
+    reasons = step.get("shed_by_reason") or {}
+    text = num(step["shed_qps"], 1)
+    return text + (f" ({', '.join(f'{reason} {n}' for reason, n in reasons.items())})" if reasons else "")
 
 
 def _measured_s(st: dict, factor: float) -> float:

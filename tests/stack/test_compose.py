@@ -219,7 +219,7 @@ def test_api_and_ingest_search_milvus_only_when_asked(compose, service, monkeypa
 def test_the_milvus_service_runs_standalone_with_everything_in_its_named_volume(compose_model):
     """Milvus standalone in one container: its metadata in an embedded etcd listening on the container's loopback,
     its segments on local storage, both in a named volume; no host port; healthy once its health endpoint answers;
-    the server release of the client major version pyproject requires."""
+    the server release of the client major version pyproject requires; Prometheus scrapes it."""
     milvus = compose_model["services"]["milvus"]
     assert milvus["profiles"] == ["milvus"] and milvus["command"] == ["milvus", "run", "standalone"]
     assert "ports" not in milvus
@@ -237,6 +237,10 @@ def test_the_milvus_service_runs_standalone_with_everything_in_its_named_volume(
     check = milvus["healthcheck"]
     assert check["test"][:3] == ["CMD", "curl", "-f"] and urlsplit(check["test"][3]).path == "/healthz"
     assert check["start_period"] and check["retries"] >= 3
+    # Prometheus scrapes its own metrics where its health endpoint answers (Milvus serves both on one port)
+    scrape = yaml.safe_load(topology.PROMETHEUS_CONFIG.read_text())
+    [target] = next(j for j in scrape["scrape_configs"] if j["job_name"] == "milvus")["static_configs"][0]["targets"]
+    assert target == f"milvus:{urlsplit(check['test'][3]).port}"
     [major] = set(re.findall(r'"pymilvus>=(\d+)\.', (REPO / "pyproject.toml").read_text()))
     assert re.fullmatch(rf"milvusdb/milvus:v{major}\.\d+\.\d+", milvus["image"]), milvus["image"]
 

@@ -31,7 +31,7 @@ def test_every_target_moves_to_loopback_and_absent_components_are_named(tmp_path
     config, dropped = topology.local_prometheus_config(topology.LocalAddresses(ALL_LOCAL), tmp_path)
     targets = {job["job_name"]: job["static_configs"][0]["targets"] for job in config["scrape_configs"]}
     assert targets == {job: [ALL_LOCAL[c]] for job, c in topology.JOB_COMPONENTS.items() if c in ALL_LOCAL}
-    assert dropped == ["otel-collector"]
+    assert sorted(dropped) == ["milvus", "otel-collector"]
     assert config["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] == [ALL_LOCAL["alertmanager"]]
     assert all(p.startswith(str(tmp_path)) for p in config["rule_files"])
     original = topology.load_yaml(topology.PROMETHEUS_CONFIG)
@@ -39,7 +39,7 @@ def test_every_target_moves_to_loopback_and_absent_components_are_named(tmp_path
 
     fewer = {k: v for k, v in ALL_LOCAL.items() if k not in ("probes", "vllm")}
     _, dropped = topology.local_prometheus_config(topology.LocalAddresses(fewer), tmp_path)
-    assert sorted(dropped) == ["otel-collector", "ragheat-probes", "vllm"]
+    assert sorted(dropped) == ["milvus", "otel-collector", "ragheat-probes", "vllm"]
 
 
 def test_an_unknown_scrape_job_is_refused_by_name(tmp_path):
