@@ -14,7 +14,8 @@ session options, feed and batching code:
   fp32              the reference graph (rag.embedding.onnx_builder)
   int8-dynamic      ORT quantize_dynamic, per-channel int8 weights, ONE activation scale per batch
                     (per-batch scales make a text's vector depend on its batch)
-  int8-rowwise      per-token activation scales computed in the graph, MatMulInteger, per-channel weights
+  int8-rowwise      what `query_precision=int8-row` runs (rag.embedding.quantize.quantize_rowwise_int8): per-token
+                    activation scales computed in the graph, MatMulInteger, per-channel weights
   int8-static       QDQ with activation scales calibrated on SciFact windows (Percentile), per-channel weights
   w8-float          int8 weights in blocks of 32 (MatMulNBits), float activations (accuracy_level 1)
   int8              what `precision=int8` ships (rag.embedding.quantize): int8 weights in blocks of 32,
@@ -48,8 +49,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import onnx
-from onnx import TensorProto, helper, numpy_helper
 from tokenizers import Tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -89,56 +88,6 @@ def build_dynamic(fp32: Path, out: Path) -> None:
                        op_types_to_quantize=["MatMul"])
 
 
-def build_rowwise(fp32: Path, out: Path) -> None:
-    """Each MatMul input row gets its own symmetric scale (max |x| / 127), computed in the graph;
-    uint8 with zero point 128 so ORT's fast u8s8 MatMulInteger kernel runs it."""
-    model = onnx.load(str(fp32))
-    graph = model.graph
-    weights = {init.name: init for init in graph.initializer}
-    consts = {"rw.eps": np.array(1e-8, np.float32), "rw.127": np.array(127.0, np.float32),
-              "rw.128": np.array(128.0, np.float32), "rw.zp": np.array(128, np.uint8),
-              "rw.wzp": np.array(0, np.int8)}
-    graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in consts.items())
-    quantised: dict[str, tuple[str, str]] = {}
-    nodes, replaced = [], set()
-    for node in graph.node:
-        init = weights.get(node.input[1]) if node.op_type == "MatMul" else None
-        if init is None:
-            nodes.append(node)
-            continue
-        x = node.input[0]
-        if x not in quantised:  # Q, K and V share one quantised input
-            p = f"rw{len(quantised)}."
-            nodes += [helper.make_node("Abs", [x], [p + "abs"]),
-                      helper.make_node("ReduceMax", [p + "abs"], [p + "amax"], axes=[-1], keepdims=1),
-                      helper.make_node("Max", [p + "amax", "rw.eps"], [p + "amax+"]),
-                      helper.make_node("Div", [p + "amax+", "rw.127"], [p + "scale"]),
-                      helper.make_node("Div", [x, p + "scale"], [p + "scaled"]),
-                      helper.make_node("Round", [p + "scaled"], [p + "rounded"]),
-                      helper.make_node("Add", [p + "rounded", "rw.128"], [p + "shifted"]),
-                      helper.make_node("Cast", [p + "shifted"], [p + "u8"], to=TensorProto.UINT8)]
-            quantised[x] = (p + "u8", p + "scale")
-        x_u8, x_scale = quantised[x]
-        w = numpy_helper.to_array(init).astype(np.float32)
-        w_scale = np.abs(w).max(axis=0) / 127.0
-        w_scale[w_scale == 0] = 1.0
-        graph.initializer.extend([
-            numpy_helper.from_array(np.clip(np.rint(w / w_scale), -127, 127).astype(np.int8), init.name + ".s8"),
-            numpy_helper.from_array(w_scale.astype(np.float32), init.name + ".wscale")])
-        o = node.name + ".rw"
-        nodes += [helper.make_node("MatMulInteger", [x_u8, init.name + ".s8", "rw.zp", "rw.wzp"], [o + ".i32"]),
-                  helper.make_node("Cast", [o + ".i32"], [o + ".f"], to=TensorProto.FLOAT),
-                  helper.make_node("Mul", [o + ".f", init.name + ".wscale"], [o + ".fw"]),
-                  helper.make_node("Mul", [o + ".fw", x_scale], list(node.output))]
-        replaced.add(init.name)
-    del graph.node[:]
-    graph.node.extend(nodes)
-    kept = [i for i in graph.initializer if i.name not in replaced]
-    del graph.initializer[:]
-    graph.initializer.extend(kept)
-    onnx.save(model, str(out))
-
-
 def build_static(fp32: Path, out: Path, calibration: list[list[int]]) -> None:
     from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType,
                                           quantize_static)
@@ -161,7 +110,7 @@ def build_schemes(work: Path, names, calibration) -> dict[str, Path]:
     cache = work / "cache"
     fp32 = ensure_encoder(None, cache, "fp32").onnx_path
     paths = {"fp32": fp32, "int8": ensure_encoder(None, cache, "int8").onnx_path}
-    builders = {"int8-dynamic": build_dynamic, "int8-rowwise": build_rowwise,
+    builders = {"int8-dynamic": build_dynamic, "int8-rowwise": quantize.quantize_rowwise_int8,
                 "int8-static": lambda src, dst: build_static(src, dst, calibration),
                 "w8-float": lambda src, dst: quantize.quantize_blockwise_int8(src, dst, accuracy_level=1)}
     for name in names:

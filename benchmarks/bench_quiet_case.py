@@ -2,12 +2,12 @@
 
 Three parts, side by side in one run on the same queries:
 
-- ``encoders``: the query encoder alone, one query per run as the service runs it: fp32 and int8, on the
+- ``encoders``: the query encoder alone, one query per run as the service runs it: fp32, int8 and int8-row, on the
   single-thread session (``embedding.query_threads``) and on the quiet session (the idle cores,
   ``embedding.quiet_query_threads``), rounds interleaved; P50/P99 and CPU ms per query, back to back and each run
   after the idle gap a lone request leaves the model (``LONE_QUERY_GAP_S``, what the default's choice times).
 - ``quality``: nDCG@10 and recall@10 of every retriever combination with queries embedded at the passages'
-  precision and at the other one (``embedding.query_precision``), against the same index.
+  precision and at each other one ``embedding.query_precision`` may choose, against the same index.
 - ``http``: one ``ragheat serve`` per configuration over the same index, all running for the whole part: ``reference``
   (queries at the passages' precision on one thread, as before the quiet session), ``quiet-threads`` (the idle cores
   always), ``fastest-precision`` and ``defaults`` (the precision and the lone query's threads as timed on this CPU);
@@ -74,14 +74,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def encoders(queries: list[str], rounds: int) -> dict:
     """Per precision and session: each round's P50/P99 ms and CPU ms per query, and their medians."""
-    from rag.embedding.embedder import LONE_QUERY_GAP_S, SENTENCE_OUTPUT, TOKEN_OUTPUT, OnnxEmbedder, _session
+    from rag.embedding.embedder import (LONE_QUERY_GAP_S, QUERY_PRECISIONS, SENTENCE_OUTPUT, TOKEN_OUTPUT,
+                                        OnnxEmbedder, _session)
     from rag.embedding.model_store import ensure_encoder
     from rag.settings import EmbeddingSettings
 
     settings = EmbeddingSettings()
     cores = len(os.sched_getaffinity(0))
     sessions = {}
-    for precision in ("fp32", "int8"):
+    for precision in QUERY_PRECISIONS:
         files = ensure_encoder(settings.model_dir, settings.cache_dir, precision)
         sessions[f"{precision}-1-thread"] = _session(files.onnx_path, 1)
         sessions[f"{precision}-quiet-{cores}-threads"] = _session(files.onnx_path, cores, spinning=False)
@@ -120,7 +121,9 @@ def encoders(queries: list[str], rounds: int) -> dict:
 
 
 def quality(specs: list[str]) -> dict:
-    """Per set and retriever combination: the metrics at each query precision, and the difference."""
+    """Per set and retriever combination: the metrics at each query precision, and each one's difference from the
+    passages' precision."""
+    from rag.embedding.embedder import QUERY_PRECISIONS
     from rag.eval.beir import load_qrels, load_queries
     from rag.eval.runner import evaluate, parse_retriever_sets
     from rag.pipeline import RagPipeline
@@ -133,9 +136,9 @@ def quality(specs: list[str]) -> dict:
         sets = parse_retriever_sets(RETRIEVERS.get(name, "dense,hybrid,hybrid+rerank"))
         base = RagheatSettings()
         passages = base.embedding.precision
-        other = "fp32" if passages == "int8" else "int8"
+        others = [p for p in QUERY_PRECISIONS if p != passages]
         by_precision = {}
-        for chosen in (passages, other):
+        for chosen in (passages, *others):
             settings = base.model_copy(update={"embedding": base.embedding.model_copy(
                 update={"query_precision": chosen})})
             pipeline = RagPipeline(settings, index)
@@ -147,12 +150,12 @@ def quality(specs: list[str]) -> dict:
             by_precision[chosen] = {combo: {m: r[m] for m in ("ndcg@10", "recall@10")}
                                     for combo, r in report["retrievers"].items()}
         out[name] = {"split": split, "queries": len([q for q in queries if q in qrels]), "passages": passages,
-                     "other": other, "metrics": by_precision,
-                     "ndcg_difference": {combo: by_precision[other][combo]["ndcg@10"]
-                                         - by_precision[passages][combo]["ndcg@10"]
-                                         for combo in by_precision[passages]}}
-        print(f"quality {name}: " + json.dumps({k: round(v, 4) for k, v in out[name]["ndcg_difference"].items()}),
-              flush=True)
+                     "others": others, "metrics": by_precision,
+                     "ndcg_difference": {other: {combo: by_precision[other][combo]["ndcg@10"]
+                                                 - by_precision[passages][combo]["ndcg@10"]
+                                                 for combo in by_precision[passages]} for other in others}}
+        print(f"quality {name}: " + json.dumps({o: {k: round(v, 4) for k, v in d.items()}
+                                                for o, d in out[name]["ndcg_difference"].items()}), flush=True)
     return out
 
 

@@ -44,10 +44,12 @@ class EmbeddingSettings(_Section):
     max_seq_length: int = Field(256, ge=8, le=512, description="word pieces per text; longer texts are truncated")
     query_threads: int = Field(1, ge=1, le=64, description="ONNX Runtime threads for one query while other queries "
                                                            "run too")
-    query_precision: Literal["same", "fastest", "fp32", "int8"] = Field(
-        "fastest", description="the query encoder's precision: same = the passages' (precision); fastest = whichever of "
-        "fp32 and int8 runs a query faster on this CPU, timed at the first start on it (int8's integer kernels need "
-        "VNNI to beat fp32); the other precision's query vectors agree with the passages' to within int8's error (docs/benchmarks.md)")
+    query_precision: Literal["same", "fastest", "fp32", "int8", "int8-row"] = Field(
+        "fastest", description="the query encoder's precision: same = the passages' (precision); int8-row = int8 with "
+        "one activation scale per token on the integer MatMulInteger kernel (batch-independent, for queries only; "
+        "rag/embedding/quantize.py); fastest = whichever of fp32, int8 and int8-row runs a query clearly faster than "
+        "the passages' precision on this CPU, timed at the first start on it, else the passages'; what each costs in "
+        "quality is in docs/benchmarks.md, the quiet case")
     quiet_query_threads: int = Field(0, ge=0, le=64, description="ONNX Runtime threads for a query that finds no other "
                                      "query in the model: idle cores may shorten the quiet case's embedding; 0 = the "
                                      "cores this process may use where they run a lone query clearly faster than "

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import statistics
 
-from .stats import (blocks, bold, count, duration, knee_rate, noise_verdict, num, pct, signed, spread, table,
-                    with_range)
+from .stats import (blocks, bold, count, duration, join_words, knee_rate, noise_verdict, num, pct, signed, spread,
+                    table, with_range)
 
 # Targets the project set itself: the query path, ingestion and telemetry's overhead.
 EMBED_P50_MS, EMBED_P99_MS = 4.0, 8.0
@@ -259,14 +259,19 @@ def quiet_case(d: dict) -> str:
                  with_range(s["rounds"]["cpu_ms"]), *([with_range(s["rounds"]["idle_gap_p50_ms"])] if after_gap else [])]
                 for name, s in enc["sessions"].items()]
     gap_header = [f"P50 ms, each run after {num(enc['idle_gap_ms'], 0)} ms idle"] if after_gap else []
-    quality_rows, worst = [], 0.0
-    for name, s in q["quality"].items():
-        for combo, diff in s["ndcg_difference"].items():
-            worst = max(worst, -diff)
-            quality_rows.append([name, combo, num(s["metrics"][s["passages"]][combo]["ndcg@10"], 4),
-                                 num(s["metrics"][s["other"]][combo]["ndcg@10"], 4), signed(diff, 4)])
     first_set = next(iter(q["quality"].values()))
-    passages, other = first_set["passages"], first_set["other"]
+    passages, others = first_set["passages"], first_set["others"]
+    quality_rows, worst = [], dict.fromkeys(others, 0.0)
+    for name, s in q["quality"].items():
+        for combo, at_passages in s["metrics"][passages].items():
+            cells = []
+            for other in others:
+                diff = s["ndcg_difference"][other][combo]
+                worst[other] = max(worst[other], -diff)
+                cells.append(f"{num(s['metrics'][other][combo]['ndcg@10'], 4)} ({signed(diff, 4)})")
+            quality_rows.append([name, combo, num(at_passages["ndcg@10"], 4), *cells])
+    losses = join_words([f"{num(loss, 4)} at {other} ({_met(loss <= QUIET_NDCG_LOSS)})" for other, loss in worst.items()])
+    chosen = (http["configs"]["defaults"].get("embedding") or {}).get("queries")
     c1, loaded = http["concurrency_1"], http["closed_loop"]["servers"]
     http_rows = []
     for name, config in http["configs"].items():
@@ -291,9 +296,11 @@ def quiet_case(d: dict) -> str:
         enc['sessions'].values()))['rounds']['p50_ms']))} rounds; every figure below is `median (lowest–highest round)`.
 
 **The query encoder alone**, one query per run with its token states, as the service runs it (the quiet session's
-threads do not spin between runs). Which precision is faster depends on the CPU: the int8 scheme's integer kernels
-need VNNI to beat fp32 (the machine's flags are in its line at the top of this page); `embedding.query_precision`
-`fastest` (the default) times both at the first start on a CPU and keeps the faster for it. Whether the idle cores
+threads do not spin between runs). Which precision is fastest depends on the CPU (which integer kernels it has, and
+how fast: the machine's flags are in its line at the top of this page): int8 is the passages' scheme (8-bit weights in
+blocks, activations per row and block, `MatMulNBits`), int8-row the query side's variant (one activation scale per
+token, per-channel weights, `MatMulInteger`); `embedding.query_precision` `fastest` (the default) times the three at
+the first start on a CPU and keeps the fastest where it wins clearly over the passages' precision. Whether the idle cores
 shorten a lone query depends on the machine too: a lone request leaves the model idle between its runs, the quiet
 session's threads sleep meanwhile, and waking them may cost more than splitting the run saves (the last column, each
 run after such a gap). `embedding.quiet_query_threads` 0 (the default) times the two sessions that way at the first
@@ -301,12 +308,14 @@ start on a CPU and keeps the idle cores only for a clear win.
 
 {table(["session", "P50 ms", "P99 ms", "CPU ms per query", *gap_header], enc_rows, "lrrr" + "r" * len(gap_header))}
 
-**Quality at either query precision**, passages embedded at {passages} in both (nDCG@10, the same index):
+**Quality at each query precision**, passages embedded at {passages} in every column (nDCG@10, the same index; in
+brackets the difference from queries at {passages}):
 
-{table(["set", "retrievers", f"queries {passages}", f"queries {other}", "difference"], quality_rows, "llrrr")}
+{table(["set", "retrievers", f"queries {passages}", *[f"queries {o}" for o in others]], quality_rows,
+       "llr" + "r" * len(others))}
 
-The largest loss from embedding queries at the other precision: {num(worst, 4)} (target ≤ {QUIET_NDCG_LOSS:g}:
-{_met(worst <= QUIET_NDCG_LOSS)}).
+The largest loss from embedding queries at another precision than the passages' (target ≤ {QUIET_NDCG_LOSS:g}): {losses};
+the defaults chose {chosen or "?"} on this machine.
 
 **Over HTTP**, one `ragheat serve` per configuration on `{q.get('index', 'data/index/scifact')}`, request by request in
 turn across them (concurrency 1, {count(best['n'])} requests each), then closed-loop rounds of

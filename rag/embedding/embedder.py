@@ -10,9 +10,11 @@ default (``embedding.quiet_query_threads`` 0) the quiet session is timed against
 each run after the idle gap a lone request leaves the model, and kept only where it wins clearly.
 
 The query sessions may run the model at another precision than the passages' (``embedding.query_precision``):
-which of fp32 and int8 is faster depends on the CPU (the int8 scheme's integer kernels beat fp32 only with VNNI),
-while either's query vectors match the passages' to within int8's error, so ``fastest`` times both once per CPU and
-keeps the faster (the choice is kept beside the conversions, keyed by the CPU and ONNX Runtime's version). Bulk ingestion always runs at the passages' precision, which the index records. The graph also returns every token's last hidden state
+which of fp32, int8 and int8-row (``rag.embedding.quantize``) runs a query fastest depends on the CPU (which integer
+kernels it has, and how fast), while each one's query vectors land near the passages' (the quality each costs is
+measured side by side in docs/benchmarks.md), so ``fastest`` times them once per CPU and keeps the fastest when it wins
+clearly over the passages' precision (the choice is kept beside the conversions, keyed by the CPU and ONNX Runtime's
+version). Bulk ingestion always runs at the passages' precision, which the index records. The graph also returns every token's last hidden state
 (``TOKEN_OUTPUT``): ``embed_query_tokens`` and ``embed_many(on_tokens=...)`` hand them to the late-interaction
 reranker (``rag.rerank``) from the same run, so reranking never reads a text twice.
 """
@@ -58,6 +60,8 @@ def _providers() -> list[str]:
     return [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]
 
 
+# The precisions ``query_precision`` fastest times: the passages' is always one of them.
+QUERY_PRECISIONS = ("int8", "fp32", "int8-row")
 # Queries of typical lengths (a few to ~40 word pieces) that time the two query encoders against each other.
 TIMING_QUERIES = ("what causes tides?",
                   "Vitamin D deficiency raises the risk of multiple sclerosis.",
@@ -183,14 +187,17 @@ class OnnxEmbedder:
         if wanted != "fastest":
             files = self.files if wanted == s.precision else ensure_encoder(s.model_dir, s.cache_dir, wanted)
             return files, _session(files.onnx_path, s.query_threads)
-        other = "fp32" if s.precision == "int8" else "int8"
-        candidates = {s.precision: self.files, other: ensure_encoder(s.model_dir, s.cache_dir, other)}
+        candidates = {s.precision: self.files}
+        for other in QUERY_PRECISIONS:
+            if other != s.precision:
+                candidates[other] = ensure_encoder(s.model_dir, s.cache_dir, other)
         chosen, session = self._fastest(candidates)
         return candidates[chosen], session or _session(candidates[chosen].onnx_path, s.query_threads)
 
     def _fastest(self, candidates: dict[str, EncoderFiles]) -> tuple[str, ort.InferenceSession | None]:
-        """The faster of the two precisions on this CPU (the passages' unless the other wins clearly): the choice
-        kept for this CPU, or timed now and kept (then with the chosen session, already open)."""
+        """The fastest precision on this CPU: the passages' unless another runs a query clearly faster (then the
+        fastest of those); the choice kept for this CPU, or timed now and kept (then with the chosen session, already
+        open)."""
         s = self.settings
         key = {"cpu": cpu_identity(), "onnxruntime": ort.__version__, "threads": s.query_threads,
                "candidates": {p: f.quantisation for p, f in candidates.items()}}
@@ -200,8 +207,8 @@ class OnnxEmbedder:
             return record["chosen"], None
         sessions = {p: _session(f.onnx_path, s.query_threads) for p, f in candidates.items()}
         seconds = time_query_runs(sessions, self._timing_feeds())
-        other = next(p for p in candidates if p != s.precision)
-        chosen = other if seconds[other] <= CLEAR_WIN * seconds[s.precision] else s.precision
+        fastest = min(seconds, key=seconds.get)
+        chosen = fastest if seconds[fastest] <= CLEAR_WIN * seconds[s.precision] else s.precision
         ms = {p: round(1e3 * t / len(TIMING_QUERIES), 3) for p, t in seconds.items()}
         log.info("query encoder: %s on this CPU (ms a query: %s)", chosen, ms)
         _keep_choice(kept, {"key": key, "chosen": chosen, "ms_per_query": ms}, "query encoder")

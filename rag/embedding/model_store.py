@@ -15,10 +15,12 @@ from pathlib import Path
 from typing import Literal
 
 from rag.embedding.onnx_builder import BUILDER_VERSION, build_bert_sentence_encoder
-from rag.embedding.quantize import INT8_SCHEME, quantize_blockwise_int8
+from rag.embedding.quantize import INT8_SCHEME, ROWWISE_SCHEME, quantize_blockwise_int8, quantize_rowwise_int8
 from rag.errors import ConfigurationError, IndexLoadError
 
-Precision = Literal["fp32", "int8"]
+Precision = Literal["fp32", "int8", "int8-row"]  # int8-row: the query side only (rag.embedding.quantize)
+BUILDERS = {"int8": quantize_blockwise_int8, "int8-row": quantize_rowwise_int8}
+SCHEMES = {"fp32": "none", "int8": INT8_SCHEME, "int8-row": ROWWISE_SCHEME}
 PACKAGED_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 # What an int8 manifest without a "quantisation" key was embedded with: ORT's quantize_dynamic, one
 # activation scale per batch. Its vectors differ from those of the int8 graph built here (INT8_SCHEME).
@@ -82,18 +84,17 @@ def ensure_encoder(model_dir: Path | None, cache_dir: Path, precision: Precision
     if not fp32.exists():
         _atomic_build(fp32, lambda tmp: build_bert_sentence_encoder(model_dir, tmp))
     path = fp32
-    if precision == "int8":
-        path = folder / "encoder-int8.onnx"
+    if precision in BUILDERS:
+        path = folder / f"encoder-{precision}.onnx"
         if not path.exists():
-            _atomic_build(path, lambda tmp: quantize_blockwise_int8(fp32, tmp))
+            _atomic_build(path, lambda tmp: BUILDERS[precision](fp32, tmp))
     if not packaged:  # an explicit folder may still be the packaged one; asking needs no package installed
         try:
             packaged = model_dir == packaged_model_dir()
         except ConfigurationError:
             packaged = False
     name = PACKAGED_MODEL_NAME if packaged else model_dir.name
-    quantisation = INT8_SCHEME if precision == "int8" else "none"
-    return EncoderFiles(path, model_dir / "tokenizer.json", name, precision, sha, quantisation)
+    return EncoderFiles(path, model_dir / "tokenizer.json", name, precision, sha, SCHEMES[precision])
 
 
 

@@ -1,4 +1,5 @@
-"""The int8 encoder: int8 weights in blocks, activations quantised row by row at run time.
+"""The int8 encoders: int8 weights in blocks, activations quantised row by row at run time; and a query-side variant
+with one scale per row.
 
 Why not ORT's ``quantize_dynamic``: it takes one activation scale per MatMul input tensor, i.e. per *batch*, so a
 text's vector depends on its batch neighbours (the same text embedded alone and next to a long one gets
@@ -13,6 +14,12 @@ the weights on every call, which costs it the speed int8 is for, while int8 rows
 that runs faster than fp32. ``quantize_dynamic`` is faster still, but its vectors depend on the batch.
 ``benchmarks/bench_embedding.py`` compares the schemes (speed, batch independence, agreement with fp32); the
 figures are in docs/benchmarks.md, "Embedding quantisation schemes side by side".
+
+The query side may run ``int8-row`` instead (``quantize_rowwise_int8``): per-channel int8 weights and one activation
+scale per row (a token's whole hidden vector), on ORT's integer ``MatMulInteger`` kernel. Batch-independent for the
+same reason; coarser scales than the blocks, so its vectors sit a little further from fp32, and on CPUs where the
+integer kernel outruns ``MatMulNBits`` it embeds a lone query in about half the time. It never embeds passages: an
+index records one scheme, and a query vector only has to land near its passages.
 """
 
 from __future__ import annotations
@@ -21,11 +28,12 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 BLOCK = 32  # input channels per weight scale / activation scale; divides 384 and 1536
 ACCURACY_INT8 = 4  # MatMulNBits: 4 = int8 activations (per row and block), 1 = float activations
 INT8_SCHEME = f"matmulnbits-w8-block{BLOCK}-a8-row"  # what manifests record; change it with the scheme
+ROWWISE_SCHEME = "matmulinteger-w8-channel-a8-row"  # the query side's int8-row encoder
 
 
 def quantize_weight_blocks(weight: np.ndarray, block: int = BLOCK) -> tuple[np.ndarray, np.ndarray]:
@@ -76,5 +84,58 @@ def quantize_blockwise_int8(source: Path, target: Path, block: int = BLOCK,
     graph.initializer.extend(kept)
     if not any(op.domain == "com.microsoft" for op in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    onnx.save(model, str(target))
+    return target
+
+
+def quantize_rowwise_int8(source: Path, target: Path) -> Path:
+    """Rewrite every MatMul with a constant 2-D weight in ``source`` as ``MatMulInteger`` over int8 weights (one
+    scale per output channel) and the input quantised per row in the graph (symmetric, max |x| / 127); uint8 with
+    zero point 128, the operand order ORT's fast u8s8 kernel takes. Q, K and V share one quantised input."""
+    model = onnx.load(str(source))
+    graph = model.graph
+    weights = {init.name: init for init in graph.initializer}
+    consts = {"rw.eps": np.array(1e-8, np.float32), "rw.127": np.array(127.0, np.float32),
+              "rw.128": np.array(128.0, np.float32), "rw.zp": np.array(128, np.uint8), "rw.wzp": np.array(0, np.int8)}
+    graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in consts.items())
+    quantised: dict[str, tuple[str, str]] = {}
+    nodes, replaced = [], set()
+    for node in graph.node:
+        init = weights.get(node.input[1]) if node.op_type == "MatMul" else None
+        if init is None or len(init.dims) != 2:
+            nodes.append(node)
+            continue
+        x = node.input[0]
+        if x not in quantised:
+            p = f"rw{len(quantised)}."
+            nodes += [helper.make_node("Abs", [x], [p + "abs"]),
+                      helper.make_node("ReduceMax", [p + "abs"], [p + "amax"], axes=[-1], keepdims=1),
+                      helper.make_node("Max", [p + "amax", "rw.eps"], [p + "amax+"]),
+                      helper.make_node("Div", [p + "amax+", "rw.127"], [p + "scale"]),
+                      helper.make_node("Div", [x, p + "scale"], [p + "scaled"]),
+                      helper.make_node("Round", [p + "scaled"], [p + "rounded"]),
+                      helper.make_node("Add", [p + "rounded", "rw.128"], [p + "shifted"]),
+                      helper.make_node("Cast", [p + "shifted"], [p + "u8"], to=TensorProto.UINT8)]
+            quantised[x] = (p + "u8", p + "scale")
+        x_u8, x_scale = quantised[x]
+        w = numpy_helper.to_array(init).astype(np.float32)
+        w_scale = np.abs(w).max(axis=0) / 127.0
+        w_scale[w_scale == 0] = 1.0  # an all-zero column: any scale reproduces it
+        graph.initializer.extend([
+            numpy_helper.from_array(np.clip(np.rint(w / w_scale), -127, 127).astype(np.int8), init.name + ".s8"),
+            numpy_helper.from_array(w_scale.astype(np.float32), init.name + ".wscale")])
+        o = node.name + ".rw"
+        nodes += [helper.make_node("MatMulInteger", [x_u8, init.name + ".s8", "rw.zp", "rw.wzp"], [o + ".i32"]),
+                  helper.make_node("Cast", [o + ".i32"], [o + ".f"], to=TensorProto.FLOAT),
+                  helper.make_node("Mul", [o + ".f", init.name + ".wscale"], [o + ".fw"]),
+                  helper.make_node("Mul", [o + ".fw", x_scale], list(node.output))]
+        replaced.add(init.name)
+    if not replaced:
+        raise ValueError(f"{source}: no MatMul with a constant weight to quantise")
+    del graph.node[:]
+    graph.node.extend(nodes)
+    kept = [init for init in graph.initializer if init.name not in replaced]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
     onnx.save(model, str(target))
     return target

@@ -273,15 +273,17 @@ def test_queries_may_run_at_the_other_precision_against_the_same_passages(settin
     assert float(a @ b) > 0.999 and not np.array_equal(a, b)
 
 
-@pytest.mark.parametrize("other_share,chosen", [(0.6, "fp32"), (0.95, "int8")])
-def test_fastest_keeps_the_other_precision_only_for_a_clear_win(settings, monkeypatch, request, other_share, chosen):
+@pytest.mark.parametrize("fp32_share,row_share,chosen", [(0.6, 0.95, "fp32"), (0.8, 0.5, "int8-row"),
+                                                         (0.95, 0.92, "int8")])
+def test_fastest_keeps_another_precision_only_for_a_clear_win(settings, monkeypatch, request, fp32_share, row_share,
+                                                              chosen):
     from rag.embedding import embedder as module
 
     timed = {}
 
     def fake_timing(sessions, feeds, rounds=7):
         timed.update(sessions)
-        return {"int8": 1.0, "fp32": other_share}
+        return {"int8": 1.0, "fp32": fp32_share, "int8-row": row_share}
 
     monkeypatch.setattr(module, "time_query_runs", fake_timing)
     # a CPU never seen: the choice kept for this one is not reused, and this test's is not kept for it
@@ -293,7 +295,7 @@ def test_fastest_keeps_the_other_precision_only_for_a_clear_win(settings, monkey
     kept = [p for p in embedder.files.onnx_path.parent.glob("query-precision-*.json") if cpu["model"] in p.read_text()]
     request.addfinalizer(lambda: [p.unlink() for p in kept])
     assert len(kept) == 1
-    assert set(timed) == {"int8", "fp32"} and embedder.query_precision == chosen
+    assert set(timed) == {"int8", "fp32", "int8-row"} and embedder.query_precision == chosen
     # the next start on that CPU reuses the choice without timing
     timed.clear()
     again = OnnxEmbedder(settings.embedding.model_copy(update={"precision": "int8", "query_precision": "fastest",

@@ -1,0 +1,48 @@
+"""The query side's int8-row encoder (``embedding.query_precision=int8-row``, rag/embedding/quantize.py): every weight
+MatMul runs on the integer kernel with one activation scale per token, so a query's vector does not depend on what
+shares its run, and it lands next to the passages' own query vector."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from rag.embedding.embedder import SENTENCE_OUTPUT, OnnxEmbedder
+from rag.embedding.quantize import ROWWISE_SCHEME
+
+
+def test_every_weight_matmul_runs_on_the_integer_kernel_with_per_channel_weights(settings):
+    embedder = OnnxEmbedder(settings.embedding.model_copy(update={"precision": "int8", "query_precision": "int8-row",
+                                                                  "quiet_query_threads": 1}))
+    embedder.warm_up()
+    assert embedder.query_precision == "int8-row" and embedder.query_files.quantisation == ROWWISE_SCHEME
+    assert embedder.files.precision == "int8"  # the passages' side is untouched
+    graph = onnx.load(str(embedder.query_files.onnx_path)).graph
+    weights = {init.name: init for init in graph.initializer}
+    integer = [n for n in graph.node if n.op_type == "MatMulInteger"]
+    assert len(integer) == 6 * 6  # six layers x (Q, K, V, attention output, FFN in, FFN out)
+    for node in integer:
+        weight = weights[node.input[1]]
+        assert weight.data_type == onnx.TensorProto.INT8 and len(weight.dims) == 2
+        scale = weights[node.input[1].removesuffix(".s8") + ".wscale"]
+        assert list(scale.dims) == [weight.dims[1]]  # one scale per output channel
+    assert not [n for n in graph.node if n.op_type == "MatMul" and n.input[1] in weights]
+
+
+def test_a_query_is_the_same_vector_alone_and_padded_in_a_batch_and_near_the_passages_precision(settings):
+    row = OnnxEmbedder(settings.embedding.model_copy(update={"precision": "int8", "query_precision": "int8-row",
+                                                             "quiet_query_threads": 1}))
+    same = OnnxEmbedder(settings.embedding.model_copy(update={"precision": "int8", "query_precision": "same",
+                                                              "quiet_query_threads": 1}))
+    texts = ["what causes tides?", "Vitamin D deficiency raises the risk of multiple sclerosis in adults.",
+             "α-synuclein aggregates in dopaminergic neurons", "x " * 300]
+    alone = np.stack([row.embed_query(t).vector for t in texts])
+    encoded = [row.tokenizer.encode(t) for t in texts]
+    for order in (encoded, encoded[::-1]):  # padding and neighbours differ for every text
+        batch = row._query_session.run([SENTENCE_OUTPUT], row._feed(order))[0]
+        batch = batch if order is encoded else batch[::-1]
+        cosine = (batch * alone).sum(axis=1) / np.linalg.norm(batch, axis=1)
+        assert cosine.min() >= 0.9999, cosine
+    passages_precision = np.stack([same.embed_query(t).vector for t in texts])
+    agreement = (alone * passages_precision).sum(axis=1)
+    assert agreement.min() > 0.99 and not np.allclose(alone, passages_precision), agreement
