@@ -16,9 +16,10 @@ that runs faster than fp32. ``quantize_dynamic`` is faster still, but its vector
 figures are in docs/benchmarks.md, "Embedding quantisation schemes side by side".
 
 The query side may run ``int8-row`` instead (``quantize_rowwise_int8``): per-channel int8 weights and one activation
-scale per row (a token's whole hidden vector), on ORT's integer ``MatMulInteger`` kernel. Batch-independent for the
-same reason; coarser scales than the blocks, so its vectors sit a little further from fp32, and on CPUs where the
-integer kernel outruns ``MatMulNBits`` it embeds a lone query in about half the time. It never embeds passages: an
+scale per row (a token's whole hidden vector), on ORT's integer ``MatMulInteger`` kernel, with the FFN's
+down-projection left in float (one scale per row of the activation function's output loses what reranking reads).
+Batch-independent for the same reason; coarser scales than the blocks, so its vectors sit a little further from fp32,
+and on CPUs where the integer kernel outruns ``MatMulNBits`` it embeds a lone query in well under the time. It never embeds passages: an
 index records one scheme, and a query vector only has to land near its passages.
 """
 
@@ -33,7 +34,7 @@ from onnx import TensorProto, helper, numpy_helper
 BLOCK = 32  # input channels per weight scale / activation scale; divides 384 and 1536
 ACCURACY_INT8 = 4  # MatMulNBits: 4 = int8 activations (per row and block), 1 = float activations
 INT8_SCHEME = f"matmulnbits-w8-block{BLOCK}-a8-row"  # what manifests record; change it with the scheme
-ROWWISE_SCHEME = "matmulinteger-w8-channel-a8-row"  # the query side's int8-row encoder
+ROWWISE_SCHEME = "matmulinteger-w8-channel-a8-row-down-float"  # the query side's int8-row encoder
 
 
 def quantize_weight_blocks(weight: np.ndarray, block: int = BLOCK) -> tuple[np.ndarray, np.ndarray]:
@@ -89,9 +90,10 @@ def quantize_blockwise_int8(source: Path, target: Path, block: int = BLOCK,
 
 
 def quantize_rowwise_int8(source: Path, target: Path) -> Path:
-    """Rewrite every MatMul with a constant 2-D weight in ``source`` as ``MatMulInteger`` over int8 weights (one
-    scale per output channel) and the input quantised per row in the graph (symmetric, max |x| / 127); uint8 with
-    zero point 128, the operand order ORT's fast u8s8 kernel takes. Q, K and V share one quantised input."""
+    """Rewrite every MatMul with a constant 2-D weight in ``source`` (but the FFN's down-projection) as
+    ``MatMulInteger`` over int8 weights (one scale per output channel) and the input quantised per row in the graph
+    (symmetric, max |x| / 127); uint8 with zero point 128, the operand order ORT's fast u8s8 kernel takes. Q, K and V
+    share one quantised input."""
     model = onnx.load(str(source))
     graph = model.graph
     weights = {init.name: init for init in graph.initializer}
@@ -102,7 +104,9 @@ def quantize_rowwise_int8(source: Path, target: Path) -> Path:
     nodes, replaced = [], set()
     for node in graph.node:
         init = weights.get(node.input[1]) if node.op_type == "MatMul" else None
-        if init is None or len(init.dims) != 2:
+        # The FFN's down-projection (its input wider than its output) reads the activation function's output, whose
+        # few large values would leave one scale per row too coarse for the rest: it stays float.
+        if init is None or len(init.dims) != 2 or init.dims[0] > init.dims[1]:
             nodes.append(node)
             continue
         x = node.input[0]
