@@ -270,8 +270,9 @@ def quiet_case(d: dict) -> str:
                 worst[other] = max(worst[other], -diff)
                 cells.append(f"{num(s['metrics'][other][combo]['ndcg@10'], 4)} ({signed(diff, 4)})")
             quality_rows.append([name, combo, num(at_passages["ndcg@10"], 4), *cells])
-    losses = join_words([f"{num(loss, 4)} at {other} ({_met(loss <= QUIET_NDCG_LOSS)})" for other, loss in worst.items()])
-    chosen = (http["configs"]["defaults"].get("embedding") or {}).get("queries")
+    losses = join_words([f"{num(loss, 4)} at {other} ({_met(loss <= QUIET_NDCG_LOSS)})"
+                         for other, loss in worst.items()])
+    defaults_at = (http["configs"]["defaults"].get("embedding") or {}).get("queries")
     c1, loaded = http["concurrency_1"], http["closed_loop"]["servers"]
     http_rows = []
     for name, config in http["configs"].items():
@@ -315,7 +316,7 @@ brackets the difference from queries at {passages}):
        "llr" + "r" * len(others))}
 
 The largest loss from embedding queries at another precision than the passages' (target ≤ {QUIET_NDCG_LOSS:g}): {losses};
-the defaults chose {chosen or "?"} on this machine.
+the defaults chose {defaults_at or "?"} on this machine.
 
 **Over HTTP**, one `ragheat serve` per configuration on `{q.get('index', 'data/index/scifact')}`, request by request in
 turn across them (concurrency 1, {count(best['n'])} requests each), then closed-loop rounds of
