@@ -14,9 +14,9 @@ which of fp32, int8 and int8-row (``rag.embedding.quantize``) runs a query faste
 kernels it has, and how fast), while each one's query vectors land near the passages' (the quality each costs is
 measured side by side in docs/benchmarks.md), so ``fastest`` times them once per CPU and keeps the fastest when it wins
 clearly over the passages' precision (the choice is kept beside the conversions, keyed by the CPU and ONNX Runtime's
-version). Bulk ingestion always runs at the passages' precision, which the index records. The graph also returns every token's last hidden state
-(``TOKEN_OUTPUT``): ``embed_query_tokens`` and ``embed_many(on_tokens=...)`` hand them to the late-interaction
-reranker (``rag.rerank``) from the same run, so reranking never reads a text twice.
+version). Bulk ingestion always runs at the passages' precision, which the index records. The graph also returns
+every token's last hidden state (``TOKEN_OUTPUT``): ``embed_query_tokens`` and ``embed_many(on_tokens=...)`` hand
+them to the late-interaction reranker (``rag.rerank``) from the same run, so reranking never reads a text twice.
 """
 
 from __future__ import annotations

@@ -19,13 +19,14 @@ The query side may run ``int8-row`` instead (``quantize_rowwise_int8``): per-cha
 scale per row (a token's whole hidden vector), on ORT's integer ``MatMulInteger`` kernel, with the FFN's
 down-projection left in float (one scale per row of the activation function's output loses what reranking reads).
 Batch-independent for the same reason; coarser scales than the blocks, so its vectors sit a little further from fp32,
-and on CPUs where the integer kernel outruns ``MatMulNBits`` it embeds a lone query in well under the time. It never embeds passages: an
-index records one scheme, and a query vector only has to land near its passages.
+and on CPUs where the integer kernel outruns ``MatMulNBits`` it embeds a lone query in less time. It never embeds
+passages: an index records one scheme, and a query vector only has to land near its passages.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import onnx
@@ -54,9 +55,9 @@ def quantize_weight_blocks(weight: np.ndarray, block: int = BLOCK) -> tuple[np.n
     return q.astype(np.uint8), scales.astype(np.float32).reshape(-1)
 
 
-def quantize_blockwise_int8(source: Path, target: Path, block: int = BLOCK,
-                            accuracy_level: int = ACCURACY_INT8) -> Path:
-    """Rewrite every MatMul with a constant 2-D weight in ``source`` as an 8-bit ``MatMulNBits``."""
+def _rewrite_weight_matmuls(source: Path, target: Path, rewrite: Callable) -> Path:
+    """Save ``source`` to ``target`` with each MatMul of a constant 2-D weight replaced by the nodes
+    ``rewrite(graph, node, weight_initializer)`` returns (None keeps the MatMul); the replaced weights are dropped."""
     model = onnx.load(str(source))
     graph = model.graph
     weights = {init.name: init for init in graph.initializer}
@@ -64,17 +65,11 @@ def quantize_blockwise_int8(source: Path, target: Path, block: int = BLOCK,
     nodes = []
     for node in graph.node:
         init = weights.get(node.input[1]) if node.op_type == "MatMul" else None
-        if init is None or len(init.dims) != 2:
+        new = rewrite(graph, node, init) if init is not None and len(init.dims) == 2 else None
+        if new is None:
             nodes.append(node)
             continue
-        weight = numpy_helper.to_array(init).astype(np.float32)
-        packed, scales = quantize_weight_blocks(weight, block)
-        graph.initializer.extend([numpy_helper.from_array(packed, f"{init.name}.q8"),
-                                  numpy_helper.from_array(scales, f"{init.name}.scales")])
-        nodes.append(helper.make_node(
-            "MatMulNBits", [node.input[0], f"{init.name}.q8", f"{init.name}.scales"], list(node.output),
-            name=f"{node.name}.q8", domain="com.microsoft", K=weight.shape[0], N=weight.shape[1], bits=8,
-            block_size=block, accuracy_level=accuracy_level))
+        nodes += new
         replaced.add(init.name)
     if not replaced:
         raise ValueError(f"{source}: no MatMul with a constant weight to quantise")
@@ -83,10 +78,27 @@ def quantize_blockwise_int8(source: Path, target: Path, block: int = BLOCK,
     kept = [init for init in graph.initializer if init.name not in replaced]
     del graph.initializer[:]
     graph.initializer.extend(kept)
-    if not any(op.domain == "com.microsoft" for op in model.opset_import):
+    if any(n.domain == "com.microsoft" for n in nodes) and not any(op.domain == "com.microsoft"
+                                                                   for op in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     onnx.save(model, str(target))
     return target
+
+
+def quantize_blockwise_int8(source: Path, target: Path, block: int = BLOCK,
+                            accuracy_level: int = ACCURACY_INT8) -> Path:
+    """Rewrite every MatMul with a constant 2-D weight in ``source`` as an 8-bit ``MatMulNBits``."""
+    def blockwise(graph, node, init):
+        weight = numpy_helper.to_array(init).astype(np.float32)
+        packed, scales = quantize_weight_blocks(weight, block)
+        graph.initializer.extend([numpy_helper.from_array(packed, f"{init.name}.q8"),
+                                  numpy_helper.from_array(scales, f"{init.name}.scales")])
+        return [helper.make_node(
+            "MatMulNBits", [node.input[0], f"{init.name}.q8", f"{init.name}.scales"], list(node.output),
+            name=f"{node.name}.q8", domain="com.microsoft", K=weight.shape[0], N=weight.shape[1], bits=8,
+            block_size=block, accuracy_level=accuracy_level)]
+
+    return _rewrite_weight_matmuls(source, target, blockwise)
 
 
 def quantize_rowwise_int8(source: Path, target: Path) -> Path:
@@ -94,32 +106,29 @@ def quantize_rowwise_int8(source: Path, target: Path) -> Path:
     ``MatMulInteger`` over int8 weights (one scale per output channel) and the input quantised per row in the graph
     (symmetric, max |x| / 127); uint8 with zero point 128, the operand order ORT's fast u8s8 kernel takes. Q, K and V
     share one quantised input."""
-    model = onnx.load(str(source))
-    graph = model.graph
-    weights = {init.name: init for init in graph.initializer}
     consts = {"rw.eps": np.array(1e-8, np.float32), "rw.127": np.array(127.0, np.float32),
               "rw.128": np.array(128.0, np.float32), "rw.zp": np.array(128, np.uint8), "rw.wzp": np.array(0, np.int8)}
-    graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in consts.items())
-    quantised: dict[str, tuple[str, str]] = {}
-    nodes, replaced = [], set()
-    for node in graph.node:
-        init = weights.get(node.input[1]) if node.op_type == "MatMul" else None
+    quantised: dict[str, tuple[str, str]] = {}  # a MatMul input -> its uint8 rows and their scales
+
+    def rowwise(graph, node, init):
         # The FFN's down-projection (its input wider than its output) reads the activation function's output, whose
         # few large values would leave one scale per row too coarse for the rest: it stays float.
-        if init is None or len(init.dims) != 2 or init.dims[0] > init.dims[1]:
-            nodes.append(node)
-            continue
+        if init.dims[0] > init.dims[1]:
+            return None
+        if not quantised:
+            graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in consts.items())
+        new = []
         x = node.input[0]
         if x not in quantised:
             p = f"rw{len(quantised)}."
-            nodes += [helper.make_node("Abs", [x], [p + "abs"]),
-                      helper.make_node("ReduceMax", [p + "abs"], [p + "amax"], axes=[-1], keepdims=1),
-                      helper.make_node("Max", [p + "amax", "rw.eps"], [p + "amax+"]),
-                      helper.make_node("Div", [p + "amax+", "rw.127"], [p + "scale"]),
-                      helper.make_node("Div", [x, p + "scale"], [p + "scaled"]),
-                      helper.make_node("Round", [p + "scaled"], [p + "rounded"]),
-                      helper.make_node("Add", [p + "rounded", "rw.128"], [p + "shifted"]),
-                      helper.make_node("Cast", [p + "shifted"], [p + "u8"], to=TensorProto.UINT8)]
+            new += [helper.make_node("Abs", [x], [p + "abs"]),
+                    helper.make_node("ReduceMax", [p + "abs"], [p + "amax"], axes=[-1], keepdims=1),
+                    helper.make_node("Max", [p + "amax", "rw.eps"], [p + "amax+"]),
+                    helper.make_node("Div", [p + "amax+", "rw.127"], [p + "scale"]),
+                    helper.make_node("Div", [x, p + "scale"], [p + "scaled"]),
+                    helper.make_node("Round", [p + "scaled"], [p + "rounded"]),
+                    helper.make_node("Add", [p + "rounded", "rw.128"], [p + "shifted"]),
+                    helper.make_node("Cast", [p + "shifted"], [p + "u8"], to=TensorProto.UINT8)]
             quantised[x] = (p + "u8", p + "scale")
         x_u8, x_scale = quantised[x]
         w = numpy_helper.to_array(init).astype(np.float32)
@@ -129,17 +138,10 @@ def quantize_rowwise_int8(source: Path, target: Path) -> Path:
             numpy_helper.from_array(np.clip(np.rint(w / w_scale), -127, 127).astype(np.int8), init.name + ".s8"),
             numpy_helper.from_array(w_scale.astype(np.float32), init.name + ".wscale")])
         o = node.name + ".rw"
-        nodes += [helper.make_node("MatMulInteger", [x_u8, init.name + ".s8", "rw.zp", "rw.wzp"], [o + ".i32"]),
-                  helper.make_node("Cast", [o + ".i32"], [o + ".f"], to=TensorProto.FLOAT),
-                  helper.make_node("Mul", [o + ".f", init.name + ".wscale"], [o + ".fw"]),
-                  helper.make_node("Mul", [o + ".fw", x_scale], list(node.output))]
-        replaced.add(init.name)
-    if not replaced:
-        raise ValueError(f"{source}: no MatMul with a constant weight to quantise")
-    del graph.node[:]
-    graph.node.extend(nodes)
-    kept = [init for init in graph.initializer if init.name not in replaced]
-    del graph.initializer[:]
-    graph.initializer.extend(kept)
-    onnx.save(model, str(target))
-    return target
+        return new + [
+            helper.make_node("MatMulInteger", [x_u8, init.name + ".s8", "rw.zp", "rw.wzp"], [o + ".i32"]),
+            helper.make_node("Cast", [o + ".i32"], [o + ".f"], to=TensorProto.FLOAT),
+            helper.make_node("Mul", [o + ".f", init.name + ".wscale"], [o + ".fw"]),
+            helper.make_node("Mul", [o + ".fw", x_scale], list(node.output))]
+
+    return _rewrite_weight_matmuls(source, target, rowwise)

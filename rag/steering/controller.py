@@ -47,7 +47,7 @@ from typing import Callable, Mapping, Sequence
 MAX_HOLD_S = 120.0
 LEARN_ALPHA = 0.2
 MIN_ANSWERS = 3  # answers in a tick before its CPU per answer teaches the rung's cost
-SHED_SHARE = 0.01  # refusals above this share of a tick's arrivals (and more than one) are refusals at all
+SHED_SHARE = 0.01  # a tick refuses when more than one request and this share of its arrivals are refused
 SHED_AT_ONCE_SHARE = 0.1  # this share of a tick's arrivals refused is pressure at once; fewer, in two ticks running
 MIN_COST_SHARE = 0.2  # a rung priced from the ladder costs at least this share of the current rung's live cost
 STALE_S = 30.0  # a rung's learned cost older than this (or two holds, when longer) is priced from the current rung's
