@@ -16,8 +16,9 @@ are served at, and ``ragheat_quality_level_changes_total``).
    a short step happened to pass (``--no-confirm-knee``: the sweep's knee as it is).
 2. Steady load at ``--factors`` times the knee: ``--duration`` seconds measured after ``--warmup`` seconds (time for
    the controller to settle); at ``--long-factors`` (by default 1x and 1.5x, the loads where a controller could
-   oscillate) ``--long-duration`` seconds, so that level changes a minute are counted over a minute. Per step: goodput (answers within the SLO per second), admitted P99, refusals per
-   second, the answers' quality levels (each response's ``quality_level``), their mean quality (the ladder's
+   oscillate) ``--long-duration`` seconds, so that level changes a minute are counted over a minute. Per step:
+   goodput (answers within the SLO per second), admitted P99, refusals per second (and by the service's reason),
+   the answers' quality levels (each response's ``quality_level``), their mean quality (the ladder's
    nDCG@10 of each rung, ``rag/steering/ladder.json``, weighted by its share: not measured on these answers) and the
    controller's level changes (the counter, before and after the measured part).
    ``--skip`` leaves steps out (by default ``neither`` at 4x: its queue would take minutes to drain).
@@ -90,7 +91,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--long-factors", default="1,1.5",
                    help="steady steps measured for --long-duration seconds instead of --duration ('': none)")
     p.add_argument("--long-duration", type=float, default=60.0,
-                   help="measured seconds of the --long-factors steps (and of the knee's confirmation at 1x)")
+                   help="measured seconds of the --long-factors steps (and of the knee's confirmation, when 1 is one)")
     p.add_argument("--base-factor", type=float, default=0.5, help="the burst's rate before and after it (x knee)")
     p.add_argument("--burst-factor", type=float, default=4.0, help="the burst's rate (x knee)")
     p.add_argument("--burst-base", type=float, default=5.0, help="seconds at the base rate before the burst")

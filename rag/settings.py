@@ -492,7 +492,8 @@ class SteeringSettings(_Section):
                                                        "share of the capacity (and that did not come under pressure "
                                                        "at this load lately)")
     pressure_share: float = Field(0.5, gt=0, le=1, description="step down when a query arriving now is predicted to "
-                                                               "finish after this share of its deadline")
+                                                               "finish after this share of its deadline in two "
+                                                               "readings running, the second not sooner")
 
     @model_validator(mode="after")
     def _check(self) -> "SteeringSettings":

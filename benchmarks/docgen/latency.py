@@ -300,9 +300,9 @@ def quiet_case(d: dict) -> str:
 threads do not spin between runs). Which precision is fastest depends on the CPU (which integer kernels it has, and
 how fast: the machine's flags are in its line at the top of this page): int8 is the passages' scheme (8-bit weights in
 blocks, activations per row and block, `MatMulNBits`), int8-row the query side's variant (one activation scale per
-token, per-channel weights, `MatMulInteger`); `embedding.query_precision` `fastest` (the default) times the three at
-the first start on a CPU and keeps the fastest where it wins clearly over the passages' precision. Whether the idle cores
-shorten a lone query depends on the machine too: a lone request leaves the model idle between its runs, the quiet
+token, per-channel weights, `MatMulInteger`, the FFN's down-projection in float); `embedding.query_precision`
+`fastest` (the default) times the three at the first start on a CPU and keeps the fastest where it wins clearly over
+the passages' precision. Whether the idle cores shorten a lone query depends on the machine too: a lone request leaves the model idle between its runs, the quiet
 session's threads sleep meanwhile, and waking them may cost more than splitting the run saves (the last column, each
 run after such a gap). `embedding.quiet_query_threads` 0 (the default) times the two sessions that way at the first
 start on a CPU and keeps the idle cores only for a clear win.
@@ -315,8 +315,8 @@ brackets the difference from queries at {passages}):
 {table(["set", "retrievers", f"queries {passages}", *[f"queries {o}" for o in others]], quality_rows,
        "llr" + "r" * len(others))}
 
-The largest loss from embedding queries at another precision than the passages' (target ≤ {QUIET_NDCG_LOSS:g}): {losses};
-the defaults chose {defaults_at or "?"} on this machine.
+The largest loss from embedding queries at another precision than the passages' (target ≤ {QUIET_NDCG_LOSS:g}):
+{losses}; the defaults chose {defaults_at or "?"} on this machine.
 
 **Over HTTP**, one `ragheat serve` per configuration on `{q.get('index', 'data/index/scifact')}`, request by request in
 turn across them (concurrency 1, {count(best['n'])} requests each), then closed-loop rounds of

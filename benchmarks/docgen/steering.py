@@ -140,9 +140,9 @@ def _confirmed(d: dict) -> str:
     cells = "; ".join(f"{s['offered_qps']:g}: P99 {opt(s['latency_ms'].get('p99'), 1)} ms, "
                       f"{num(s['shed_rate'] * 100, 1)} % refused, {'held' if s['held'] else 'missed'}" for s in tried)
     held = tried[-1]["held"]
-    return (f" Confirmed on `shed` over the {CALM_FACTOR:g}× step's length ({st['warmup_s']:g} s of warm-up and "
-            f"{_measured_s(st, CALM_FACTOR):g} s measured) on the arrivals the {CALM_FACTOR:g}× step offers, the passing rates "
-            f"from the highest down until one held: {cells}"
+    return (f" Confirmed on `shed` over a steady step's length ({st['warmup_s']:g} s of warm-up and "
+            f"{tried[0]['duration_s']:g} s measured) on the arrivals the {CALM_FACTOR:g}× step offers, the passing "
+            f"rates from the highest down until one held: {cells}"
             + (": the knee the steps below multiply." if held else
                ": none held, so the steps below multiply the sweep's knee."))
 
@@ -176,11 +176,6 @@ def _refused(step: dict) -> str:
     reasons = step.get("shed_by_reason") or {}
     text = num(step["shed_qps"], 1)
     return text + (f" ({', '.join(f'{reason} {n}' for reason, n in reasons.items())})" if reasons else "")
-
-
-def _measured_s(st: dict, factor: float) -> float:
-    """The measured seconds of the steady step at ``factor`` (runs before the long steps wrote a single length)."""
-    return st["long_duration_s"] if factor in st.get("long_factors", ()) else st["duration_s"]
 
 
 def _durations(st: dict) -> str:

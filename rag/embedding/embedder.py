@@ -35,7 +35,7 @@ import onnxruntime as ort
 from tokenizers import Tokenizer
 
 from rag.devicetime import DeviceTimer
-from rag.embedding.model_store import EncoderFiles, ensure_encoder
+from rag.embedding.model_store import SCHEMES, EncoderFiles, ensure_encoder
 from rag.embedding.onnx_builder import SENTENCE_OUTPUT, TOKEN_OUTPUT
 from rag.settings import EmbeddingSettings
 from rag.threadnames import get_name, set_name, stage_comm
@@ -61,14 +61,14 @@ def _providers() -> list[str]:
 
 
 # The precisions ``query_precision`` fastest times: the passages' is always one of them.
-QUERY_PRECISIONS = ("int8", "fp32", "int8-row")
-# Queries of typical lengths (a few to ~40 word pieces) that time the two query encoders against each other.
+QUERY_PRECISIONS = tuple(SCHEMES)
+# Queries of typical lengths (a few to ~40 word pieces) that time the query encoders against each other.
 TIMING_QUERIES = ("what causes tides?",
                   "Vitamin D deficiency raises the risk of multiple sclerosis.",
                   "Which enzyme links the citric acid cycle to the electron transport chain in mitochondria of "
                   "mammalian liver cells under fasting conditions?",
                   "Were the director of the 1994 film and the author of its source novel born in the same country?")
-# The other precision (or the quiet session) serves queries only when it takes at most this share of the time of the
+# Another precision (or the quiet session) serves queries only when it takes at most this share of the time of the
 # passages' precision (or of the single-thread session): a narrower win is within the timing's noise.
 CLEAR_WIN = 0.9
 # How long the model idles between a lone request's runs (its other stages and the client's round trip): long enough
@@ -189,8 +189,13 @@ class OnnxEmbedder:
             return files, _session(files.onnx_path, s.query_threads)
         candidates = {s.precision: self.files}
         for other in QUERY_PRECISIONS:
-            if other != s.precision:
+            if other == s.precision:
+                continue
+            try:
                 candidates[other] = ensure_encoder(s.model_dir, s.cache_dir, other)
+            except OSError as exc:  # a read-only cache without that conversion: the others are timed
+                log.warning("query encoder: %s left out, it could not be converted into %s: %s", other,
+                            s.cache_dir, exc)
         chosen, session = self._fastest(candidates)
         return candidates[chosen], session or _session(candidates[chosen].onnx_path, s.query_threads)
 

@@ -84,8 +84,8 @@ def ensure_encoder(model_dir: Path | None, cache_dir: Path, precision: Precision
     if not fp32.exists():
         _atomic_build(fp32, lambda tmp: build_bert_sentence_encoder(model_dir, tmp))
     path = fp32
-    if precision in BUILDERS:
-        path = folder / f"encoder-{precision}.onnx"
+    if precision in BUILDERS:  # named by the scheme too: a changed scheme is converted anew, never read stale
+        path = folder / f"encoder-{precision}-{SCHEMES[precision]}.onnx"
         if not path.exists():
             _atomic_build(path, lambda tmp: BUILDERS[precision](fp32, tmp))
     if not packaged:  # an explicit folder may still be the packaged one; asking needs no package installed

@@ -10,8 +10,8 @@ size, padding and neighbours cannot change a vector; and the finer scales track 
 per tensor.
 
 Why int8 activations (level 4) and not float ones (level 1), which are batch-independent too: level 1 dequantises
-the weights on every call, which costs it the speed int8 is for, while int8 rows are the batch-independent scheme
-that runs faster than fp32. ``quantize_dynamic`` is faster still, but its vectors depend on the batch.
+the weights on every call, which costs it the speed int8 is for, while int8 activations per row and block are
+batch-independent and run faster than fp32. ``quantize_dynamic`` is faster still, but its vectors depend on the batch.
 ``benchmarks/bench_embedding.py`` compares the schemes (speed, batch independence, agreement with fp32); the
 figures are in docs/benchmarks.md, "Embedding quantisation schemes side by side".
 

@@ -189,7 +189,8 @@ class LevelController:
             self.hold_s = self.base_hold_s
         if self.index == 0:
             return None
-        if now - max(self._last_change, self._last_pressure) < self.hold_s or reading.waiting:
+        # a queue, or refusals not yet pressure, are no time to ask for more
+        if now - max(self._last_change, self._last_pressure) < self.hold_s or reading.waiting or reading.shed:
             return None
         here = self.demand(self.level)
         # After a trial that failed, the estimates proved optimistic at this load: only clear headroom is tried,
@@ -302,6 +303,7 @@ class LevelController:
         direction = "down" if index > self.index else "up"
         price = self.cost_s(self.levels[index])  # as the rung it leaves prices it
         self.index, self._last_change = index, now
+        self._refused, self._queued_s = False, None  # "two readings running" are two at the new rung
         if direction == "up":
             self._last_up, self._trial_price = now, price
         return Change(before, self.level, direction, why)

@@ -1,14 +1,18 @@
-"""The query side's int8-row encoder (``embedding.query_precision=int8-row``, rag/embedding/quantize.py): the weight
-MatMuls run on the integer kernel with one activation scale per token (the FFN's down-projection in float), so a query's vector does not depend on what
+"""The query side's int8-row encoder (``embedding.query_precision=int8-row``, rag/embedding/quantize.py): the
+weight MatMuls run on the integer kernel with one activation scale per token (the FFN's down-projection in float), so a query's vector does not depend on what
 shares its run, and it lands next to the passages' own query vector."""
 
 from __future__ import annotations
 
+import typing
+
 import numpy as np
 import onnx
 
-from rag.embedding.embedder import SENTENCE_OUTPUT, OnnxEmbedder
+from rag.embedding import model_store
+from rag.embedding.embedder import QUERY_PRECISIONS, SENTENCE_OUTPUT, OnnxEmbedder
 from rag.embedding.quantize import ROWWISE_SCHEME
+from rag.settings import EmbeddingSettings
 
 
 def test_the_weight_matmuls_run_on_the_integer_kernel_with_per_channel_weights_but_the_down_projections(settings):
@@ -47,3 +51,27 @@ def test_a_query_is_the_same_vector_alone_and_padded_in_a_batch_and_near_the_pas
     passages_precision = np.stack([same.embed_query(t).vector for t in texts])
     agreement = (alone * passages_precision).sum(axis=1)
     assert agreement.min() > 0.99 and not np.allclose(alone, passages_precision), agreement
+
+
+def test_every_query_precision_the_settings_offer_is_one_the_encoder_builds():
+    offered = set(typing.get_args(EmbeddingSettings.model_fields["query_precision"].annotation))
+    assert offered - {"same", "fastest"} == set(QUERY_PRECISIONS)
+    passages = set(typing.get_args(EmbeddingSettings.model_fields["precision"].annotation))
+    assert passages < set(QUERY_PRECISIONS)  # int8-row embeds queries only
+
+
+def test_fastest_leaves_out_a_precision_a_read_only_cache_cannot_convert(settings, monkeypatch, caplog):
+    """A cache folder made read-only before a precision was added: the service still starts, timing the rest."""
+    from rag.embedding import embedder as module
+
+    def ensure(model_dir, cache_dir, precision):
+        if precision == "int8-row":  # as _atomic_build fails in a read-only folder
+            raise PermissionError(13, "Read-only file system", str(cache_dir))
+        return model_store.ensure_encoder(model_dir, cache_dir, precision)
+
+    monkeypatch.setattr(module, "ensure_encoder", ensure)
+    embedder = OnnxEmbedder(settings.embedding.model_copy(update={
+        "precision": "int8", "query_precision": "fastest", "quiet_query_threads": 1}))
+    embedder.warm_up()
+    assert embedder.query_precision in ("int8", "fp32")
+    assert "int8-row left out" in caplog.text and "Read-only file system" in caplog.text

@@ -86,7 +86,25 @@ def test_a_long_queue_that_drains_is_not_pressure():
         clock.now += 1
         assert controller.tick(Reading(1.0, 150, 150, 0, 1.5, 30, predicted_s, 0.42)) is None, predicted_s
     clock.now += 1
-    assert controller.tick(Reading(1.0, 150, 150, 0, 1.5, 30, 0.26, 0.42)) is not None
+    change = controller.tick(Reading(1.0, 150, 150, 0, 1.5, 30, 0.26, 0.42))
+    assert change is not None and change.direction == "down" and "waiting" in change.why
+
+
+def test_no_step_up_in_a_tick_that_refused_even_when_it_was_not_pressure():
+    controller, clock = make(hold_s=5.0)
+    full_capacity = 2.0 / cost_s("full")
+    load(controller, clock, 0.3 * full_capacity, 10)
+    load(controller, clock, 2.0 * full_capacity, 5)
+    assert controller.level != "full"
+    load(controller, clock, 0.3 * full_capacity, 3)  # within the hold
+    clock.now += 10  # the hold is over
+    rate = 0.3 * full_capacity
+    refused = Reading(1.0, int(rate), int(rate) - 5, 5, 0.3 * 2.0, 0, 0.0, 0.42)
+    assert controller.tick(refused) is None, "refusals, even a few, are no time to ask for more"
+    clock.now += 1
+    calm = Reading(1.0, int(rate), int(rate), 0, 0.3 * 2.0, 0, 0.0, 0.42)
+    change = controller.tick(calm)
+    assert change is not None and change.direction == "up"
 
 
 def test_one_refusal_in_a_busy_tick_is_not_pressure():
