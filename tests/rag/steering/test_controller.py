@@ -99,7 +99,7 @@ def test_no_step_up_in_a_tick_that_refused_even_when_it_was_not_pressure():
     load(controller, clock, 0.3 * full_capacity, 3)  # within the hold
     clock.now += 10  # the hold is over
     rate = 0.3 * full_capacity
-    refused = Reading(1.0, int(rate), int(rate) - 5, 5, 0.3 * 2.0, 0, 0.0, 0.42)
+    refused = Reading(1.0, int(rate), int(rate) - 2, 2, 0.3 * 2.0, 0, 0.0, 0.42)  # under a tenth: not pressure
     assert controller.tick(refused) is None, "refusals, even a few, are no time to ask for more"
     clock.now += 1
     calm = Reading(1.0, int(rate), int(rate), 0, 0.3 * 2.0, 0, 0.0, 0.42)
