@@ -35,7 +35,7 @@ from onnx import TensorProto, helper, numpy_helper
 BLOCK = 32  # input channels per weight scale / activation scale; divides 384 and 1536
 ACCURACY_INT8 = 4  # MatMulNBits: 4 = int8 activations (per row and block), 1 = float activations
 INT8_SCHEME = f"matmulnbits-w8-block{BLOCK}-a8-row"  # what manifests record; change it with the scheme
-ROWWISE_SCHEME = "matmulinteger-u8u8-w8-channel-a8-row-down-float"  # the query side's int8-row encoder
+ROWWISE_SCHEME = "matmulinteger-w8-channel-a8-row-down-float"  # the query side's int8-row encoder
 
 
 def quantize_weight_blocks(weight: np.ndarray, block: int = BLOCK) -> tuple[np.ndarray, np.ndarray]:
@@ -104,12 +104,10 @@ def quantize_blockwise_int8(source: Path, target: Path, block: int = BLOCK,
 def quantize_rowwise_int8(source: Path, target: Path) -> Path:
     """Rewrite every MatMul with a constant 2-D weight in ``source`` (but the FFN's down-projection) as
     ``MatMulInteger`` over int8 weights (one scale per output channel) and the input quantised per row in the graph
-    (symmetric, max |x| / 127). Both operands go in as unsigned bytes with a zero point of 128 (the same numbers):
-    ONNX Runtime's uint8 x int8 kernel on CPUs without VNNI adds pairs of products in 16 bits and saturates, while
-    uint8 x uint8 is exact on every CPU (as ``rag.rerank.maxsim.Int8MaxSim`` does). Q, K and V share one quantised
-    input."""
+    (symmetric, max |x| / 127); uint8 with zero point 128, the operand order ORT's fast u8s8 kernel takes. Q, K and V
+    share one quantised input."""
     consts = {"rw.eps": np.array(1e-8, np.float32), "rw.127": np.array(127.0, np.float32),
-              "rw.128": np.array(128.0, np.float32), "rw.zp": np.array(128, np.uint8)}
+              "rw.128": np.array(128.0, np.float32), "rw.zp": np.array(128, np.uint8), "rw.wzp": np.array(0, np.int8)}
     quantised: dict[str, tuple[str, str]] = {}  # a MatMul input -> its uint8 rows and their scales
 
     def rowwise(graph, node, init):
@@ -137,12 +135,11 @@ def quantize_rowwise_int8(source: Path, target: Path) -> Path:
         w_scale = np.abs(w).max(axis=0) / 127.0
         w_scale[w_scale == 0] = 1.0  # an all-zero column: any scale reproduces it
         graph.initializer.extend([
-            numpy_helper.from_array((np.clip(np.rint(w / w_scale), -127, 127) + 128).astype(np.uint8),
-                                    init.name + ".u8"),
+            numpy_helper.from_array(np.clip(np.rint(w / w_scale), -127, 127).astype(np.int8), init.name + ".s8"),
             numpy_helper.from_array(w_scale.astype(np.float32), init.name + ".wscale")])
         o = node.name + ".rw"
         return new + [
-            helper.make_node("MatMulInteger", [x_u8, init.name + ".u8", "rw.zp", "rw.zp"], [o + ".i32"]),
+            helper.make_node("MatMulInteger", [x_u8, init.name + ".s8", "rw.zp", "rw.wzp"], [o + ".i32"]),
             helper.make_node("Cast", [o + ".i32"], [o + ".f"], to=TensorProto.FLOAT),
             helper.make_node("Mul", [o + ".f", init.name + ".wscale"], [o + ".fw"]),
             helper.make_node("Mul", [o + ".fw", x_scale], list(node.output))]
