@@ -46,8 +46,8 @@ class EmbeddingSettings(_Section):
                                                            "run too")
     query_precision: Literal["same", "fastest", "fp32", "int8", "int8-row"] = Field(
         "fastest", description="the query encoder's precision: same = the passages' (precision); int8-row = int8 with "
-        "one activation scale per token on the integer MatMulInteger kernel (batch-independent, for queries only; "
-        "rag/embedding/quantize.py); fastest = whichever of fp32, int8 and int8-row runs a query clearly faster than "
+        "one activation scale per token on the integer MatMulInteger kernel (batch-independent, for queries only, on "
+        "CPUs with VNNI or AMX; rag/embedding/quantize.py); fastest = whichever of fp32, int8 and int8-row runs a query clearly faster than "
         "the passages' precision on this CPU, timed at the first start on it, else the passages'; what each costs in "
         "quality is in docs/benchmarks.md, the quiet case")
     quiet_query_threads: int = Field(0, ge=0, le=64, description="ONNX Runtime threads for a query that finds no other "

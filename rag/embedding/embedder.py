@@ -9,14 +9,15 @@ them costs time too, and on some machines (virtual CPUs above all) more than spl
 default (``embedding.quiet_query_threads`` 0) the quiet session is timed against the single-thread one once per CPU,
 each run after the idle gap a lone request leaves the model, and kept only where it wins clearly.
 
-The query sessions may run the model at another precision than the passages' (``embedding.query_precision``):
-which of fp32, int8 and int8-row (``rag.embedding.quantize``) runs a query fastest depends on the CPU (which integer
-kernels it has, and how fast), while each one's query vectors land near the passages' (the quality each costs is
-measured side by side in docs/benchmarks.md), so ``fastest`` times them once per CPU and keeps the fastest when it wins
-clearly over the passages' precision (the choice is kept beside the conversions, keyed by the CPU and ONNX Runtime's
-version). Bulk ingestion always runs at the passages' precision, which the index records. The graph also returns
-every token's last hidden state (``TOKEN_OUTPUT``): ``embed_query_tokens`` and ``embed_many(on_tokens=...)`` hand
-them to the late-interaction reranker (``rag.rerank``) from the same run, so reranking never reads a text twice.
+The query sessions may run the model at another precision than the passages' (``embedding.query_precision``): which of
+fp32, int8 and int8-row (``rag.embedding.quantize``; int8-row only on CPUs where its integer product is exact) runs a
+query fastest depends on the CPU (which integer kernels it has, and how fast), while each one's query vectors land
+near the passages' (the quality each costs is measured side by side in docs/benchmarks.md), so ``fastest`` times them
+once per CPU and keeps the fastest when it wins clearly over the passages' precision (the choice is kept beside the
+conversions, keyed by the CPU and ONNX Runtime's version). Bulk ingestion always runs at the passages' precision,
+which the index records. The graph also returns every token's last hidden state (``TOKEN_OUTPUT``):
+``embed_query_tokens`` and ``embed_many(on_tokens=...)`` hand them to the late-interaction reranker (``rag.rerank``)
+from the same run, so reranking never reads a text twice.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ from tokenizers import Tokenizer
 from rag.devicetime import DeviceTimer
 from rag.embedding.model_store import SCHEMES, EncoderFiles, ensure_encoder
 from rag.embedding.onnx_builder import SENTENCE_OUTPUT, TOKEN_OUTPUT
+from rag.embedding.quantize import exact_u8s8
+from rag.errors import ConfigurationError
 from rag.settings import EmbeddingSettings
 from rag.threadnames import get_name, set_name, stage_comm
 from rag.types import EmbeddingResult
@@ -184,12 +187,17 @@ class OnnxEmbedder:
         """The query side's encoder (``embedding.query_precision``) and its single-thread session."""
         s = self.settings
         wanted = s.precision if s.query_precision == "same" else s.query_precision
+        exact = exact_u8s8(cpu_identity().get("isa", ()))
+        if wanted == "int8-row" and not exact:
+            raise ConfigurationError(
+                "embedding.query_precision=int8-row: this CPU has no VNNI (or AMX), where ONNX Runtime's uint8 x int8 "
+                "product saturates and would give wrong query vectors; use fastest, int8 or fp32")
         if wanted != "fastest":
             files = self.files if wanted == s.precision else ensure_encoder(s.model_dir, s.cache_dir, wanted)
             return files, _session(files.onnx_path, s.query_threads)
         candidates = {s.precision: self.files}
         for other in QUERY_PRECISIONS:
-            if other == s.precision:
+            if other == s.precision or (other == "int8-row" and not exact):
                 continue
             try:
                 candidates[other] = ensure_encoder(s.model_dir, s.cache_dir, other)

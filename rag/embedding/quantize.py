@@ -26,7 +26,7 @@ passages: an index records one scheme, and a query vector only has to land near 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 import onnx
@@ -36,6 +36,17 @@ BLOCK = 32  # input channels per weight scale / activation scale; divides 384 an
 ACCURACY_INT8 = 4  # MatMulNBits: 4 = int8 activations (per row and block), 1 = float activations
 INT8_SCHEME = f"matmulnbits-w8-block{BLOCK}-a8-row"  # what manifests record; change it with the scheme
 ROWWISE_SCHEME = "matmulinteger-w8-channel-a8-row-down-float"  # the query side's int8-row encoder
+
+
+# ONNX Runtime's uint8 x int8 kernel adds pairs of products in 16 bits, and saturates, on x86 CPUs without these;
+# with VNNI or AMX it accumulates in 32 bits and is exact.
+EXACT_U8S8_ISA = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
+
+
+def exact_u8s8(isa: Iterable[str]) -> bool:
+    """Whether a CPU with these instruction-set flags (``rag.embedding.embedder.cpu_identity``) runs int8-row's
+    uint8 x int8 products exactly."""
+    return bool(EXACT_U8S8_ISA & set(isa))
 
 
 def quantize_weight_blocks(weight: np.ndarray, block: int = BLOCK) -> tuple[np.ndarray, np.ndarray]:
@@ -104,8 +115,9 @@ def quantize_blockwise_int8(source: Path, target: Path, block: int = BLOCK,
 def quantize_rowwise_int8(source: Path, target: Path) -> Path:
     """Rewrite every MatMul with a constant 2-D weight in ``source`` (but the FFN's down-projection) as
     ``MatMulInteger`` over int8 weights (one scale per output channel) and the input quantised per row in the graph
-    (symmetric, max |x| / 127); uint8 with zero point 128, the operand order ORT's fast u8s8 kernel takes. Q, K and V
-    share one quantised input."""
+    (symmetric, max |x| / 127); uint8 with zero point 128, the operand order ORT's fast u8s8 kernel takes (a uint8 x
+    uint8 product is exact everywhere but runs no faster than fp32). Q, K and V share one quantised input. The u8s8
+    kernel is exact only where it accumulates in 32 bits: ``exact_u8s8`` says where."""
     consts = {"rw.eps": np.array(1e-8, np.float32), "rw.127": np.array(127.0, np.float32),
               "rw.128": np.array(128.0, np.float32), "rw.zp": np.array(128, np.uint8), "rw.wzp": np.array(0, np.int8)}
     quantised: dict[str, tuple[str, str]] = {}  # a MatMul input -> its uint8 rows and their scales

@@ -287,7 +287,7 @@ def test_fastest_keeps_another_precision_only_for_a_clear_win(settings, monkeypa
 
     monkeypatch.setattr(module, "time_query_runs", fake_timing)
     # a CPU never seen: the choice kept for this one is not reused, and this test's is not kept for it
-    cpu = {"model": f"test CPU {uuid.uuid4()}", "isa": []}
+    cpu = {"model": f"test CPU {uuid.uuid4()}", "isa": ["avx512_vnni"]}  # int8-row is exact on it
     monkeypatch.setattr(module, "cpu_identity", lambda: cpu)
     embedder = OnnxEmbedder(settings.embedding.model_copy(update={"precision": "int8", "query_precision": "fastest",
                                                                   "quiet_query_threads": 1}))
@@ -335,7 +335,7 @@ def test_a_lone_query_gets_the_idle_cores_only_where_they_win_clearly_after_an_i
         return {"single": 1.0, "quiet": quiet_share}
 
     monkeypatch.setattr(module, "time_query_runs", fake_timing)
-    cpu = {"model": f"test CPU {uuid.uuid4()}", "isa": []}  # a CPU never seen: nothing kept for it yet
+    cpu = {"model": f"test CPU {uuid.uuid4()}", "isa": ["avx512_vnni"]}  # int8-row is exact on it  # a CPU never seen: nothing kept for it yet
     monkeypatch.setattr(module, "cpu_identity", lambda: cpu)
     chosen = {"query_precision": "same", "quiet_query_threads": 0}
     embedder = OnnxEmbedder(settings.embedding.model_copy(update=chosen))

@@ -1,10 +1,11 @@
-"""The query side's int8-row encoder (``embedding.query_precision=int8-row``, rag/embedding/quantize.py): the
-weight MatMuls run on the integer kernel with one activation scale per token (the FFN's down-projection in float), so a query's vector does not depend on what
-shares its run, and it lands next to the passages' own query vector."""
+"""The query side's int8-row encoder (``embedding.query_precision=int8-row``, rag/embedding/quantize.py): the weight
+MatMuls run on the integer kernel with one activation scale per token (the FFN's down-projection in float), so a
+query's vector does not depend on what shares its run, and it lands next to the passages' own query vector."""
 
 from __future__ import annotations
 
 import typing
+import uuid
 
 import numpy as np
 import onnx
@@ -75,3 +76,46 @@ def test_fastest_leaves_out_a_precision_a_read_only_cache_cannot_convert(setting
     embedder.warm_up()
     assert embedder.query_precision in ("int8", "fp32")
     assert "int8-row left out" in caplog.text and "Read-only file system" in caplog.text
+
+
+def test_integer_products_are_exact_at_the_codes_extremes_or_the_encoder_is_refused(settings, tmp_path,
+                                                                                     monkeypatch):
+    """Rows and weights at int8's extremes, where a uint8 x int8 kernel that adds pairs in 16 bits saturates: on a CPU
+    with VNNI the rewritten MatMul gives the float product exactly; on one without, int8-row is never chosen and
+    asking for it is refused with the reason."""
+    import onnxruntime as ort
+    import pytest
+    from onnx import helper, numpy_helper
+
+    from rag.embedding import embedder as module
+    from rag.embedding.quantize import exact_u8s8, quantize_rowwise_int8
+    from rag.errors import ConfigurationError
+
+    if exact_u8s8(module.cpu_identity().get("isa", ())):
+        dim = 64
+        weight = np.where(np.add.outer(np.arange(dim), np.arange(dim)) % 2 == 0, 1.0, -1.0).astype(np.float32)
+        graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "extremes",
+                                  [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n", dim])],
+                                  [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["n", dim])],
+                                  [numpy_helper.from_array(weight, "w")])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        model.ir_version = 8
+        onnx.save(model, str(tmp_path / "fp32.onnx"))
+        quantize_rowwise_int8(tmp_path / "fp32.onnx", tmp_path / "row.onnx")
+        rows = np.stack([np.where(np.arange(dim) % 2 == 0, 1.0, -1.0), np.ones(dim), -np.ones(dim)]).astype(np.float32)
+        session = ort.InferenceSession(str(tmp_path / "row.onnx"), providers=["CPUExecutionProvider"])
+        assert np.allclose(session.run(["y"], {"x": rows})[0], rows @ weight, atol=1e-3)
+    cpu = {"model": f"a CPU without VNNI {uuid.uuid4()}", "isa": ["avx2"]}  # never seen: nothing kept for it
+    monkeypatch.setattr(module, "cpu_identity", lambda: cpu)
+    with pytest.raises(ConfigurationError, match="no VNNI"):
+        OnnxEmbedder(settings.embedding.model_copy(update={"query_precision": "int8-row"})).warm_up()
+    timed = {}
+    monkeypatch.setattr(module, "time_query_runs", lambda sessions, feeds, rounds=7: timed.update(sessions) or
+                        {name: 1.0 for name in sessions})
+    embedder = OnnxEmbedder(settings.embedding.model_copy(update={"precision": "int8", "query_precision": "fastest",
+                                                                  "quiet_query_threads": 1}))
+    embedder.warm_up()
+    for kept in embedder.files.onnx_path.parent.glob("query-precision-*.json"):
+        if cpu["model"] in kept.read_text():
+            kept.unlink()
+    assert set(timed) == {"int8", "fp32"}
