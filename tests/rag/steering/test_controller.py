@@ -90,12 +90,19 @@ def test_a_long_queue_that_drains_is_not_pressure():
     assert change is not None and change.direction == "down" and "waiting" in change.why
 
 
-def test_no_step_up_in_a_tick_that_refused_even_when_it_was_not_pressure():
+def stepped_down(overload_s: int) -> tuple[LevelController, Clock, float]:
+    """A controller that learned full's cost at a light load, then stepped down under twice full's capacity for
+    ``overload_s`` seconds; with full's capacity (answers/s)."""
     controller, clock = make(hold_s=5.0)
     full_capacity = 2.0 / cost_s("full")
     load(controller, clock, 0.3 * full_capacity, 10)
-    load(controller, clock, 2.0 * full_capacity, 5)
+    load(controller, clock, 2.0 * full_capacity, overload_s)
     assert controller.level != "full"
+    return controller, clock, full_capacity
+
+
+def test_no_step_up_in_a_tick_that_refused_even_when_it_was_not_pressure():
+    controller, clock, full_capacity = stepped_down(5)
     load(controller, clock, 0.3 * full_capacity, 3)  # within the hold
     clock.now += 10  # the hold is over
     rate = 0.3 * full_capacity
@@ -129,11 +136,7 @@ def test_a_few_refusals_are_pressure_only_in_two_ticks_running():
 
 
 def test_steps_back_up_to_full_once_the_load_falls():
-    controller, clock = make(hold_s=5.0)
-    full_capacity = 2.0 / cost_s("full")
-    load(controller, clock, 0.3 * full_capacity, 10)
-    load(controller, clock, 2.0 * full_capacity, 20)
-    assert controller.level != "full"
+    controller, clock, full_capacity = stepped_down(20)
     changes = load(controller, clock, 0.3 * full_capacity, 40)
     assert controller.level == "full"
     assert [c.direction for c in changes] == ["up"] * len(changes)
