@@ -110,7 +110,9 @@ def build_schemes(work: Path, names, calibration) -> dict[str, Path]:
     cache = work / "cache"
     fp32 = ensure_encoder(None, cache, "fp32").onnx_path
     paths = {"fp32": fp32, "int8": ensure_encoder(None, cache, "int8").onnx_path}
-    builders = {"int8-dynamic": build_dynamic, "int8-rowwise": quantize.quantize_rowwise_int8,
+    if "int8-rowwise" in names:
+        paths["int8-rowwise"] = ensure_encoder(None, cache, "int8-row").onnx_path
+    builders = {"int8-dynamic": build_dynamic,
                 "int8-static": lambda src, dst: build_static(src, dst, calibration),
                 "w8-float": lambda src, dst: quantize.quantize_blockwise_int8(src, dst, accuracy_level=1)}
     for name in names:

@@ -15,11 +15,19 @@ from pathlib import Path
 from typing import Literal
 
 from rag.embedding.onnx_builder import BUILDER_VERSION, build_bert_sentence_encoder
-from rag.embedding.quantize import INT8_SCHEME, ROWWISE_SCHEME, quantize_blockwise_int8, quantize_rowwise_int8
+from rag.embedding.quantize import (INT8_SCHEME, ROWWISE_SCHEME, calibration_feeds, quantize_blockwise_int8,
+                                    quantize_rowwise_int8, smoothing_factors)
 from rag.errors import ConfigurationError, IndexLoadError
 
 Precision = Literal["fp32", "int8", "int8-row"]  # int8-row: the query side only (rag.embedding.quantize)
-BUILDERS = {"int8": quantize_blockwise_int8, "int8-row": quantize_rowwise_int8}
+
+
+def _build_rowwise(fp32: Path, target: Path, tokenizer: Path) -> Path:
+    return quantize_rowwise_int8(fp32, target, smoothing_factors(fp32, calibration_feeds(tokenizer)))
+
+
+# precision -> its builder (the fp32 graph, the target, the model's tokenizer.json)
+BUILDERS = {"int8": lambda fp32, target, _tokenizer: quantize_blockwise_int8(fp32, target), "int8-row": _build_rowwise}
 SCHEMES = {"fp32": "none", "int8": INT8_SCHEME, "int8-row": ROWWISE_SCHEME}
 PACKAGED_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 # What an int8 manifest without a "quantisation" key was embedded with: ORT's quantize_dynamic, one
@@ -87,7 +95,7 @@ def ensure_encoder(model_dir: Path | None, cache_dir: Path, precision: Precision
     if precision in BUILDERS:  # named by the scheme too: a changed scheme is converted anew, never read stale
         path = folder / f"encoder-{precision}-{SCHEMES[precision]}.onnx"
         if not path.exists():
-            _atomic_build(path, lambda tmp: BUILDERS[precision](fp32, tmp))
+            _atomic_build(path, lambda tmp: BUILDERS[precision](fp32, tmp, model_dir / "tokenizer.json"))
     if not packaged:  # an explicit folder may still be the packaged one; asking needs no package installed
         try:
             packaged = model_dir == packaged_model_dir()

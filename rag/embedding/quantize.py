@@ -16,11 +16,21 @@ batch-independent and run faster than fp32. ``quantize_dynamic`` is faster still
 figures are in docs/benchmarks.md, "Embedding quantisation schemes side by side".
 
 The query side may run ``int8-row`` instead (``quantize_rowwise_int8``): per-channel int8 weights and one activation
-scale per row (a token's whole hidden vector), on ORT's integer ``MatMulInteger`` kernel, with the FFN's
-down-projection left in float (one scale per row of the activation function's output loses what reranking reads).
-Batch-independent for the same reason; coarser scales than the blocks, so its vectors sit a little further from fp32,
-and on CPUs where the integer kernel outruns ``MatMulNBits`` it embeds a lone query in less time. It never embeds
-passages: an index records one scheme, and a query vector only has to land near its passages.
+scale per row (a token's whole hidden vector), on ORT's integer ``MatMulInteger`` kernel. Batch-independent for the
+same reason, and on CPUs where the integer kernel outruns ``MatMulNBits`` it embeds a lone query in less time. It
+never embeds passages: an index records one scheme, and a query vector only has to land near its passages.
+
+One scale per row is coarse where a few channels of the row run far larger than the rest. Two inputs are like that:
+- The layer norms' outputs (what Q, K, V, the attention's output and the FFN's up-projection read) carry a few outlier
+  channels. They are smoothed (SmoothQuant, ``smoothing_factors``): each channel divided by a constant factor before
+  quantising and the weight's row multiplied by it, so the product is unchanged and the row's range is even. The
+  factors are fixed when the graph is built, from real text (``calibration.txt``, general sentences and questions),
+  so the graph stays batch-independent.
+- The FFN's down-projection reads the activation function's output, nearly all positive (GELU never goes below
+  -0.17): a symmetric scale would spend half its 256 steps on values that do not occur. Its rows are quantised from
+  their own minimum to their maximum instead, the minimum added back through the weight's column sums.
+Keeping either in float instead costs the speed: the down-projection's weights are most of the encoder's bytes, and a
+lone query, whose weights the request's other stages have pushed out of the cache, waits on memory for them.
 """
 
 from __future__ import annotations
@@ -30,12 +40,17 @@ from typing import Callable, Iterable
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 BLOCK = 32  # input channels per weight scale / activation scale; divides 384 and 1536
 ACCURACY_INT8 = 4  # MatMulNBits: 4 = int8 activations (per row and block), 1 = float activations
 INT8_SCHEME = f"matmulnbits-w8-block{BLOCK}-a8-row"  # what manifests record; change it with the scheme
-ROWWISE_SCHEME = "matmulinteger-w8-channel-a8-row-down-float"  # the query side's int8-row encoder
+ROWWISE_SCHEME = "matmulinteger-w8-channel-a8-row-smoothed-down-asymmetric"  # the query side's int8-row encoder
+# SmoothQuant's migration strength: how much of an input channel's range moves into the weight's row (0 none, 1 all);
+# between, both the row of activations and the weight's output channel keep a range their one scale resolves.
+SMOOTHING_ALPHA = 0.5
+CALIBRATION_TEXT = Path(__file__).with_name("calibration.txt")  # what the smoothing factors are measured on
 
 
 # ONNX Runtime's uint8 x int8 kernel adds pairs of products in 16 bits, and saturates, on x86 CPUs without these;
@@ -112,48 +127,145 @@ def quantize_blockwise_int8(source: Path, target: Path, block: int = BLOCK,
     return _rewrite_weight_matmuls(source, target, blockwise)
 
 
-def quantize_rowwise_int8(source: Path, target: Path) -> Path:
-    """Rewrite every MatMul with a constant 2-D weight in ``source`` (but the FFN's down-projection) as
-    ``MatMulInteger`` over int8 weights (one scale per output channel) and the input quantised per row in the graph
-    (symmetric, max |x| / 127); uint8 with zero point 128, the operand order ORT's fast u8s8 kernel takes (a uint8 x
-    uint8 product is exact everywhere but runs no faster than fp32). Q, K and V share one quantised input. The u8s8
-    kernel is exact only where it accumulates in 32 bits: ``exact_u8s8`` says where."""
+def _is_down_projection(init) -> bool:
+    """The FFN's down-projection: the only weight MatMul whose input is wider than its output."""
+    return init.dims[0] > init.dims[1]
+
+
+def _quantised_inputs(graph) -> dict[str, list]:
+    """Each input of the MatMuls ``quantize_rowwise_int8`` quantises symmetrically -> the weights that read it."""
+    weights = {init.name: init for init in graph.initializer}
+    readers: dict[str, list] = {}
+    for node in graph.node:
+        init = weights.get(node.input[1]) if node.op_type == "MatMul" else None
+        if init is not None and len(init.dims) == 2 and not _is_down_projection(init):
+            readers.setdefault(node.input[0], []).append(init)
+    return readers
+
+
+def calibration_feeds(tokenizer_path: Path, max_length: int = 256) -> list[dict]:
+    """``CALIBRATION_TEXT``'s lines, one encoder input each, tokenised as the embedder tokenises a query."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tokenizer_path))
+    tokenizer.enable_truncation(max_length=max_length)
+    tokenizer.no_padding()
+    feeds = []
+    for line in CALIBRATION_TEXT.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            ids = np.array([tokenizer.encode(line.strip()).ids], np.int64)
+            feeds.append({"input_ids": ids, "attention_mask": np.ones_like(ids)})
+    return feeds
+
+
+def smoothing_factors(source: Path, feeds: Iterable[dict], alpha: float = SMOOTHING_ALPHA) -> dict[str, np.ndarray]:
+    """SmoothQuant's factor for each channel of each symmetrically quantised MatMul input of ``source`` (the float
+    graph), by input name: ``max|x| ** alpha / max|w| ** (1 - alpha)``, ``max|x|`` the largest value the channel
+    reaches while ``source`` runs ``feeds``, ``max|w|`` the largest in that row of the weights reading it."""
+    model = onnx.load(str(source))
+    readers = _quantised_inputs(model.graph)
+    names = list(readers)
+    model.graph.output.extend(helper.make_tensor_value_info(x, TensorProto.FLOAT, None) for x in names)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    reached: dict[str, np.ndarray] = {}
+    for feed in feeds:
+        for x, value in zip(names, session.run(names, feed)):
+            row_max = np.abs(value).reshape(-1, value.shape[-1]).max(axis=0)
+            reached[x] = np.maximum(reached[x], row_max) if x in reached else row_max
+    if not reached:
+        raise ValueError("smoothing_factors: no calibration text to measure the activations on")
+    factors = {}
+    for x, weights in readers.items():
+        weight_max = np.max([np.abs(numpy_helper.to_array(w)).max(axis=1) for w in weights], axis=0)
+        factor = np.maximum(reached[x], 1e-5) ** alpha / np.maximum(weight_max, 1e-5) ** (1 - alpha)
+        factors[x] = factor.astype(np.float32)
+    return factors
+
+
+def _symmetric_rows(x: str, p: str) -> tuple[list, str, str]:
+    """Nodes quantising ``x`` row by row around zero: uint8 = round(x / s) + 128 with s = max |x| / 127."""
+    return ([helper.make_node("Abs", [x], [p + "abs"]),
+             helper.make_node("ReduceMax", [p + "abs"], [p + "amax"], axes=[-1], keepdims=1),
+             helper.make_node("Max", [p + "amax", "rw.eps"], [p + "amax+"]),
+             helper.make_node("Div", [p + "amax+", "rw.127"], [p + "scale"]),
+             helper.make_node("Div", [x, p + "scale"], [p + "scaled"]),
+             helper.make_node("Round", [p + "scaled"], [p + "rounded"]),
+             helper.make_node("Add", [p + "rounded", "rw.128"], [p + "shifted"]),
+             helper.make_node("Cast", [p + "shifted"], [p + "u8"], to=TensorProto.UINT8)],
+            p + "u8", p + "scale")
+
+
+def _asymmetric_rows(x: str, p: str) -> tuple[list, str, str, str]:
+    """Nodes quantising ``x`` row by row over its own range: uint8 = round((x - min) / s) with s = (max - min) / 255;
+    the row's minimum is returned for the product to add back."""
+    return ([helper.make_node("ReduceMin", [x], [p + "min"], axes=[-1], keepdims=1),
+             helper.make_node("ReduceMax", [x], [p + "max"], axes=[-1], keepdims=1),
+             helper.make_node("Sub", [p + "max", p + "min"], [p + "range"]),
+             helper.make_node("Max", [p + "range", "rw.eps"], [p + "range+"]),
+             helper.make_node("Div", [p + "range+", "rw.255"], [p + "scale"]),
+             helper.make_node("Sub", [x, p + "min"], [p + "above"]),
+             helper.make_node("Div", [p + "above", p + "scale"], [p + "scaled"]),
+             helper.make_node("Round", [p + "scaled"], [p + "rounded"]),
+             helper.make_node("Cast", [p + "rounded"], [p + "u8"], to=TensorProto.UINT8)],
+            p + "u8", p + "scale", p + "min")
+
+
+def quantize_rowwise_int8(source: Path, target: Path, smoothing: dict[str, np.ndarray] | None = None) -> Path:
+    """Rewrite every MatMul with a constant 2-D weight in ``source`` as ``MatMulInteger`` over int8 weights (one scale
+    per output channel) and its input quantised per row in the graph: symmetric (max |x| / 127, zero point 128) after
+    dividing by ``smoothing``'s factors where it names the input (``smoothing_factors``; the weight's rows multiplied
+    by them), and the FFN's down-projection's input over the row's own range (the module docstring says why). uint8
+    activations, the operand order ORT's fast u8s8 kernel takes (a uint8 x uint8 product is exact everywhere but runs
+    no faster than fp32); the MatMuls reading one input share its quantised rows. The u8s8 kernel is exact only where
+    it accumulates in 32 bits: ``exact_u8s8`` says where."""
+    smoothing = smoothing or {}
     consts = {"rw.eps": np.array(1e-8, np.float32), "rw.127": np.array(127.0, np.float32),
-              "rw.128": np.array(128.0, np.float32), "rw.zp": np.array(128, np.uint8), "rw.wzp": np.array(0, np.int8)}
-    quantised: dict[str, tuple[str, str]] = {}  # a MatMul input -> its uint8 rows and their scales
+              "rw.128": np.array(128.0, np.float32), "rw.255": np.array(255.0, np.float32),
+              "rw.zp": np.array(128, np.uint8), "rw.zp0": np.array(0, np.uint8), "rw.wzp": np.array(0, np.int8)}
+    quantised: dict[str, tuple] = {}  # a MatMul input -> its uint8 rows, their scales (and minimums: asymmetric)
 
     def rowwise(graph, node, init):
-        # The FFN's down-projection (its input wider than its output) reads the activation function's output, whose
-        # few large values would leave one scale per row too coarse for the rest: it stays float.
-        if init.dims[0] > init.dims[1]:
-            return None
         if not quantised:
             graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in consts.items())
         new = []
         x = node.input[0]
+        factor = smoothing.get(x)
         if x not in quantised:
             p = f"rw{len(quantised)}."
-            new += [helper.make_node("Abs", [x], [p + "abs"]),
-                    helper.make_node("ReduceMax", [p + "abs"], [p + "amax"], axes=[-1], keepdims=1),
-                    helper.make_node("Max", [p + "amax", "rw.eps"], [p + "amax+"]),
-                    helper.make_node("Div", [p + "amax+", "rw.127"], [p + "scale"]),
-                    helper.make_node("Div", [x, p + "scale"], [p + "scaled"]),
-                    helper.make_node("Round", [p + "scaled"], [p + "rounded"]),
-                    helper.make_node("Add", [p + "rounded", "rw.128"], [p + "shifted"]),
-                    helper.make_node("Cast", [p + "shifted"], [p + "u8"], to=TensorProto.UINT8)]
-            quantised[x] = (p + "u8", p + "scale")
-        x_u8, x_scale = quantised[x]
+            if _is_down_projection(init):
+                nodes, *quantised[x] = _asymmetric_rows(x, p)
+            else:
+                if factor is not None:
+                    graph.initializer.append(numpy_helper.from_array((1.0 / factor).astype(np.float32), p + "unsmooth"))
+                    nodes = [helper.make_node("Mul", [x, p + "unsmooth"], [p + "smoothed"])]
+                    rows, *quantised[x] = _symmetric_rows(p + "smoothed", p)
+                    nodes += rows
+                else:
+                    nodes, *quantised[x] = _symmetric_rows(x, p)
+            new += nodes
+        x_u8, x_scale, *x_min = quantised[x]
         w = numpy_helper.to_array(init).astype(np.float32)
+        if factor is not None:
+            w = w * factor[:, None]
         w_scale = np.abs(w).max(axis=0) / 127.0
         w_scale[w_scale == 0] = 1.0  # an all-zero column: any scale reproduces it
-        graph.initializer.extend([
-            numpy_helper.from_array(np.clip(np.rint(w / w_scale), -127, 127).astype(np.int8), init.name + ".s8"),
-            numpy_helper.from_array(w_scale.astype(np.float32), init.name + ".wscale")])
+        w_q = np.clip(np.rint(w / w_scale), -127, 127)
+        graph.initializer.extend([numpy_helper.from_array(w_q.astype(np.int8), init.name + ".s8"),
+                                  numpy_helper.from_array(w_scale.astype(np.float32), init.name + ".wscale")])
         o = node.name + ".rw"
-        return new + [
-            helper.make_node("MatMulInteger", [x_u8, init.name + ".s8", "rw.zp", "rw.wzp"], [o + ".i32"]),
+        product = [
+            helper.make_node("MatMulInteger", [x_u8, init.name + ".s8", "rw.zp0" if x_min else "rw.zp", "rw.wzp"],
+                             [o + ".i32"]),
             helper.make_node("Cast", [o + ".i32"], [o + ".f"], to=TensorProto.FLOAT),
-            helper.make_node("Mul", [o + ".f", init.name + ".wscale"], [o + ".fw"]),
-            helper.make_node("Mul", [o + ".fw", x_scale], list(node.output))]
+            helper.make_node("Mul", [o + ".f", init.name + ".wscale"], [o + ".fw"])]
+        if not x_min:
+            return new + product + [helper.make_node("Mul", [o + ".fw", x_scale], list(node.output))]
+        # (x - min) . w + min * (the quantised weight's column sums): the row's minimum added back
+        graph.initializer.append(numpy_helper.from_array((w_q * w_scale).sum(axis=0).astype(np.float32),
+                                                         init.name + ".colsum"))
+        return new + product + [
+            helper.make_node("Mul", [o + ".fw", x_scale], [o + ".above"]),
+            helper.make_node("Mul", [x_min[0], init.name + ".colsum"], [o + ".base"]),
+            helper.make_node("Add", [o + ".above", o + ".base"], list(node.output))]
 
     return _rewrite_weight_matmuls(source, target, rowwise)

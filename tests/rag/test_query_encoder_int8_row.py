@@ -1,6 +1,7 @@
 """The query side's int8-row encoder (``embedding.query_precision=int8-row``, rag/embedding/quantize.py): the weight
-MatMuls run on the integer kernel with one activation scale per token (the FFN's down-projection in float), so a
-query's vector does not depend on what shares its run, and it lands next to the passages' own query vector."""
+MatMuls run on the integer kernel with one activation scale per token (inputs smoothed by factors fixed at build time,
+the FFN's down-projection over each row's own range), so a query's vector does not depend on what shares its run, and
+it lands next to the passages' own query vector."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import uuid
 
 import numpy as np
 import onnx
+from onnx import numpy_helper
 
 from rag.embedding import model_store
 from rag.embedding.embedder import QUERY_PRECISIONS, SENTENCE_OUTPUT, OnnxEmbedder
@@ -16,7 +18,7 @@ from rag.embedding.quantize import ROWWISE_SCHEME
 from rag.settings import EmbeddingSettings
 
 
-def test_the_weight_matmuls_run_on_the_integer_kernel_with_per_channel_weights_but_the_down_projections(settings):
+def test_every_weight_matmul_runs_on_the_integer_kernel_with_per_channel_weights_and_smoothed_inputs(settings):
     embedder = OnnxEmbedder(settings.embedding.model_copy(update={"precision": "int8", "query_precision": "int8-row",
                                                                   "quiet_query_threads": 1}))
     embedder.warm_up()
@@ -25,14 +27,94 @@ def test_the_weight_matmuls_run_on_the_integer_kernel_with_per_channel_weights_b
     graph = onnx.load(str(embedder.query_files.onnx_path)).graph
     weights = {init.name: init for init in graph.initializer}
     integer = [n for n in graph.node if n.op_type == "MatMulInteger"]
-    assert len(integer) == 6 * 5  # six layers x (Q, K, V, attention output, FFN in); the FFN out stays float
+    assert len(integer) == 6 * 6  # six layers x (Q, K, V, attention output, FFN in, FFN out)
     for node in integer:
         weight = weights[node.input[1]]
         assert weight.data_type == onnx.TensorProto.INT8 and len(weight.dims) == 2
         scale = weights[node.input[1].removesuffix(".s8") + ".wscale"]
         assert list(scale.dims) == [weight.dims[1]]  # one scale per output channel
-    floats = [weights[n.input[1]] for n in graph.node if n.op_type == "MatMul" and n.input[1] in weights]
-    assert len(floats) == 6 and all(w.dims[0] > w.dims[1] for w in floats)  # the down-projections
+    assert not [n for n in graph.node if n.op_type == "MatMul" and n.input[1] in weights]
+    smoothed = [weights[n.input[1]] for n in graph.node if n.op_type == "Mul" and n.input[1].endswith("unsmooth")]
+    assert len(smoothed) == 6 * 3  # per layer: what Q/K/V read, the attention's output, the FFN's input
+    for factors in smoothed:
+        values = numpy_helper.to_array(factors)
+        assert values.shape == (384,) and np.all(values > 0) and values.max() > 2 * values.min()
+
+
+def test_smoothing_moves_an_outlier_channel_into_the_weight_and_keeps_the_product(tmp_path):
+    """An input with one channel a hundred times the others: one scale per row rounds the small channels away;
+    smoothed, the row's range is even and the product comes out several times closer, the same float product."""
+    import onnxruntime as ort
+    from onnx import helper
+
+    from rag.embedding.embedder import cpu_identity
+    from rag.embedding.quantize import exact_u8s8, quantize_rowwise_int8, smoothing_factors
+
+    rng = np.random.default_rng(1)
+    dim = 64
+    weight = rng.normal(size=(dim, dim)).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="qkv")], "outlier",
+                              [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n", dim])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["n", dim])],
+                              [numpy_helper.from_array(weight, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(tmp_path / "fp32.onnx"))
+
+    def rows(n):
+        x = rng.normal(size=(n, dim)).astype(np.float32)
+        x[:, 5] *= 100.0
+        return x
+
+    factors = smoothing_factors(tmp_path / "fp32.onnx", [{"x": rows(16)} for _ in range(4)])
+    assert set(factors) == {"x"} and factors["x"][5] > 5 * np.median(factors["x"])
+    quantize_rowwise_int8(tmp_path / "fp32.onnx", tmp_path / "plain.onnx")
+    quantize_rowwise_int8(tmp_path / "fp32.onnx", tmp_path / "smoothed.onnx", factors)
+    if not exact_u8s8(cpu_identity().get("isa", ())):
+        return  # the products are only exact where int8-row is offered (the refusal is tested below)
+    x = rows(64)
+    exact = x @ weight
+    error = {}
+    for name in ("plain", "smoothed"):
+        got = ort.InferenceSession(str(tmp_path / f"{name}.onnx"), providers=["CPUExecutionProvider"]).run(["y"], {"x": x})
+        error[name] = float(np.sqrt(np.mean((got[0] - exact) ** 2)))
+    assert error["smoothed"] < 0.5 * error["plain"], error
+
+
+def test_rows_of_an_all_positive_input_are_quantised_over_their_own_range(tmp_path):
+    """The FFN's down-projection (input wider than output) reads the activation function's nearly all-positive
+    output: its rows use all 256 steps from their minimum to their maximum, and the product still comes out right,
+    several times closer than one symmetric scale per row gets it."""
+    import onnxruntime as ort
+    from onnx import helper
+
+    from rag.embedding.embedder import cpu_identity
+    from rag.embedding.quantize import exact_u8s8, quantize_rowwise_int8
+
+    rng = np.random.default_rng(0)
+    wide, narrow = 96, 32
+    weight = rng.normal(size=(wide, narrow)).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="down")], "down",
+                              [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n", wide])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["n", narrow])],
+                              [numpy_helper.from_array(weight, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(tmp_path / "fp32.onnx"))
+    quantize_rowwise_int8(tmp_path / "fp32.onnx", tmp_path / "row.onnx")
+    nodes = onnx.load(str(tmp_path / "row.onnx")).graph.node
+    assert {"ReduceMin", "MatMulInteger"} <= {n.op_type for n in nodes}
+    if not exact_u8s8(cpu_identity().get("isa", ())):
+        return  # the product itself is only exact where int8-row is offered (the test below covers the refusal)
+    rows = (np.abs(rng.normal(size=(64, wide))) * 0.5 - 0.17).astype(np.float32)  # GELU-like: nearly all positive
+    got = ort.InferenceSession(str(tmp_path / "row.onnx"), providers=["CPUExecutionProvider"]).run(["y"], {"x": rows})
+    w_scale = np.abs(weight).max(axis=0) / 127
+    w_q = np.clip(np.rint(weight / w_scale), -127, 127) * w_scale
+    x_scale = np.abs(rows).max(axis=1, keepdims=True) / 127
+    symmetric = (np.rint(rows / x_scale) * x_scale) @ w_q  # the same weights, one symmetric scale per row
+    exact = rows @ weight
+    rms = lambda y: float(np.sqrt(np.mean((y - exact) ** 2)))  # noqa: E731
+    assert rms(got[0]) < 0.75 * rms(symmetric), (rms(got[0]), rms(symmetric))
 
 
 def test_a_query_is_the_same_vector_alone_and_padded_in_a_batch_and_near_the_passages_precision(settings):
@@ -85,7 +167,7 @@ def test_integer_products_are_exact_at_the_codes_extremes_or_the_encoder_is_refu
     asking for it is refused with the reason."""
     import onnxruntime as ort
     import pytest
-    from onnx import helper, numpy_helper
+    from onnx import helper
 
     from rag.embedding import embedder as module
     from rag.embedding.quantize import exact_u8s8, quantize_rowwise_int8
