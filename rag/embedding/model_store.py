@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Literal
 
 from rag.embedding.onnx_builder import BUILDER_VERSION, build_bert_sentence_encoder
-from rag.embedding.quantize import (INT8_SCHEME, ROWWISE_SCHEME, calibration_feeds, quantize_blockwise_int8,
-                                    quantize_rowwise_int8, smoothing_factors)
+from rag.embedding.quantize import (CALIBRATION_TEXT, INT8_SCHEME, ROWWISE_SCHEME, calibration_feeds,
+                                    quantize_blockwise_int8, quantize_rowwise_int8, smoothing_factors)
 from rag.errors import ConfigurationError, IndexLoadError
 
 Precision = Literal["fp32", "int8", "int8-row"]  # int8-row: the query side only (rag.embedding.quantize)
@@ -92,8 +92,9 @@ def ensure_encoder(model_dir: Path | None, cache_dir: Path, precision: Precision
     if not fp32.exists():
         _atomic_build(fp32, lambda tmp: build_bert_sentence_encoder(model_dir, tmp))
     path = fp32
-    if precision in BUILDERS:  # named by the scheme too: a changed scheme is converted anew, never read stale
-        path = folder / f"encoder-{precision}-{SCHEMES[precision]}.onnx"
+    if precision in BUILDERS:  # named by the scheme (and text) too: a change is converted anew, never read stale
+        text = f"-{hashlib.sha256(CALIBRATION_TEXT.read_bytes()).hexdigest()[:8]}" if precision == "int8-row" else ""
+        path = folder / f"encoder-{precision}-{SCHEMES[precision]}{text}.onnx"
         if not path.exists():
             _atomic_build(path, lambda tmp: BUILDERS[precision](fp32, tmp, model_dir / "tokenizer.json"))
     if not packaged:  # an explicit folder may still be the packaged one; asking needs no package installed

@@ -144,7 +144,8 @@ def _quantised_inputs(graph) -> dict[str, list]:
 
 
 def calibration_feeds(tokenizer_path: Path, max_length: int = 256) -> list[dict]:
-    """``CALIBRATION_TEXT``'s lines, one encoder input each, tokenised as the embedder tokenises a query."""
+    """``CALIBRATION_TEXT``'s lines (but ``#`` comments), one encoder input each, tokenised as the embedder tokenises
+    a query."""
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(tokenizer_path))
@@ -152,7 +153,7 @@ def calibration_feeds(tokenizer_path: Path, max_length: int = 256) -> list[dict]
     tokenizer.no_padding()
     feeds = []
     for line in CALIBRATION_TEXT.read_text(encoding="utf-8").splitlines():
-        if line.strip():
+        if line.strip() and not line.startswith("#"):
             ids = np.array([tokenizer.encode(line.strip()).ids], np.int64)
             feeds.append({"input_ids": ids, "attention_mask": np.ones_like(ids)})
     return feeds
