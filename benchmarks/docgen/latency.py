@@ -300,7 +300,8 @@ def quiet_case(d: dict) -> str:
 threads do not spin between runs). Which precision is fastest depends on the CPU (which integer kernels it has, and
 how fast: the machine's flags are in its line at the top of this page): int8 is the passages' scheme (8-bit weights in
 blocks, activations per row and block, `MatMulNBits`), int8-row the query side's variant (one activation scale per
-token, per-channel weights, `MatMulInteger`, the attention's value projection in float; offered only on CPUs with VNNI or
+token, per-channel weights, `MatMulInteger`, inputs smoothed by factors fixed at build time and the FFN's
+down-projection quantised over each row's own range; offered only on CPUs with VNNI or
 AMX, where ONNX Runtime's uint8 x int8 product is exact); `embedding.query_precision`
 `fastest` (the default) times the three at the first start on a CPU and keeps the fastest where it wins clearly over
 the passages' precision. Whether the idle cores shorten a lone query depends on the machine too: a lone request leaves the model idle between its runs, the quiet

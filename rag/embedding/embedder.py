@@ -35,10 +35,10 @@ import numpy as np
 import onnxruntime as ort
 from tokenizers import Tokenizer
 
+from rag.cpu import cpu_identity, exact_u8s8
 from rag.devicetime import DeviceTimer
 from rag.embedding.model_store import SCHEMES, EncoderFiles, ensure_encoder
 from rag.embedding.onnx_builder import SENTENCE_OUTPUT, TOKEN_OUTPUT
-from rag.embedding.quantize import exact_u8s8
 from rag.errors import ConfigurationError
 from rag.settings import EmbeddingSettings
 from rag.threadnames import get_name, set_name, stage_comm
@@ -77,23 +77,6 @@ CLEAR_WIN = 0.9
 # How long the model idles between a lone request's runs (its other stages and the client's round trip): long enough
 # for the quiet session's threads to sleep, so timing the sessions back to back would hide what waking them costs.
 LONE_QUERY_GAP_S = 0.005
-# What decides which precision runs faster: the CPU's model and the instruction sets ONNX Runtime's kernels pick.
-ISA_FLAGS = ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8", "amx_bf16", "neon",
-             "asimddp", "sve")
-
-
-def cpu_identity() -> dict:
-    """The CPU as the query encoder's choice depends on it (Linux's /proc/cpuinfo; empty elsewhere)."""
-    try:
-        text = open("/proc/cpuinfo", encoding="utf-8", errors="replace").read()
-    except OSError:
-        return {}
-    fields = dict(line.split(":", 1) for line in text.split("\n\n")[0].splitlines() if ":" in line)
-    fields = {k.strip(): v.strip() for k, v in fields.items()}
-    flags = set((fields.get("flags") or fields.get("Features") or "").split())
-    return {"model": fields.get("model name") or fields.get("CPU part", ""), "isa": sorted(flags & set(ISA_FLAGS))}
-
-
 def time_query_runs(sessions: dict[str, ort.InferenceSession], feeds: list[dict], rounds: int = 7,
                     idle_s: float = 0.0) -> dict[str, float]:
     """Each session's fastest round over ``feeds`` (seconds, the runs alone), the rounds interleaved so that a burst

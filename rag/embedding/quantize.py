@@ -53,17 +53,6 @@ SMOOTHING_ALPHA = 0.5
 CALIBRATION_TEXT = Path(__file__).with_name("calibration.txt")  # what the smoothing factors are measured on
 
 
-# ONNX Runtime's uint8 x int8 kernel adds pairs of products in 16 bits, and saturates, on x86 CPUs without these;
-# with VNNI or AMX it accumulates in 32 bits and is exact.
-EXACT_U8S8_ISA = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
-
-
-def exact_u8s8(isa: Iterable[str]) -> bool:
-    """Whether a CPU with these instruction-set flags (``rag.embedding.embedder.cpu_identity``) runs int8-row's
-    uint8 x int8 products exactly."""
-    return bool(EXACT_U8S8_ISA & set(isa))
-
-
 def quantize_weight_blocks(weight: np.ndarray, block: int = BLOCK) -> tuple[np.ndarray, np.ndarray]:
     """``weight`` (K x N) -> MatMulNBits' packed bytes (N, K/block, block) and scales (N * K/block).
 
@@ -218,7 +207,7 @@ def quantize_rowwise_int8(source: Path, target: Path, smoothing: dict[str, np.nd
     by them), and the FFN's down-projection's input over the row's own range (the module docstring says why). uint8
     activations, the operand order ORT's fast u8s8 kernel takes (a uint8 x uint8 product is exact everywhere but runs
     no faster than fp32); the MatMuls reading one input share its quantised rows. The u8s8 kernel is exact only where
-    it accumulates in 32 bits: ``exact_u8s8`` says where."""
+    it accumulates in 32 bits: ``rag.cpu.exact_u8s8`` says where."""
     smoothing = smoothing or {}
     consts = {"rw.eps": np.array(1e-8, np.float32), "rw.127": np.array(127.0, np.float32),
               "rw.128": np.array(128.0, np.float32), "rw.255": np.array(255.0, np.float32),

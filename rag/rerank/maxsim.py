@@ -36,26 +36,34 @@ class Int8MaxSim:
     """MaxSim over int8 token vectors on ONNX Runtime's integer matrix product, without turning them into floats.
 
     The stored int8 codes (one scale per token) are fed as unsigned bytes with a zero point of 128 (the sign bit
-    flipped: the same numbers), the query's unit vectors are quantised to int8 with one scale per query token and
-    fed the same way, and ``MatMulInteger`` gives exact int32 dot products of the codes; the token scales go on
-    before the segmented max, the query's after it (one positive number per column). Both sides are unsigned on
-    purpose: ONNX Runtime's uint8 x int8 kernel on CPUs without VNNI (AVX2's ``vpmaddubsw``) adds pairs of products
-    in 16 bits and saturates, which gives wrong scores there; uint8 x uint8 widens first and is exact on every CPU.
-    It also skips building the float32 matrix of the candidates' vectors. The rerank stage with either product, side
-    by side on the same candidates, and the retrieval quality of both: ``benchmarks/bench_rerank.py --part latency``
-    (docs/benchmarks.md). The query's quantisation error is below int8's step (1/254 of its largest component)."""
+    flipped: the same numbers), the query's unit vectors are quantised to int8 with one scale per query token, and
+    ``MatMulInteger`` gives exact int32 dot products of the codes; the token scales go on before the segmented max,
+    the query's after it (one positive number per column). The query is fed signed where the CPU has VNNI or AMX
+    (``rag.cpu.exact_u8s8``), where ONNX Runtime's uint8 x int8 kernel accumulates in 32 bits and runs several times
+    faster than uint8 x uint8; elsewhere it is fed unsigned too (zero point 128), since that kernel on CPUs without
+    VNNI (AVX2's ``vpmaddubsw``) adds pairs of products in 16 bits and saturates, which would give wrong scores, while
+    uint8 x uint8 widens first and is exact on every CPU. Either way it skips building the float32 matrix of the
+    candidates' vectors. The rerank stage with either product, side by side on the same candidates, and the
+    retrieval quality of both: ``benchmarks/bench_rerank.py --part latency`` (docs/benchmarks.md). The query's
+    quantisation error is below int8's step (1/254 of its largest component)."""
 
-    def __init__(self) -> None:
+    def __init__(self, signed_query: bool | None = None) -> None:
+        """``signed_query``: feed the query as int8 (None: where ``rag.cpu.exact_u8s8`` says it is exact)."""
         import onnxruntime as ort
         from onnx import TensorProto, helper, numpy_helper
 
-        node = helper.make_node("MatMulInteger", ["tokens", "query", "zero", "zero"], ["dots"])
+        from rag.cpu import cpu_identity, exact_u8s8
+
+        self.signed_query = exact_u8s8(cpu_identity().get("isa", ())) if signed_query is None else signed_query
+        query_type, query_zero = ((TensorProto.INT8, np.array(0, np.int8)) if self.signed_query
+                                  else (TensorProto.UINT8, np.array(128, np.uint8)))
+        node = helper.make_node("MatMulInteger", ["tokens", "query", "zero", "query_zero"], ["dots"])
         graph = helper.make_graph(
             [node], "maxsim_int8",
             [helper.make_tensor_value_info("tokens", TensorProto.UINT8, ["n", "dim"]),
-             helper.make_tensor_value_info("query", TensorProto.UINT8, ["dim", "q"])],
+             helper.make_tensor_value_info("query", query_type, ["dim", "q"])],
             [helper.make_tensor_value_info("dots", TensorProto.INT32, ["n", "q"])],
-            [numpy_helper.from_array(np.array(128, np.uint8), "zero")])
+            [numpy_helper.from_array(np.array(128, np.uint8), "zero"), numpy_helper.from_array(query_zero, "query_zero")])
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
         model.ir_version = 8
         options = ort.SessionOptions()
@@ -70,8 +78,11 @@ class Int8MaxSim:
             return np.zeros(0, np.float32)
         query = np.asarray(query, np.float32)
         query_scales = np.maximum(np.abs(query).max(axis=1), 1e-12) / 127.0
-        offset = np.rint(query / query_scales[:, None]).astype(np.int16) + 128  # int8 codes as offset bytes
-        quantised = np.ascontiguousarray(offset.astype(np.uint8).T)
+        query_codes = np.rint(query / query_scales[:, None]).astype(np.int16)
+        if self.signed_query:
+            quantised = np.ascontiguousarray(query_codes.astype(np.int8).T)
+        else:  # int8 codes as offset bytes
+            quantised = np.ascontiguousarray((query_codes + 128).astype(np.uint8).T)
         dots = self.session.run(None, {"tokens": codes, "query": quantised})[0]  # (n, q) int32
         sims = dots.astype(np.float32)
         sims *= scales[:, None]

@@ -47,8 +47,8 @@ def test_smoothing_moves_an_outlier_channel_into_the_weight_and_keeps_the_produc
     import onnxruntime as ort
     from onnx import helper
 
-    from rag.embedding.embedder import cpu_identity
-    from rag.embedding.quantize import exact_u8s8, quantize_rowwise_int8, smoothing_factors
+    from rag.cpu import cpu_identity, exact_u8s8
+    from rag.embedding.quantize import quantize_rowwise_int8, smoothing_factors
 
     rng = np.random.default_rng(1)
     dim = 64
@@ -88,8 +88,8 @@ def test_rows_of_an_all_positive_input_are_quantised_over_their_own_range(tmp_pa
     import onnxruntime as ort
     from onnx import helper
 
-    from rag.embedding.embedder import cpu_identity
-    from rag.embedding.quantize import exact_u8s8, quantize_rowwise_int8
+    from rag.cpu import cpu_identity, exact_u8s8
+    from rag.embedding.quantize import quantize_rowwise_int8
 
     rng = np.random.default_rng(0)
     wide, narrow = 96, 32
@@ -170,7 +170,8 @@ def test_integer_products_are_exact_at_the_codes_extremes_or_the_encoder_is_refu
     from onnx import helper
 
     from rag.embedding import embedder as module
-    from rag.embedding.quantize import exact_u8s8, quantize_rowwise_int8
+    from rag.cpu import exact_u8s8
+    from rag.embedding.quantize import quantize_rowwise_int8
     from rag.errors import ConfigurationError
 
     if exact_u8s8(module.cpu_identity().get("isa", ())):

@@ -70,10 +70,12 @@ def test_the_int8_product_matches_maxsim_over_the_dequantised_vectors(tmp_path):
     assert served._int8 is not None and reference._int8 is None
 
 
-def test_the_int8_product_is_exact_at_the_codes_extremes():
+def test_the_int8_product_is_exact_at_the_codes_extremes(monkeypatch):
     """Codes and query components at int8's ends (every product as large as it gets, long rows of one sign): the
     integer product is exact on this CPU, whatever its kernels (a uint8 x int8 kernel without VNNI adds pairs of
-    products in 16 bits and would saturate here)."""
+    products in 16 bits and would saturate here): the query is fed signed only where the CPU has VNNI or AMX, and
+    both ways give the same scores there."""
+    from rag import cpu
     rng = np.random.default_rng(5)
     dim = 128
     codes = np.where(rng.random((40, dim)) < 0.9, 127, -127).astype(np.int16)
@@ -82,8 +84,16 @@ def test_the_int8_product_is_exact_at_the_codes_extremes():
     query = np.where(rng.random((6, dim)) < 0.9, 1.0, -1.0).astype(np.float32) / np.sqrt(dim)
     starts = np.array([0, 8, 21, 33])
     exact = maxsim(query, codes.astype(np.float32) * scales[:, None], starts)
-    got = Int8MaxSim()(query, (codes + 128).astype(np.uint8), scales, starts)
-    np.testing.assert_allclose(got, exact, rtol=1e-5, atol=1e-6)
+    product = Int8MaxSim()
+    assert product.signed_query == cpu.exact_u8s8(cpu.cpu_identity().get("isa", ()))
+    ways = [product, Int8MaxSim(signed_query=False)] + ([Int8MaxSim(signed_query=True)] if product.signed_query else [])
+    for way in ways:
+        got = way(query, (codes + 128).astype(np.uint8), scales, starts)
+        np.testing.assert_allclose(got, exact, rtol=1e-5, atol=1e-6)
+    monkeypatch.setattr(cpu, "cpu_identity", lambda: {"model": "a CPU without VNNI", "isa": ["avx2", "avx512f"]})
+    assert not Int8MaxSim().signed_query
+    monkeypatch.setattr(cpu, "cpu_identity", lambda: {"model": "a CPU with VNNI", "isa": ["avx2", "avx512_vnni"]})
+    assert Int8MaxSim().signed_query
 
 
 def _head(rng, hidden=24, dim=8, weights=(1.0, 0.0, 0.0, 0.0)) -> RerankHead:
