@@ -1,4 +1,4 @@
-"""The five boards: RAG latency, SLO, Quality, vLLM, Kernel. Metric names come from ``dashboards.contract``,
+"""The six boards: RAG latency, SLO, Quality, vLLM, Kernel, Milvus. Metric names come from ``dashboards.contract``,
 window names and recording rules from ``dashboards.slo`` (so a profile renames both together).
 
 Every board has a ``$job`` variable and every query selects ``job=~"$job"``: one Prometheus may scrape several
@@ -460,6 +460,45 @@ def kernel_board(profile: Profile) -> Board:
                  panels, variables)
 
 
+def milvus_board(profile: Profile) -> Board:
+    """Milvus (``vector_store.backend=milvus``): its own timing of the searches ragheat sends, its requests by outcome,
+    the entities it serves and its memory, from Milvus' own metrics (job ``milvus`` in compose's Prometheus)."""
+    m, label = contract.MILVUS, contract.MILVUS_LABEL
+    search = f'{label["query_type"]}="search"'
+    panels = (
+        _heatmap("Search latency (Milvus proxy)", m["search_latency"], search, unit="ms",
+                 description="A search from its arrival at Milvus' proxy to its answer, as Milvus times it (its "
+                             "buckets, in milliseconds). The service's own view of the same searches, network and "
+                             "client included, is the retrieve_dense and retrieve_bm25 stages on the RAG latency "
+                             "board: the gap between the two is the trip."),
+        _heatmap("Search latency (query node)", m["querynode_latency"], search, unit="ms",
+                 description="The part of a search the query node spends (its scope label: the request as a whole "
+                             "or one shard of it)."),
+        Panel("Requests by operation and outcome", "timeseries",
+              (Query(f'sum by ({label["function"]}, {label["status"]}) ({_rate(m["requests"])})',
+                     f'{{{{{label["function"]}}}}} {{{{{label["status"]}}}}}', (m["requests"],)),),
+              unit="reqps", width=8,
+              description="Each proxy operation (Search, HybridSearch, Insert, CreateCollection, ...) per second by "
+                          "outcome: an ingest publishing a generation shows as inserts and a collection made; "
+                          "failed searches degrade the service's dense and BM25 stages."),
+        Panel("Entities served", "timeseries",
+              (Query(f'sum by ({label["collection"]}) ({m["entities"]}{{{ON_JOB}}})', f'{{{{{label["collection"]}}}}}',
+                     (m["entities"],)),),
+              unit="short", width=8,
+              description="The rows the query node can search, per collection: ragheat publishes one collection per "
+                          "index generation, so a hot swap shows the next one filling before the old one is dropped."),
+        Panel("Resident memory", "timeseries",
+              (Query(f"sum by ({JOB}) ({m['resident_memory']}{{{ON_JOB}}})", f"{{{{{JOB}}}}}",
+                     (m["resident_memory"],)),),
+              unit="bytes", width=8,
+              description="Milvus' resident memory (its Go process collector): the memory the dense and BM25 indexes "
+                          "take once they leave the service's process."),
+    )
+    return Board("ragheat-milvus", "Milvus", "The vector store as Milvus sees it: search latency, requests by outcome, "
+                 "entities served, memory.", panels, (_job_variable(contract.count(m["search_latency"])),))
+
+
 def all_boards(profile: Profile) -> tuple[Board, ...]:
     """Every board for ``profile``, in display order."""
-    return tuple(build(profile) for build in (latency_board, slo_board, quality_board, vllm_board, kernel_board))
+    return tuple(build(profile) for build in (latency_board, slo_board, quality_board, vllm_board, kernel_board,
+                                              milvus_board))

@@ -5,8 +5,9 @@
 from __future__ import annotations
 
 from rag.stages import BAD_VERDICTS, QUALITY_LEVELS, QUALITY_VERDICTS
-from telemetry.metrics import (GENERATION_METRICS, HOST_METRICS, KERNEL_METRICS, QUALITY_METRICS, QUALITY_POINTS,
-                               QUALITY_SIGNAL_FAMILIES, SERVICE_METRICS, VLLM_METRICS, VLLM_NATIVE_METRICS)
+from telemetry.metrics import (GENERATION_METRICS, HOST_METRICS, KERNEL_METRICS, MILVUS_LABELS, MILVUS_NATIVE_METRICS,
+                               QUALITY_METRICS, QUALITY_POINTS, QUALITY_SIGNAL_FAMILIES, SERVICE_METRICS, VLLM_METRICS,
+                               VLLM_NATIVE_METRICS)
 from telemetry.otlp_metrics import REQUEST_DURATION as OTLP_REQUEST_DURATION
 from telemetry.otlp_metrics import STAGE_DURATION as OTLP_STAGE_DURATION
 from telemetry.otlp_metrics import prometheus_name
@@ -71,6 +72,8 @@ HOST = HOST_METRICS
 KERNEL = KERNEL_METRICS
 VLLM = VLLM_METRICS
 VLLM_NATIVE = VLLM_NATIVE_METRICS
+MILVUS = MILVUS_NATIVE_METRICS
+MILVUS_LABEL = MILVUS_LABELS
 
 LIBRARY = (STAGE_DURATION, REQUEST_DURATION, REQUESTS, IN_FLIGHT, QPS, STAGE_ERRORS, *HOST.values())
 """The families ragheat's instrumentation library emits from any Python RAG service, under the names and labels of

@@ -257,6 +257,20 @@ VLLM_NATIVE_METRICS = {
 }
 """vLLM's own metric names (v1 engine) that dashboards read next to ours; not ours, so not in ``METRICS``."""
 
+MILVUS_NATIVE_METRICS = {
+    "search_latency": "milvus_proxy_sq_latency",
+    "querynode_latency": "milvus_querynode_sq_req_latency",
+    "requests": "milvus_proxy_req_count",
+    "entities": "milvus_querynode_entity_num",
+    "resident_memory": "process_resident_memory_bytes",
+}
+"""Milvus' own metric names (its proxy and query node; histograms in milliseconds; counters without ``_total``, as
+its Go client writes them) and the Go process collector's resident memory, read by the Milvus board next to the
+searches ragheat sends it; not ours, so not in ``METRICS``."""
+MILVUS_LABELS = {"query_type": "query_type", "function": "function_name", "status": "status",
+                 "collection": "collection_id"}
+"""The label names of Milvus' metrics the Milvus board groups and selects by."""
+
 
 def create_metric(spec: MetricSpec, registry: CollectorRegistry, **options):
     """The ``prometheus_client`` object for ``spec`` on ``registry`` (``options``: e.g. a gauge's multiprocess mode)."""

@@ -20,7 +20,7 @@ from dashboards.verify import family_present, selected
 from telemetry.metrics import EXPECTED_METRICS, METRICS, QUALITY_POINTS, PrometheusMetrics
 
 DASHBOARDS = Path(__file__).resolve().parents[2] / "dashboards"
-METRIC_TOKEN = re.compile(r"(?<![\w:])((?:ragheat_|ragheat:|vllm:|stage:|slo:)[\w:]+)")
+METRIC_TOKEN = re.compile(r"(?<![\w:])((?:ragheat_|ragheat:|vllm:|stage:|slo:|milvus_)[\w:]+|process_resident_memory_bytes)")
 SUFFIXES = ("", "_bucket", "_count", "_sum")
 
 
@@ -49,7 +49,7 @@ def test_committed_files_match_the_generator():
 def test_every_metric_name_is_from_the_contract_or_a_recording_rule(profile):
     families = [*contract.SERVICE.values(), *contract.GENERATION.values(), *contract.QUALITY.values(),
                 *contract.KERNEL.values(), *contract.HOST.values(), *contract.VLLM.values(),
-                *contract.VLLM_NATIVE.values()]
+                *contract.VLLM_NATIVE.values(), *contract.MILVUS.values()]
     known = {f + s for f in families for s in SUFFIXES}
     known |= {r["record"] for g in slo.prometheus_rules(slo.PROFILES[profile])["groups"] for r in g["rules"]
               if "record" in r}
@@ -59,8 +59,9 @@ def test_every_metric_name_is_from_the_contract_or_a_recording_rule(profile):
     assert {contract.STAGE_DURATION, contract.REQUEST_DURATION, contract.REQUESTS} <= set(EXPECTED_METRICS)
 
 
-def test_boards_read_every_kernel_and_vllm_family_they_promise():
+def test_boards_read_every_kernel_vllm_and_milvus_family_they_promise():
     sources = {b.slug: {s for p in b.panels for q in p.queries for s in q.sources} for b in all_boards(slo.PRODUCTION)}
+    assert set(contract.MILVUS.values()) == sources["milvus"]
     assert {contract.KERNEL[k] for k in ("runqueue", "offcpu", "syscall")} <= sources["kernel"]
     assert set(contract.VLLM_NATIVE.values()) <= sources["vllm"]
     assert {contract.GENERATION[k] for k in ("ttft", "inter_token")} <= sources["vllm"]
@@ -442,6 +443,7 @@ def test_the_latency_and_slo_boards_list_the_jobs_that_serve_requests():
     jobs = {b.slug: b.variables[0].metric for b in all_boards(slo.PRODUCTION)}
     assert jobs["latency"] == jobs["slo"] == contract.count(contract.REQUEST_DURATION)
     assert jobs["kernel"] == contract.count(contract.KERNEL["runqueue"])
+    assert jobs["milvus"] == contract.count(contract.MILVUS["search_latency"])  # Milvus' own job, not the service's
     # vLLM's engine and the service calling it are scraped as jobs of their own: the vLLM board lists both
     assert contract.count(contract.VLLM_NATIVE["ttft"]) in jobs["vllm"]
     assert contract.count(contract.GENERATION["ttft"]) in jobs["vllm"]
