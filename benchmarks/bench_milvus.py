@@ -10,6 +10,9 @@
    backends: nDCG@10 and recall@10; and, per retriever, how many questions get the same top 10 from both.
 3. The two stages at concurrency 1: each question's dense and BM25 search on both backends in turn (as the
    pipeline times them), ``--rounds`` rounds: P50/P99 per round.
+4. Memory: one ``ragheat serve`` per configuration on the scratch index (local; milvus with the generation's files
+   as the fallback; milvus without one, ``vector_store.fallback=none``), each answering the latency part's questions
+   over HTTP once, then its resident memory (VmRSS) and its dense and BM25 files' size on disk.
 
 milvus-lite is Milvus' protocol served by a Python engine: its latencies say what this backend costs on one
 machine without Milvus, not what a Milvus cluster costs.
@@ -61,6 +64,47 @@ def latency(pipelines: dict, texts: list[str], rounds: int) -> dict:
             for name, values in by_name.items():
                 out[backend][name]["p50_ms"].append(float(np.percentile(values, 50) * 1e3))
                 out[backend][name]["p99_ms"].append(float(np.percentile(values, 99) * 1e3))
+    return out
+
+
+MEMORY_CONFIGS = {"local": {"RAGHEAT_VECTOR_STORE__BACKEND": "local"},
+                  "milvus-files": {"RAGHEAT_VECTOR_STORE__BACKEND": "milvus", "RAGHEAT_VECTOR_STORE__FALLBACK": "files"},
+                  "milvus-none": {"RAGHEAT_VECTOR_STORE__BACKEND": "milvus", "RAGHEAT_VECTOR_STORE__FALLBACK": "none"}}
+
+
+def resident_mib(pid: int) -> float:
+    """A process's resident memory (``VmRSS``), MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for process {pid}")
+
+
+def memory(index: Path, uri: str, texts: list[str], work: Path) -> dict:
+    """Per configuration (``MEMORY_CONFIGS``): resident MiB once ready and after answering ``texts`` over HTTP."""
+    import httpx
+
+    from rag.index.dense import DENSE_FILE
+    from rag.index.sparse import BM25_DIR
+    from rag.index.store import resolve_generation
+    from stack.servers import ServeFleet
+
+    configs = {name: ((), {**env, "RAGHEAT_VECTOR_STORE__URI": uri}) for name, env in MEMORY_CONFIGS.items()}
+    generation = resolve_generation(index)
+    on_disk = {"dense": (generation / DENSE_FILE).stat().st_size,
+               "bm25": sum(f.stat().st_size for f in (generation / BM25_DIR).rglob("*") if f.is_file())}
+    out = {"on_disk_mib": {k: v / 2**20 for k, v in on_disk.items()}, "servers": {}}
+    with ServeFleet(index, configs, work) as fleet:
+        ready = {name: resident_mib(pid) for name, pid in fleet.pids.items()}
+        for name, url in fleet.urls.items():
+            with httpx.Client(base_url=url, timeout=60) as client:
+                for text in texts:
+                    client.post("/v1/query", json={"query": text}).raise_for_status()
+                described = client.get("/readyz").json().get("vector_store")
+            out["servers"][name] = {"ready_mib": ready[name], "answered_mib": resident_mib(fleet.pids[name]),
+                                    "vector_store": described}
+    if any((s["vector_store"] or {}).get("failed_searches") for s in out["servers"].values()):
+        raise SystemExit("searches on the Milvus server failed during the memory part: no results written")
     return out
 
 
@@ -124,10 +168,13 @@ def main() -> None:
         finally:
             for pipeline in pipelines.values():
                 pipeline.close()
+        held = memory(index, server.uri, texts[: args.latency_queries], Path(scratch) / "logs")
+        print("resident MiB after answering: " + str({n: round(v["answered_mib"], 1)
+                                                      for n, v in held["servers"].items()}), flush=True)
     data = {"beir": str(args.beir), "split": args.split, "index": str(args.index), "questions": len(judged),
             "chunks": served["counts"]["chunks"], "publish": publish, "quality": quality,
             "same_top10": same, "latency_queries": min(args.latency_queries, len(judged)), "rounds": args.rounds, "hits": HITS,
-            "stages": stages}
+            "stages": stages, "memory": held}
     path = record.write(data, args.results_file)
     print(f"wrote {path}", flush=True)
 

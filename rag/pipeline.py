@@ -36,7 +36,7 @@ from rag.generation.llm import GeneratorUnavailable
 from rag.generation.prompt_budget import PassageCompressor
 from rag.generation.support import SupportChecker
 from rag.graph.store import GraphStoreUnavailable
-from rag.index.milvus import MilvusStore, open_generation
+from rag.index.milvus import MilvusStore, VectorStoreUnavailable, open_generation
 from rag.index.store import LoadedIndex, load_index
 from rag.protocols import (AnswerCache, Embedder, EntityLinker, Fuser, Generator, GraphRetriever, GraphStore,
                            HypotheticalPassageWriter, PromptCompressor, Reranker, Retriever, Router,
@@ -137,7 +137,9 @@ class RagPipeline:
 
     def _warm_up(self) -> None:
         s = self.settings
-        index = load_index(self.index_dir, s.index)
+        # With a Milvus server searching and no fallback, the dense and BM25 indexes stay on disk.
+        store_only = s.vector_store.backend == "milvus" and s.vector_store.fallback == "none"
+        index = load_index(self.index_dir, s.index, searchable=not store_only)
         model = index.manifest["model"]
         # Queries must be embedded by exactly the model (and precision) that embedded the chunks.
         embedding = s.embedding.model_copy(update={"precision": model["precision"],
@@ -149,17 +151,18 @@ class RagPipeline:
             embedder = MicroBatchEmbedder(embedder, embedding.query_batch_max, embedding.query_batch_wait_ms / 1000,
                                           embedding.query_batch_runs)
         analyzer = LexicalAnalyzer(index.manifest["lexical"]["stemmer"])
-        self.retrievers = {"dense": DenseRetriever(index.faiss_index), "bm25": BM25Retriever(index.bm25, analyzer)}
+        self.retrievers = {} if store_only else {"dense": DenseRetriever(index.faiss_index),
+                                                 "bm25": BM25Retriever(index.bm25, analyzer)}
         # The generation's collection on the server, checked like its files; a server that cannot be reached leaves
-        # the store down (its files answer) until a search reaches it.
+        # the store down (its files answer, or with no fallback the two stages are skipped) until a search reaches it.
         if s.vector_store.backend == "milvus":
             store, collection, exact = open_generation(s.vector_store, index.folder, index.manifest)
             self.vector_store, self._collection = store, collection
             local = self.retrievers  # searched while the server is down
             self.retrievers = {
                 "dense": MilvusDenseRetriever(store, collection, None if exact else s.index.hnsw_ef_search,
-                                              fallback=local["dense"]),
-                "bm25": MilvusBM25Retriever(store, collection, analyzer, fallback=local["bm25"])}
+                                              fallback=local.get("dense")),
+                "bm25": MilvusBM25Retriever(store, collection, analyzer, fallback=local.get("bm25"))}
         self.fuser = WeightedRRF({"dense": s.retrieval.dense_weight, "bm25": s.retrieval.bm25_weight,
                                   "graph": s.graph.weight}, k=s.retrieval.rrf_k)
         self.generator = ExtractiveGenerator(analyzer, index.idf, s.generation.max_sentences)
@@ -253,7 +256,7 @@ class RagPipeline:
             passage_precision=manifest["model"]["precision"], query_precision=self.embedder.query_precision,
             lone_query_threads=self.embedder.lone_query_threads,
             vector_store=None if self.vector_store is None else {
-                "backend": "milvus", "collection": self._collection,
+                "backend": "milvus", "collection": self._collection, "fallback": self.settings.vector_store.fallback,
                 "down": self.vector_store.down, "down_because": self.vector_store.down_because,
                 "failed_searches": self.vector_store.failures},
             generator=self.settings.generation.generator,
@@ -442,11 +445,17 @@ class RagPipeline:
                         context.skipped["retrieve_graph"] = str(exc)
                         continue
                 else:
-                    result = self.retrievers[name].retrieve(context.query, context.vector, depth, effort=effort)
+                    try:
+                        result = self.retrievers[name].retrieve(context.query, context.vector, depth, effort=effort)
+                        if name == "dense" and hyde_vector is not None:
+                            hyde_result = self._fuse_hyde(result, context.query, hyde_vector, depth)
+                    except VectorStoreUnavailable as exc:  # no fallback: answered without it, flagged degraded
+                        context.skipped[f"retrieve_{name}"] = str(exc)
+                        continue
                     if name == "dense" and result.hits:
                         context.best_similarity = result.hits[0].score
                     if name == "dense" and hyde_vector is not None:
-                        result = self._fuse_hyde(result, context.query, hyde_vector, depth)
+                        result = hyde_result
                 stage.device = result.device
             context.results.append(result)
             context.retrieved[name] = len(result.hits)

@@ -381,6 +381,11 @@ class VectorStoreSettings(_Section):
     load_timeout_s: float = Field(600.0, gt=0, le=86_400, description="milvus: one step of loading a collection "
                                                                       "(create, an insert, flush, load, drop)")
     load_batch: int = Field(2000, ge=1, le=100_000, description="milvus: passages per insert at ingest")
+    fallback: Literal["files", "none"] = Field(
+        "files", description="milvus: what searches while the server is down: files = the generation's own FAISS and "
+                             "BM25 indexes, held in this process's memory (the same rankings); none = not loaded (the "
+                             "memory they take moves to Milvus), so the dense and BM25 stages are skipped while it is "
+                             "down and the answer, from what else retrieved, says it is degraded")
 
 
 class CacheSettings(_Section):

@@ -102,7 +102,8 @@ METRICS: tuple[MetricSpec, ...] = (
                ("retrieval_route",)),
     MetricSpec("service", "stage_skipped", "ragheat_stage_skipped_total", "counter",
                "Queries answered without a stage because its backend was unavailable (the graph store down or "
-               "restarting) or their deadline could not hold it (rag.deadline); each such answer is degraded.",
+               "restarting, a Milvus server without a fallback) or their deadline could not hold it (rag.deadline); "
+               "each such answer is degraded.",
                ("stage",)),
     MetricSpec("service", "stage_errors", "ragheat_stage_errors_total", "counter",
                "Requests that failed in a pipeline stage, by stage.", ("stage",)),

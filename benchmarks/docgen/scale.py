@@ -186,4 +186,27 @@ The two stages at concurrency 1, each search as the pipeline times it ({count(m[
 {table(["stage", "backend", "P50", "P99"], stage_rows, "llrr")}
 
 milvus-lite serves Milvus' protocol from a Python engine over gRPC on loopback: these latencies are what the
-backend costs on one machine without Milvus, not what a Milvus cluster costs."""
+backend costs on one machine without Milvus, not what a Milvus cluster costs.{milvus_memory(m)}"""
+
+
+def milvus_memory(m: dict) -> str:
+    """The memory part of ``bench_milvus`` (absent from results files written before it)."""
+    held = m.get("memory")
+    if not held:
+        return ""
+    servers = held["servers"]
+    rows = [[name, num(v["ready_mib"], 1), num(v["answered_mib"], 1),
+             signed(v["answered_mib"] - servers["local"]["answered_mib"], 1)] for name, v in servers.items()]
+    disk = held["on_disk_mib"]
+    return f"""
+
+Memory: one `ragheat serve` per configuration on the same generation (the defaults otherwise), each answering the
+{count(m['latency_queries'])} questions over HTTP once; resident memory (VmRSS), MiB. `milvus-files` keeps the
+generation's own dense and BM25 indexes in memory to answer while the server is down (`vector_store.fallback`
+files, the default); `milvus-none` leaves them on disk (dense {num(disk['dense'], 1)} MiB and BM25
+{num(disk['bm25'], 1)} MiB here), its dense and BM25 stages skipped while the server is down.
+
+{table(["configuration", "ready", "after answering", "against local"], rows, "lrrr")}
+
+At this size the reranker's token vectors, the models and the runtime are most of a process's memory; what
+`fallback=none` saves grows with the corpus as the dense and BM25 indexes do (the growth curve above)."""

@@ -161,7 +161,7 @@ def readyz(http: Request):
                           "lone_query_threads": described.lone_query_threads}}
     if described.graph_backend is not None:
         body["graph"] = {"backend": described.graph_backend, "ready": described.graph_ready}
-    if described.vector_store is not None:  # down: the generation's own files answer meanwhile, the service stays ready
+    if described.vector_store is not None:  # down: its fallback answers (or the stages are skipped); still ready
         body["vector_store"] = described.vector_store
     if (error := _switch(http).last_error) is not None:  # a newer generation failed to load; this one still serves
         body["reload_error"] = error

@@ -35,8 +35,12 @@ def save_bm25(model: bm25s.BM25, idf: dict[str, float], folder: Path) -> None:
 def load_bm25(folder: Path) -> tuple[bm25s.BM25, dict[str, float]]:
     """The BM25 model and IDF table saved in ``folder``."""
     model = bm25s.BM25.load(str(folder / BM25_DIR), mmap=False, show_progress=False, verbosity=0)
-    idf = json.loads((folder / IDF_FILE).read_text())
-    return model, idf
+    return model, load_idf(folder)
+
+
+def load_idf(folder: Path) -> dict[str, float]:
+    """The IDF table saved in ``folder`` (the generator's and the support check's term weights)."""
+    return json.loads((folder / IDF_FILE).read_text())
 
 
 def bm25_top_k(model: bm25s.BM25, tokens: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:

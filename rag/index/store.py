@@ -73,25 +73,30 @@ def read_manifest(index_dir: Path) -> dict:
 
 @dataclass
 class LoadedIndex:
-    """Everything the query path needs from disk."""
+    """Everything the query path needs from disk (the dense and BM25 indexes only when it searches them itself)."""
 
     folder: Path
     manifest: dict
     chunks: list[Chunk]
-    faiss_index: faiss.Index
-    bm25: bm25s.BM25
+    faiss_index: faiss.Index | None
+    bm25: bm25s.BM25 | None
     idf: dict[str, float]
 
 
-def load_index(index_dir: Path, settings: IndexSettings) -> LoadedIndex:
-    """Load and cross-check every part; any inconsistency is an ``IndexLoadError`` naming the path."""
+def load_index(index_dir: Path, settings: IndexSettings, searchable: bool = True) -> LoadedIndex:
+    """Load and cross-check every part; any inconsistency is an ``IndexLoadError`` naming the path. ``searchable``
+    False leaves the dense and BM25 indexes on disk (another engine searches them: ``vector_store.fallback`` none)."""
     manifest = read_manifest(index_dir)
     folder = resolve_generation(index_dir)
     expected = manifest["counts"]["chunks"]
+    faiss_index = bm25 = None
     try:
         chunks = read_chunks(folder / CHUNKS)
-        faiss_index = dense.load_index(folder, settings)
-        bm25, idf = sparse.load_bm25(folder)
+        if searchable:
+            faiss_index = dense.load_index(folder, settings)
+            bm25, idf = sparse.load_bm25(folder)
+        else:
+            idf = sparse.load_idf(folder)
     except IndexLoadError:
         raise
     except Exception as exc:  # FAISS and bm25s raise assorted types on damaged files
@@ -99,7 +104,9 @@ def load_index(index_dir: Path, settings: IndexSettings) -> LoadedIndex:
     missing = [name for name in (manifest.get("graph") or {}).get("files", ()) if not (folder / name).is_file()]
     if missing:
         raise IndexLoadError(folder, f"the manifest lists graph files that are missing: {', '.join(missing)}")
-    counts = {"chunks.jsonl": len(chunks), "dense.faiss": int(faiss_index.ntotal), "bm25": sparse.bm25_size(bm25)}
+    counts = {"chunks.jsonl": len(chunks)}
+    if searchable:
+        counts.update({"dense.faiss": int(faiss_index.ntotal), "bm25": sparse.bm25_size(bm25)})
     wrong = {name: count for name, count in counts.items() if count != expected}
     if wrong:
         raise IndexLoadError(folder, f"manifest says {expected} chunks but found {wrong}")

@@ -60,11 +60,12 @@ class BM25Retriever:
 class MilvusDenseRetriever:
     """Nearest chunks by inner product, searched in the generation's Milvus collection. ``ef``: HNSW's search breadth
     at full effort (None: an exact FLAT collection). While the server is down (``VectorStoreUnavailable``) the
-    ``fallback`` (the generation's own FAISS index) answers: the same passages, the parity benchmark shows."""
+    ``fallback`` (the generation's own FAISS index) answers: the same passages, the parity benchmark shows; without
+    one the error goes to the pipeline, which answers without this stage."""
 
     name = "dense"
 
-    def __init__(self, store: MilvusStore, collection: str, ef: int | None, fallback: DenseRetriever) -> None:
+    def __init__(self, store: MilvusStore, collection: str, ef: int | None, fallback: DenseRetriever | None) -> None:
         self.store, self.collection, self.ef, self.fallback = store, collection, ef, fallback
 
     def retrieve(self, query: str, query_vector: np.ndarray | None, k: int, *,
@@ -76,18 +77,21 @@ class MilvusDenseRetriever:
         try:
             ids, scores = self.store.dense_search(self.collection, query_vector, k, ef)
         except VectorStoreUnavailable:
+            if self.fallback is None:
+                raise
             return _instead(self.fallback.retrieve(query, query_vector, k, effort=effort), start)
         return RetrievalResult(self.name, _hits(ids, scores), time.perf_counter() - start)
 
 
 class MilvusBM25Retriever:
     """BM25 in the generation's Milvus collection, over the terms the shared lexical analyser makes of the query;
-    the ``fallback`` (the generation's own bm25s index) answers while the server is down."""
+    the ``fallback`` (the generation's own bm25s index) answers while the server is down (without one, the error goes
+    to the pipeline)."""
 
     name = "bm25"
 
     def __init__(self, store: MilvusStore, collection: str, analyzer: LexicalAnalyzer,
-                 fallback: BM25Retriever) -> None:
+                 fallback: BM25Retriever | None) -> None:
         self.store, self.collection, self.analyzer, self.fallback = store, collection, analyzer, fallback
 
     def retrieve(self, query: str, query_vector: np.ndarray | None, k: int, *,
@@ -96,6 +100,8 @@ class MilvusBM25Retriever:
         try:
             ids, scores = self.store.bm25_search(self.collection, self.analyzer.tokens(query), k)
         except VectorStoreUnavailable:
+            if self.fallback is None:
+                raise
             return _instead(self.fallback.retrieve(query, query_vector, k, effort=effort), start)
         return RetrievalResult(self.name, _hits(ids, scores), time.perf_counter() - start)
 

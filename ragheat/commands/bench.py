@@ -190,6 +190,8 @@ def ann_bench(
     pipeline = RagPipeline(settings, index)
     pipeline.warm_up()
     faiss_index = pipeline.index.faiss_index
+    if faiss_index is None:
+        _fail("vector_store.fallback=none leaves the dense index on disk; run ann-bench with vector_store.backend=local")
     if pipeline.index.manifest["dense"]["kind"] == "ivfpq":
         _fail(f"{index} is an ivfpq index, whose vectors are compressed; give a flat or hnsw index")
     datasets = {beir.resolve().name: (faiss_index.reconstruct_n(0, faiss_index.ntotal),

@@ -302,7 +302,7 @@ def test_a_server_unreachable_at_start_up_leaves_the_files_answering_until_it_co
         assert f"the Milvus server at {own.uri} cannot be reached" in caplog.text
         assert f"its collection {collection} checked then" in caplog.text
         described = client.get("/readyz").json()["vector_store"]
-        assert described == {"backend": "milvus", "collection": collection, "down": True,
+        assert described == {"backend": "milvus", "collection": collection, "fallback": "files", "down": True,
                              "down_because": "unreachable", "failed_searches": 0}
         reached, fell_back = spy_on_searches(pipeline, monkeypatch)
         for text in texts:  # the same passages, from the files
@@ -322,6 +322,42 @@ def test_a_server_unreachable_at_start_up_leaves_the_files_answering_until_it_co
             assert sources(pipeline, text) == expected[text]
         assert sorted(reached) == sorted(["dense_search", "bm25_search"] * len(texts)) and not fell_back
         assert pipeline.vector_store.failures == failures
+
+
+def test_without_a_fallback_the_indexes_stay_on_disk_and_a_down_server_degrades_the_answer(stopped_server):
+    """``vector_store.fallback=none``: the service holds no FAISS or BM25 index of its own (that memory moves to
+    Milvus). While the server is down the dense and BM25 stages are skipped and the answer says it is degraded and
+    why (200 over HTTP, never a 500); once the server is back, its answers are the same passages as the files'."""
+    import time
+
+    import httpx
+
+    from rag.api.app import create_app
+    from rag.pipeline import RagPipeline
+    from stack.servers import BackgroundServer
+
+    own, served, index, texts, expected = stopped_server
+    bare = served.model_copy(update={"vector_store": served.vector_store.model_copy(update={"fallback": "none"})})
+    pipeline = RagPipeline(bare, index)
+    with BackgroundServer(create_app(bare, pipeline=pipeline)) as url, httpx.Client(base_url=url) as client:
+        assert pipeline.index.faiss_index is None and pipeline.index.bm25 is None
+        assert [r.fallback for r in pipeline.retrievers.values()] == [None, None]
+        described = client.get("/readyz").json()["vector_store"]
+        assert described["fallback"] == "none" and described["down"], described
+        response = client.post("/v1/query", json={"query": texts[0], "retrievers": ["hybrid"]})
+        assert response.status_code == 200, response.text
+        body = response.json()
+        skipped = {s["stage"]: s["reason"] for s in body["skipped_stages"]}
+        assert body["degraded"] and {"retrieve_dense", "retrieve_bm25"} <= set(skipped), body
+        assert own.uri in skipped["retrieve_dense"] or "Milvus" in skipped["retrieve_dense"], skipped
+        assert not body["citations"]
+        own.start()  # the same data folder and port: the collection is back
+        deadline = time.monotonic() + 30
+        while pipeline.describe().vector_store["down"] and time.monotonic() < deadline:
+            pipeline.query(texts[0], 5, ["hybrid"])
+            time.sleep(0.05)
+        answered = pipeline.query(texts[1], 5, ["hybrid"])
+        assert not answered.degraded and [s.chunk.chunk_id for s in answered.sources] == expected[texts[1]]
 
 
 def test_a_server_back_without_the_collection_keeps_the_files_answering_and_says_why(
