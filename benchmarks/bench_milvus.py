@@ -67,9 +67,10 @@ def latency(pipelines: dict, texts: list[str], rounds: int) -> dict:
     return out
 
 
-MEMORY_CONFIGS = {"local": {"RAGHEAT_VECTOR_STORE__BACKEND": "local"},
-                  "milvus-files": {"RAGHEAT_VECTOR_STORE__BACKEND": "milvus", "RAGHEAT_VECTOR_STORE__FALLBACK": "files"},
-                  "milvus-none": {"RAGHEAT_VECTOR_STORE__BACKEND": "milvus", "RAGHEAT_VECTOR_STORE__FALLBACK": "none"}}
+MEMORY_CONFIGS = {
+    "local": {"RAGHEAT_VECTOR_STORE__BACKEND": "local"},
+    "milvus-files": {"RAGHEAT_VECTOR_STORE__BACKEND": "milvus", "RAGHEAT_VECTOR_STORE__FALLBACK": "files"},
+    "milvus-none": {"RAGHEAT_VECTOR_STORE__BACKEND": "milvus", "RAGHEAT_VECTOR_STORE__FALLBACK": "none"}}
 
 
 def resident_mib(pid: int) -> float:

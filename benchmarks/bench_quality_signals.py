@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
                 if other != name:
                     cases[f"{other} questions"] = run(pipeline, [t for t, _ in judged])
             dense = pipeline.retrievers["dense"]
-            dim = pipeline.index.faiss_index.d
+            dim = pipeline.embedder.dimension
             for case, wrapper in (("another encoder's space", RotatedQueries(dense, dim, args.seed)),
                                   ("shuffled vectors", ShuffledChunks(dense, len(pipeline.index.chunks), args.seed))):
                 pipeline.retrievers["dense"] = wrapper

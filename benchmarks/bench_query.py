@@ -83,6 +83,9 @@ def main() -> None:
         results[f"embed_query_{precision}_ms"] = summary(
             [timed(embedder.embed_query, queries) for _ in range(args.rounds)])
 
+    if pipeline.index.faiss_index is None:
+        raise SystemExit("bench_query times the generation's own FAISS and BM25 indexes, which "
+                         "vector_store.fallback=none leaves on disk: unset RAGHEAT_VECTOR_STORE__FALLBACK")
     vectors = [pipeline.embedder.embed_query(q).vector for q in queries]
     candidates = settings.retrieval.candidates
     results["faiss_search_ms"] = summary(

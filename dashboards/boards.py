@@ -465,17 +465,18 @@ def milvus_board(profile: Profile) -> Board:
     the entities it serves and its memory, from Milvus' own metrics (job ``milvus`` in compose's Prometheus)."""
     m, label = contract.MILVUS, contract.MILVUS_LABEL
     search = f'{label["query_type"]}="search"'
+    outcomes = f'{label["status"]}!="total"'  # Milvus counts each call twice: as total, and by its outcome
     panels = (
         _heatmap("Search latency (Milvus proxy)", m["search_latency"], search, unit="ms",
                  description="A search from its arrival at Milvus' proxy to its answer, as Milvus times it (its "
                              "buckets, in milliseconds). The service's own view of the same searches, network and "
                              "client included, is the retrieve_dense and retrieve_bm25 stages on the RAG latency "
                              "board: the gap between the two is the trip."),
-        _heatmap("Search latency (query node)", m["querynode_latency"], search, unit="ms",
-                 description="The part of a search the query node spends (its scope label: the request as a whole "
-                             "or one shard of it)."),
+        _heatmap("Search latency (query node)", m["querynode_latency"], f'{search}, {label["scope"]}="OnLeader"',
+                 unit="ms", description="A search as the query node that leads its shard serves it (scope OnLeader; "
+                                        "its sub-searches on other nodes, FromLeader, are inside it)."),
         Panel("Requests by operation and outcome", "timeseries",
-              (Query(f'sum by ({label["function"]}, {label["status"]}) ({_rate(m["requests"])})',
+              (Query(f'sum by ({label["function"]}, {label["status"]}) ({_rate(m["requests"], outcomes)})',
                      f'{{{{{label["function"]}}}}} {{{{{label["status"]}}}}}', (m["requests"],)),),
               unit="reqps", width=8,
               description="Each proxy operation (Search, HybridSearch, Insert, CreateCollection, ...) per second by "

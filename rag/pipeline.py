@@ -48,7 +48,7 @@ from rag.query_context import QueryContext, StageOptions
 from rag.rerank.features import RerankQuery
 from rag.retrieval.fusion import WeightedRRF
 from rag.retrieval.lexical import LexicalAnalyzer
-from rag.retrieval.retrievers import BM25Retriever, DenseRetriever, MilvusBM25Retriever, MilvusDenseRetriever
+from rag.retrieval.retrievers import BM25Retriever, DenseRetriever, milvus_retrievers
 from rag.routing.names import ROUTED, expand, route_label
 from rag.settings import GenerationSettings, RagheatSettings
 from rag.stages import LEVEL_BY_NAME, QUALITY_LEVELS, TOP_LEVEL
@@ -158,11 +158,8 @@ class RagPipeline:
         if s.vector_store.backend == "milvus":
             store, collection, exact = open_generation(s.vector_store, index.folder, index.manifest)
             self.vector_store, self._collection = store, collection
-            local = self.retrievers  # searched while the server is down
-            self.retrievers = {
-                "dense": MilvusDenseRetriever(store, collection, None if exact else s.index.hnsw_ef_search,
-                                              fallback=local.get("dense")),
-                "bm25": MilvusBM25Retriever(store, collection, analyzer, fallback=local.get("bm25"))}
+            self.retrievers = milvus_retrievers(store, collection, None if exact else s.index.hnsw_ef_search,
+                                                analyzer, fallbacks=self.retrievers)
         self.fuser = WeightedRRF({"dense": s.retrieval.dense_weight, "bm25": s.retrieval.bm25_weight,
                                   "graph": s.graph.weight}, k=s.retrieval.rrf_k)
         self.generator = ExtractiveGenerator(analyzer, index.idf, s.generation.max_sentences)
@@ -447,15 +444,16 @@ class RagPipeline:
                 else:
                     try:
                         result = self.retrievers[name].retrieve(context.query, context.vector, depth, effort=effort)
-                        if name == "dense" and hyde_vector is not None:
-                            hyde_result = self._fuse_hyde(result, context.query, hyde_vector, depth)
                     except VectorStoreUnavailable as exc:  # no fallback: answered without it, flagged degraded
                         context.skipped[f"retrieve_{name}"] = str(exc)
                         continue
                     if name == "dense" and result.hits:
                         context.best_similarity = result.hits[0].score
                     if name == "dense" and hyde_vector is not None:
-                        result = hyde_result
+                        try:
+                            result = self._fuse_hyde(result, context.query, hyde_vector, depth)
+                        except VectorStoreUnavailable as exc:  # the question's own list stands
+                            context.skipped["hyde"] = str(exc)
                 stage.device = result.device
             context.results.append(result)
             context.retrieved[name] = len(result.hits)

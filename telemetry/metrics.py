@@ -269,7 +269,7 @@ MILVUS_NATIVE_METRICS = {
 its Go client writes them) and the Go process collector's resident memory, read by the Milvus board next to the
 searches ragheat sends it; not ours, so not in ``METRICS``."""
 MILVUS_LABELS = {"query_type": "query_type", "function": "function_name", "status": "status",
-                 "collection": "collection_id"}
+                 "collection": "collection_id", "scope": "scope"}
 """The label names of Milvus' metrics the Milvus board groups and selects by."""
 
 

@@ -77,6 +77,8 @@ CLEAR_WIN = 0.9
 # How long the model idles between a lone request's runs (its other stages and the client's round trip): long enough
 # for the quiet session's threads to sleep, so timing the sessions back to back would hide what waking them costs.
 LONE_QUERY_GAP_S = 0.005
+
+
 def time_query_runs(sessions: dict[str, ort.InferenceSession], feeds: list[dict], rounds: int = 7,
                     idle_s: float = 0.0) -> dict[str, float]:
     """Each session's fastest round over ``feeds`` (seconds, the runs alone), the rounds interleaved so that a burst

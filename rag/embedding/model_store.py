@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Literal
 
 from rag.embedding.onnx_builder import BUILDER_VERSION, build_bert_sentence_encoder
-from rag.embedding.quantize import (CALIBRATION_TEXT, INT8_SCHEME, ROWWISE_SCHEME, calibration_feeds,
+from rag.embedding.quantize import (CALIBRATION_TEXT, INT8_SCHEME, ROWWISE_SCHEME, SMOOTHING_ALPHA, calibration_feeds,
                                     quantize_blockwise_int8, quantize_rowwise_int8, smoothing_factors)
 from rag.errors import ConfigurationError, IndexLoadError
 
@@ -67,6 +67,14 @@ def _weights_digest(model_dir: Path) -> str:
     return digest.hexdigest()
 
 
+def _calibration_digest(model_dir: Path) -> str:
+    """What int8-row's smoothing factors depend on besides the weights: the text, how it is tokenised, the strength."""
+    digest = hashlib.sha256(CALIBRATION_TEXT.read_bytes())
+    digest.update((model_dir / "tokenizer.json").read_bytes())
+    digest.update(repr(SMOOTHING_ALPHA).encode())
+    return digest.hexdigest()[:8]
+
+
 def _atomic_build(target: Path, build) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=target.name, suffix=".tmp")
@@ -93,8 +101,8 @@ def ensure_encoder(model_dir: Path | None, cache_dir: Path, precision: Precision
         _atomic_build(fp32, lambda tmp: build_bert_sentence_encoder(model_dir, tmp))
     path = fp32
     if precision in BUILDERS:  # named by the scheme (and text) too: a change is converted anew, never read stale
-        text = f"-{hashlib.sha256(CALIBRATION_TEXT.read_bytes()).hexdigest()[:8]}" if precision == "int8-row" else ""
-        path = folder / f"encoder-{precision}-{SCHEMES[precision]}{text}.onnx"
+        measured = f"-{_calibration_digest(model_dir)}" if precision == "int8-row" else ""
+        path = folder / f"encoder-{precision}-{SCHEMES[precision]}{measured}.onnx"
         if not path.exists():
             _atomic_build(path, lambda tmp: BUILDERS[precision](fp32, tmp, model_dir / "tokenizer.json"))
     if not packaged:  # an explicit folder may still be the packaged one; asking needs no package installed

@@ -21,11 +21,11 @@ same reason, and on CPUs where the integer kernel outruns ``MatMulNBits`` it emb
 never embeds passages: an index records one scheme, and a query vector only has to land near its passages.
 
 One scale per row is coarse where a few channels of the row run far larger than the rest. Two inputs are like that:
-- The layer norms' outputs (what Q, K, V, the attention's output and the FFN's up-projection read) carry a few outlier
-  channels. They are smoothed (SmoothQuant, ``smoothing_factors``): each channel divided by a constant factor before
-  quantising and the weight's row multiplied by it, so the product is unchanged and the row's range is even. The
-  factors are fixed when the graph is built, from real text (``calibration.txt``, general sentences and questions),
-  so the graph stays batch-independent.
+- The layer norms' outputs (what Q, K, V and the FFN's up-projection read) and the attention's context (what its
+  output projection reads) carry a few outlier channels. They are smoothed (SmoothQuant, ``smoothing_factors``):
+  each channel divided by a constant factor before quantising and the weight's row multiplied by it, so the product
+  is unchanged and the row's range is even. The factors are fixed when the graph is built, from real text
+  (``calibration.txt``, general sentences and questions), so the graph stays batch-independent.
 - The FFN's down-projection reads the activation function's output, nearly all positive (GELU never goes below
   -0.17): a symmetric scale would spend half its 256 steps on values that do not occur. Its rows are quantised from
   their own minimum to their maximum instead, the minimum added back through the weight's column sums.
@@ -219,7 +219,7 @@ def quantize_rowwise_int8(source: Path, target: Path, smoothing: dict[str, np.nd
             graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in consts.items())
         new = []
         x = node.input[0]
-        factor = smoothing.get(x)
+        factor = None if _is_down_projection(init) else smoothing.get(x)
         if x not in quantised:
             p = f"rw{len(quantised)}."
             if _is_down_projection(init):

@@ -40,7 +40,8 @@ INDEX_TYPES = {"flat": "FLAT", "hnsw": "HNSW"}  # index.kind -> the collection's
 
 class VectorStoreUnavailable(RagheatError):
     """The Milvus server cannot serve the searches now: it cannot be reached, or did not answer within
-    ``vector_store.timeout_ms`` (the searches go to the generation's own files meanwhile)."""
+    ``vector_store.timeout_ms`` (the searches go to the generation's own files meanwhile, or with
+    ``vector_store.fallback=none`` the two stages are skipped)."""
 
 
 class CollectionUnusable(VectorStoreUnavailable):
@@ -95,6 +96,9 @@ class MilvusStore:
         self._lock = threading.Lock()
         self._client_lock = threading.Lock()  # one client at a time: a probe and a hot swap's close may race
         self._closed = False
+        # What serves the dense and BM25 stages while the server is down, for the warnings.
+        self.meanwhile = ("searching the generation's own files" if settings.fallback == "files" else
+                           "the dense and BM25 stages are skipped (vector_store.fallback=none)")
 
     def _search(self, what: str, collection: str, **request) -> list:
         with self._lock:
@@ -124,7 +128,7 @@ class MilvusStore:
                 self._retry_at = time.monotonic() + RETRY_AFTER_S[min(self._in_a_row, len(RETRY_AFTER_S)) - 1]
                 changed, self._told, self.down_because = news != self._told, news, because
             if changed:
-                log.warning("%s; searching the generation's own files until it %s", exc,
+                log.warning("%s; %s until it %s", exc, self.meanwhile,
                             "holds it (ingest again: `ragheat ingest --force`)" if because == "collection"
                             else "answers again")
             raise
@@ -365,8 +369,8 @@ def open_generation(settings: VectorStoreSettings, folder: Path, manifest: dict)
         raise IndexLoadError(folder, f"{exc}; ingest it again (`ragheat ingest --force`)") from None
     except VectorStoreUnavailable as exc:
         store.start_down()
-        log.warning("%s; generation %s is searched in its own files (FAISS, bm25s) until the server answers, its "
-                    "collection %s checked then", exc, folder.name, collection)
+        log.warning("%s; generation %s: %s until the server answers, its collection %s checked then", exc,
+                    folder.name, store.meanwhile, collection)
     except BaseException:
         store.close()
         raise

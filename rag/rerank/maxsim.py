@@ -39,8 +39,8 @@ class Int8MaxSim:
     flipped: the same numbers), the query's unit vectors are quantised to int8 with one scale per query token, and
     ``MatMulInteger`` gives exact int32 dot products of the codes; the token scales go on before the segmented max,
     the query's after it (one positive number per column). The query is fed signed where the CPU has VNNI or AMX
-    (``rag.cpu.exact_u8s8``), where ONNX Runtime's uint8 x int8 kernel accumulates in 32 bits and runs several times
-    faster than uint8 x uint8; elsewhere it is fed unsigned too (zero point 128), since that kernel on CPUs without
+    (``rag.cpu.exact_u8s8``), where ONNX Runtime's uint8 x int8 kernel accumulates in 32 bits and outruns uint8 x
+    uint8; elsewhere it is fed unsigned too (zero point 128), since that kernel on CPUs without
     VNNI (AVX2's ``vpmaddubsw``) adds pairs of products in 16 bits and saturates, which would give wrong scores, while
     uint8 x uint8 widens first and is exact on every CPU. Either way it skips building the float32 matrix of the
     candidates' vectors. The rerank stage with either product, side by side on the same candidates, and the
@@ -63,7 +63,8 @@ class Int8MaxSim:
             [helper.make_tensor_value_info("tokens", TensorProto.UINT8, ["n", "dim"]),
              helper.make_tensor_value_info("query", query_type, ["dim", "q"])],
             [helper.make_tensor_value_info("dots", TensorProto.INT32, ["n", "q"])],
-            [numpy_helper.from_array(np.array(128, np.uint8), "zero"), numpy_helper.from_array(query_zero, "query_zero")])
+            [numpy_helper.from_array(np.array(128, np.uint8), "zero"),
+             numpy_helper.from_array(query_zero, "query_zero")])
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
         model.ir_version = 8
         options = ort.SessionOptions()

@@ -106,6 +106,14 @@ class MilvusBM25Retriever:
         return RetrievalResult(self.name, _hits(ids, scores), time.perf_counter() - start)
 
 
+def milvus_retrievers(store: MilvusStore, collection: str, ef: int | None, analyzer: LexicalAnalyzer,
+                      fallbacks: dict) -> dict:
+    """The dense and BM25 retrievers searching ``collection``, each falling back to the retriever of its name in
+    ``fallbacks`` (the generation's own files) while the server is down; none there, none used."""
+    return {"dense": MilvusDenseRetriever(store, collection, ef, fallback=fallbacks.get("dense")),
+            "bm25": MilvusBM25Retriever(store, collection, analyzer, fallback=fallbacks.get("bm25"))}
+
+
 def _instead(result: RetrievalResult, start: float) -> RetrievalResult:
     """The fallback's result, timed from ``start``: the wait for the server that failed is the stage's too."""
     return dataclasses.replace(result, seconds=time.perf_counter() - start)
