@@ -127,33 +127,31 @@ def test_a_lone_request_runs_at_once_even_with_a_long_wait(real_embedder):
 
 
 def test_a_promoted_runner_waits_for_the_window_then_runs_what_came(real_embedder):
-    """Under load (a query queued behind a run) the next runner waits up to max_wait for more. The window is wide
-    enough for the late query's thread to arrive in it on a busy machine (it starts a third of the way in)."""
-    wait = 0.5
+    """Under load (a query queued behind a run) the next runner waits up to max_wait for more: a query that arrives
+    only after that runner was promoted still shares its run. A full batch ends the wait, so the window can be far
+    longer than any busy machine's delay without making the test wait for it."""
+    wait = 10.0
     ref: list = []
     gate = _Gate(real_embedder, ref, expected=1)
-    batcher = MicroBatchEmbedder(gate, max_batch=8, max_wait_s=wait)
+    batcher = MicroBatchEmbedder(gate, max_batch=2, max_wait_s=wait)
     ref.append(batcher)
-    late: dict = {}
-
-    def later() -> None:
-        time.sleep(wait / 3)  # arrives while the promoted runner gathers its batch
-        late["r"] = batcher.embed_query(TEXTS[1])  # the same length as the second: one run
-
-    first = threading.Thread(target=lambda: late.setdefault("first", batcher.embed_query(TEXTS[0])))
+    results: dict = {}
+    first = threading.Thread(target=lambda: results.setdefault("first", batcher.embed_query(TEXTS[0])))
+    second = threading.Thread(target=lambda: results.setdefault("second", batcher.embed_query(TEXTS[1])))
     first.start()
     time.sleep(0.02)
-    second = threading.Thread(target=lambda: late.setdefault("second", batcher.embed_query(TEXTS[1])))
     second.start()
-    third = threading.Thread(target=later)
-    # Start the late one once the second has queued (the gate holds the first run until then).
-    deadline = time.monotonic() + 10
-    while len(batcher._pending) < 1 and time.monotonic() < deadline:
+    # The second queues behind the first run, then is promoted when it ends: the queue is empty again.
+    deadline = time.monotonic() + 30
+    while not (gate.batches == [1] and not batcher._pending and "first" in results) and time.monotonic() < deadline:
         time.sleep(0.001)
-    third.start()
-    for t in (first, second, third):
+    time.sleep(0.05)  # the promoted runner is inside its window now
+    started = time.perf_counter()
+    late = batcher.embed_query(TEXTS[1])  # the same length as the second's: one run
+    for t in (first, second):
         t.join(30)
     assert gate.batches == [1, 2], f"the late query should share the promoted runner's run: {gate.batches}"
+    assert late.queued < wait / 2 and time.perf_counter() - started < wait / 2  # the full batch ended the wait
 
 
 class _Failing:

@@ -19,6 +19,20 @@ from rag.embedding.quantize import ROWWISE_SCHEME
 from rag.settings import EmbeddingSettings
 
 
+def _one_matmul(path, weight: np.ndarray) -> None:
+    """Save a float graph of one MatMul, ``x @ weight``, at ``path``."""
+    from onnx import helper
+
+    rows, columns = weight.shape
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "one-matmul",
+                              [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n", rows])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["n", columns])],
+                              [numpy_helper.from_array(weight, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+
+
 def test_every_weight_matmul_runs_on_the_integer_kernel_with_per_channel_weights_and_smoothed_inputs(settings):
     embedder = OnnxEmbedder(settings.embedding.model_copy(update={"precision": "int8", "query_precision": "int8-row",
                                                                   "quiet_query_threads": 1}))
@@ -44,9 +58,8 @@ def test_every_weight_matmul_runs_on_the_integer_kernel_with_per_channel_weights
 
 def test_smoothing_moves_an_outlier_channel_into_the_weight_and_keeps_the_product(tmp_path):
     """An input with one channel a hundred times the others: one scale per row rounds the small channels away;
-    smoothed, the row's range is even and the product comes out several times closer, the same float product."""
+    smoothed, the row's range is even and the product comes out at least twice as close, the same float product."""
     import onnxruntime as ort
-    from onnx import helper
 
     from rag.cpu import cpu_identity, exact_u8s8
     from rag.embedding.quantize import quantize_rowwise_int8, smoothing_factors
@@ -54,13 +67,7 @@ def test_smoothing_moves_an_outlier_channel_into_the_weight_and_keeps_the_produc
     rng = np.random.default_rng(1)
     dim = 64
     weight = rng.normal(size=(dim, dim)).astype(np.float32)
-    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="qkv")], "outlier",
-                              [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n", dim])],
-                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["n", dim])],
-                              [numpy_helper.from_array(weight, "w")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, str(tmp_path / "fp32.onnx"))
+    _one_matmul(tmp_path / "fp32.onnx", weight)
 
     def rows(n):
         x = rng.normal(size=(n, dim)).astype(np.float32)
@@ -87,7 +94,6 @@ def test_rows_of_an_all_positive_input_are_quantised_over_their_own_range(tmp_pa
     output: its rows use all 256 steps from their minimum to their maximum, and the product still comes out right,
     clearly closer than one symmetric scale per row gets it."""
     import onnxruntime as ort
-    from onnx import helper
 
     from rag.cpu import cpu_identity, exact_u8s8
     from rag.embedding.quantize import quantize_rowwise_int8
@@ -95,13 +101,7 @@ def test_rows_of_an_all_positive_input_are_quantised_over_their_own_range(tmp_pa
     rng = np.random.default_rng(0)
     wide, narrow = 96, 32
     weight = rng.normal(size=(wide, narrow)).astype(np.float32)
-    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="down")], "down",
-                              [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n", wide])],
-                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["n", narrow])],
-                              [numpy_helper.from_array(weight, "w")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, str(tmp_path / "fp32.onnx"))
+    _one_matmul(tmp_path / "fp32.onnx", weight)
     quantize_rowwise_int8(tmp_path / "fp32.onnx", tmp_path / "row.onnx")
     nodes = onnx.load(str(tmp_path / "row.onnx")).graph.node
     assert {"ReduceMin", "MatMulInteger"} <= {n.op_type for n in nodes}
@@ -167,7 +167,6 @@ def test_integer_products_are_exact_at_the_codes_extremes_or_the_encoder_is_refu
     with VNNI the rewritten MatMul gives the float product exactly; on one without, int8-row is never chosen and
     asking for it is refused with the reason."""
     import onnxruntime as ort
-    from onnx import helper
 
     from rag.embedding import embedder as module
     from rag.cpu import exact_u8s8
@@ -177,13 +176,7 @@ def test_integer_products_are_exact_at_the_codes_extremes_or_the_encoder_is_refu
     if exact_u8s8(module.cpu_identity().get("isa", ())):
         dim = 64
         weight = np.where(np.add.outer(np.arange(dim), np.arange(dim)) % 2 == 0, 1.0, -1.0).astype(np.float32)
-        graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "extremes",
-                                  [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n", dim])],
-                                  [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["n", dim])],
-                                  [numpy_helper.from_array(weight, "w")])
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-        model.ir_version = 8
-        onnx.save(model, str(tmp_path / "fp32.onnx"))
+        _one_matmul(tmp_path / "fp32.onnx", weight)
         quantize_rowwise_int8(tmp_path / "fp32.onnx", tmp_path / "row.onnx")
         rows = np.stack([np.where(np.arange(dim) % 2 == 0, 1.0, -1.0), np.ones(dim), -np.ones(dim)]).astype(np.float32)
         session = ort.InferenceSession(str(tmp_path / "row.onnx"), providers=["CPUExecutionProvider"])
