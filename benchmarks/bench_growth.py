@@ -40,7 +40,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import SMOKE, p50_p99  # noqa: E402
+from benchmarks.common import SMOKE, p50_p99, resident_bytes  # noqa: E402
 from loadgen.resultsfile import BenchmarkRun  # noqa: E402
 
 NOISE_COSINE = 0.9  # a synthetic chunk's dense vector against its source's
@@ -223,13 +223,6 @@ def disk_by_part(index: Path) -> dict:
     return {part: sum(size(folder / name) for name in names) for part, names in parts.items()}
 
 
-def _rss_bytes(pid: int) -> int:
-    for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    return 0
-
-
 class _Client:
     def __init__(self, url: str) -> None:
         host, port = url.removeprefix("http://").split(":")
@@ -265,7 +258,7 @@ def measure(index: Path, queries: list[str], args) -> dict:
     started = time.perf_counter()
     with ServeProcess(index, env=env, ready_timeout_s=900) as service:
         startup_s = time.perf_counter() - started
-        rss = _rss_bytes(service.pid)
+        rss = resident_bytes(service.pid)
         client = _Client(service.url)
         for text in queries[:20]:
             client.query(text)
@@ -296,7 +289,7 @@ def measure(index: Path, queries: list[str], args) -> dict:
             rounds.append({"answers_per_s": sum(counts) / wall,
                            "cpu_ms_per_answer": 1000 * (cpu_seconds(service.pid) - cpu0) / sum(counts)})
         swap = _hot_swap(index, service, _Client(service.url), queries)
-        rss_after = _rss_bytes(service.pid)
+        rss_after = resident_bytes(service.pid)
     manifest = read_manifest(index)
     return {"chunks": manifest["counts"]["chunks"], "tokens": manifest["rerank"]["tokens"],
             "vocabulary": manifest["counts"]["vocabulary"], "disk_bytes": disk_by_part(index),

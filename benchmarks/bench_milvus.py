@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
+from benchmarks.common import resident_bytes  # noqa: E402
 from loadgen.resultsfile import BenchmarkRun  # noqa: E402
 
 SETS = ("dense", "bm25", "hybrid")
@@ -73,14 +74,6 @@ MEMORY_CONFIGS = {
     "milvus-none": {"RAGHEAT_VECTOR_STORE__BACKEND": "milvus", "RAGHEAT_VECTOR_STORE__FALLBACK": "none"}}
 
 
-def resident_mib(pid: int) -> float:
-    """A process's resident memory (``VmRSS``), MiB."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmRSS for process {pid}")
-
-
 def memory(index: Path, uri: str, texts: list[str], work: Path) -> dict:
     """Per configuration (``MEMORY_CONFIGS``): resident MiB once ready and after answering ``texts`` over HTTP."""
     import httpx
@@ -96,13 +89,13 @@ def memory(index: Path, uri: str, texts: list[str], work: Path) -> dict:
                "bm25": sum(f.stat().st_size for f in (generation / BM25_DIR).rglob("*") if f.is_file())}
     out = {"on_disk_mib": {k: v / 2**20 for k, v in on_disk.items()}, "servers": {}}
     with ServeFleet(index, configs, work) as fleet:
-        ready = {name: resident_mib(pid) for name, pid in fleet.pids.items()}
+        ready = {name: resident_bytes(pid) / 2**20 for name, pid in fleet.pids.items()}
         for name, url in fleet.urls.items():
             with httpx.Client(base_url=url, timeout=60) as client:
                 for text in texts:
                     client.post("/v1/query", json={"query": text}).raise_for_status()
                 described = client.get("/readyz").json().get("vector_store")
-            out["servers"][name] = {"ready_mib": ready[name], "answered_mib": resident_mib(fleet.pids[name]),
+            out["servers"][name] = {"ready_mib": ready[name], "answered_mib": resident_bytes(fleet.pids[name]) / 2**20,
                                     "vector_store": described}
     if any((s["vector_store"] or {}).get("failed_searches") for s in out["servers"].values()):
         raise SystemExit("searches on the Milvus server failed during the memory part: no results written")

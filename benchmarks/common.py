@@ -113,6 +113,14 @@ def throughput_rounds(urls: dict[str, str], pids: dict[str, int], queries: Seque
             for name, v in per_round.items()}
 
 
+def resident_bytes(pid: int) -> int:
+    """A process's resident memory (``VmRSS`` in /proc), bytes; 0 where it has none (a zombie)."""
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
 def rotated(items: Sequence[T], shift: int) -> list[T]:
     """``items`` starting at ``shift`` (modulo its length): the order that changes from step to step, so that a slow
     drift of the machine lands on every configuration alike."""

@@ -464,6 +464,11 @@ def milvus_board(profile: Profile) -> Board:
     """Milvus (``vector_store.backend=milvus``): its own timing of the searches ragheat sends, its requests by outcome,
     the entities it serves and its memory, from Milvus' own metrics (job ``milvus`` in compose's Prometheus)."""
     m, label = contract.MILVUS, contract.MILVUS_LABEL
+
+    def summed_by(title: str, gauge: str, by: str, unit: str, description: str) -> Panel:
+        return Panel(title, "timeseries", (Query(f"sum by ({by}) ({gauge}{{{ON_JOB}}})", f"{{{{{by}}}}}", (gauge,)),),
+                     unit=unit, width=8, description=description)
+
     search = f'{label["query_type"]}="search"'
     outcomes = f'{label["status"]}!="total"'  # Milvus counts each call twice: as total, and by its outcome
     panels = (
@@ -482,18 +487,12 @@ def milvus_board(profile: Profile) -> Board:
               description="Each proxy operation (Search, HybridSearch, Insert, CreateCollection, ...) per second by "
                           "outcome: an ingest publishing a generation shows as inserts and a collection made; "
                           "failed searches degrade the service's dense and BM25 stages."),
-        Panel("Entities served", "timeseries",
-              (Query(f'sum by ({label["collection"]}) ({m["entities"]}{{{ON_JOB}}})', f'{{{{{label["collection"]}}}}}',
-                     (m["entities"],)),),
-              unit="short", width=8,
-              description="The rows the query node can search, per collection: ragheat publishes one collection per "
-                          "index generation, so a hot swap shows the next one filling before the old one is dropped."),
-        Panel("Resident memory", "timeseries",
-              (Query(f"sum by ({JOB}) ({m['resident_memory']}{{{ON_JOB}}})", f"{{{{{JOB}}}}}",
-                     (m["resident_memory"],)),),
-              unit="bytes", width=8,
-              description="Milvus' resident memory (its Go process collector): the memory the dense and BM25 indexes "
-                          "take once they leave the service's process."),
+        summed_by("Entities served", m["entities"], label["collection"], "short",
+                  "The rows the query node can search, per collection: ragheat publishes one collection per index "
+                  "generation, so a hot swap shows the next one filling before the old one is dropped."),
+        summed_by("Resident memory", m["resident_memory"], JOB, "bytes",
+                  "Milvus' resident memory (its Go process collector): the memory the dense and BM25 indexes take "
+                  "once they leave the service's process."),
     )
     return Board("ragheat-milvus", "Milvus", "The vector store as Milvus sees it: search latency, requests by outcome, "
                  "entities served, memory.", panels, (_job_variable(contract.count(m["search_latency"])),))

@@ -224,14 +224,12 @@ def quantize_rowwise_int8(source: Path, target: Path, smoothing: dict[str, np.nd
             p = f"rw{len(quantised)}."
             if _is_down_projection(init):
                 nodes, *quantised[x] = _asymmetric_rows(x, p)
+            elif factor is None:
+                nodes, *quantised[x] = _symmetric_rows(x, p)
             else:
-                if factor is not None:
-                    graph.initializer.append(numpy_helper.from_array((1.0 / factor).astype(np.float32), p + "unsmooth"))
-                    nodes = [helper.make_node("Mul", [x, p + "unsmooth"], [p + "smoothed"])]
-                    rows, *quantised[x] = _symmetric_rows(p + "smoothed", p)
-                    nodes += rows
-                else:
-                    nodes, *quantised[x] = _symmetric_rows(x, p)
+                graph.initializer.append(numpy_helper.from_array((1.0 / factor).astype(np.float32), p + "unsmooth"))
+                rows, *quantised[x] = _symmetric_rows(p + "smoothed", p)
+                nodes = [helper.make_node("Mul", [x, p + "unsmooth"], [p + "smoothed"]), *rows]
             new += nodes
         x_u8, x_scale, *x_min = quantised[x]
         w = numpy_helper.to_array(init).astype(np.float32)

@@ -55,8 +55,10 @@ class Int8MaxSim:
         from rag.cpu import cpu_identity, exact_u8s8
 
         self.signed_query = exact_u8s8(cpu_identity().get("isa", ())) if signed_query is None else signed_query
-        query_type, query_zero = ((TensorProto.INT8, np.array(0, np.int8)) if self.signed_query
-                                  else (TensorProto.UINT8, np.array(128, np.uint8)))
+        # the query's codes as the product reads them: int8 as they are, or shifted into uint8 (zero point 128)
+        self._query_dtype, self._query_offset = (np.int8, 0) if self.signed_query else (np.uint8, 128)
+        query_type = TensorProto.INT8 if self.signed_query else TensorProto.UINT8
+        query_zero = np.array(self._query_offset, self._query_dtype)
         node = helper.make_node("MatMulInteger", ["tokens", "query", "zero", "query_zero"], ["dots"])
         graph = helper.make_graph(
             [node], "maxsim_int8",
@@ -79,11 +81,8 @@ class Int8MaxSim:
             return np.zeros(0, np.float32)
         query = np.asarray(query, np.float32)
         query_scales = np.maximum(np.abs(query).max(axis=1), 1e-12) / 127.0
-        query_codes = np.rint(query / query_scales[:, None]).astype(np.int16)
-        if self.signed_query:
-            quantised = np.ascontiguousarray(query_codes.astype(np.int8).T)
-        else:  # int8 codes as offset bytes
-            quantised = np.ascontiguousarray((query_codes + 128).astype(np.uint8).T)
+        query_codes = np.rint(query / query_scales[:, None]).astype(np.int16) + self._query_offset
+        quantised = np.ascontiguousarray(query_codes.astype(self._query_dtype).T)
         dots = self.session.run(None, {"tokens": codes, "query": quantised})[0]  # (n, q) int32
         sims = dots.astype(np.float32)
         sims *= scales[:, None]
