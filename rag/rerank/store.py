@@ -379,13 +379,19 @@ class TokenVectors:
         if not self.integer:
             raise ValueError("gather_codes needs int8 token vectors or product codes; these are fp16 (use gather)")
         begin, lengths, starts = self._spans(ids)
-        rows = self._rows(begin, lengths, starts)
         if self.product is not None:
+            rows = self._rows(begin, lengths, starts)
             return (self.product.decode_bytes(self._array[rows]), np.full(len(rows), self.product.byte_scale, np.float32),
                     starts)
-        codes = self._array.view(np.uint8)[rows]
-        np.bitwise_xor(codes, 0x80, out=codes)  # flip the sign bit
-        return codes, self.scales[rows], starts
+        # Each chunk's rows are one contiguous slice: copied slice by slice with the sign bit flipped on the way,
+        # cheaper than a fancy index of every row and a second pass to flip it.
+        stored = self._array.view(np.uint8)
+        codes = np.empty((int(lengths.sum()), stored.shape[1]), np.uint8)
+        scales = np.empty(len(codes), self.scales.dtype)
+        for at, b, n in zip(starts.tolist(), begin.tolist(), lengths.tolist()):
+            np.bitwise_xor(stored[b:b + n], 0x80, out=codes[at:at + n])
+            scales[at:at + n] = self.scales[b:b + n]
+        return codes, scales, starts
 
 
 def _available_memory() -> int | None:
