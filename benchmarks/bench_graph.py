@@ -44,7 +44,8 @@ from rag.eval.runner import parse_retriever_sets, run_retrieval
 from rag.graph.cypher import EXPANSION, ID_BASE
 from rag.graph.ingest import build_generation_graph
 from rag.graph.retriever import AdjacencyGraphRetriever
-from rag.index.store import read_chunks, read_manifest, resolve_generation
+from rag.index.chunks import read_chunks
+from rag.index.store import read_manifest, resolve_generation
 from rag.pipeline import RagPipeline
 from rag.settings import RagheatSettings
 from stack.servers import ServeProcess

@@ -16,8 +16,9 @@ latency, memory and disk are representative; their relevance is not, and no qual
 
 At each size: disk by part, the service's start-up (``ragheat serve`` until ``/readyz``), its resident memory once
 ready, every stage's P50 / P99 and the end-to-end latency at concurrency 1 (SciFact claims), the service's CPU per
-answer and answers/s with --clients closed-loop clients, and the hot swap: a new generation published beside the
-served one (its files hard-linked), the time until the service serves it and the slowest request meanwhile.
+answer and answers/s with --clients closed-loop clients, the knee (open-loop Poisson steps at --rates, ascending, until
+one misses the SLO: P99 over it, or errors or refusals over ``MAX_ERROR_RATE``), and the hot swap: a new generation published beside
+the served one (its files hard-linked), the time until the service serves it and the slowest request meanwhile.
 
     .venv/bin/python benchmarks/bench_growth.py --sizes real,30000,100000 --results-file benchmarks/results/growth.json
 """
@@ -40,7 +41,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import SMOKE, p50_p99, resident_bytes  # noqa: E402
+from benchmarks.common import MAX_ERROR_RATE, SMOKE, p50_p99, resident_bytes  # noqa: E402
 from loadgen.resultsfile import BenchmarkRun  # noqa: E402
 
 NOISE_COSINE = 0.9  # a synthetic chunk's dense vector against its source's
@@ -58,6 +59,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--round-s", type=float, default=8.0, help="seconds of each CPU-per-answer round")
+    p.add_argument("--rates", default="40:320:40", help="offered req/s of the knee's steps (A:B:STEP or a comma list)")
+    p.add_argument("--step-s", type=float, default=8.0, help="measured seconds of each knee step")
+    p.add_argument("--warmup-s", type=float, default=2.0, help="seconds before each knee step is measured")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--results-file", "--json", dest="results_file", type=Path,
                    default=Path("benchmarks/results/growth.json"))
@@ -75,7 +79,8 @@ def grow(real: Path, size: int, work: Path, seed: int, token_dtype: str = "int8"
     ``real``, its token vectors stored as ``token_dtype`` (int8, or product codes learnt from the grown int8 ones as an
     ingest learns them); with the seconds each part took to build. Reused when it exists with this size."""
     from rag.index import dense, sparse
-    from rag.index.store import CHUNKS, IndexWriter, read_chunks, read_manifest, resolve_generation, write_chunks
+    from rag.index.chunks import read_chunks, write_chunks
+    from rag.index.store import CHUNKS, IndexWriter, read_manifest, resolve_generation
     from rag.ingest.pipeline import passage_text
     from rag.retrieval.lexical import LexicalAnalyzer
     from rag.settings import IndexSettings
@@ -288,6 +293,7 @@ def measure(index: Path, queries: list[str], args) -> dict:
             wall = time.perf_counter() - t
             rounds.append({"answers_per_s": sum(counts) / wall,
                            "cpu_ms_per_answer": 1000 * (cpu_seconds(service.pid) - cpu0) / sum(counts)})
+        knee = _knee(service.url, queries, args)
         swap = _hot_swap(index, service, _Client(service.url), queries)
         rss_after = resident_bytes(service.pid)
     manifest = read_manifest(index)
@@ -298,7 +304,29 @@ def measure(index: Path, queries: list[str], args) -> dict:
             "closed_loop": {"clients": args.clients, "round_s": args.round_s, "rounds": rounds,
                             "answers_per_s": statistics.median(r["answers_per_s"] for r in rounds),
                             "cpu_ms_per_answer": statistics.median(r["cpu_ms_per_answer"] for r in rounds)},
-            "hot_swap": swap}
+            "knee": knee, "hot_swap": swap}
+
+
+def _knee(url: str, queries: list[str], args) -> dict:
+    """Open-loop steps at ``args.rates``, ascending, until one misses the SLO; the knee (``loadgen.stats.find_knee``)
+    and every step's P99, errors and refusals."""
+    from loadgen.arrivals import parse_rates
+    from loadgen.runner import open_loop, run as run_step
+    from loadgen.stats import find_knee
+    from rag.slo import SLO_MS
+
+    steps, rows = [], []
+    for i, rate in enumerate(parse_rates(args.rates)):
+        steps.append(run_step(open_loop(url + "/v1/query", queries, rate, args.step_s, args.warmup_s,
+                                        seed=args.seed + i, slo_ms=SLO_MS)))
+        step = steps[-1]
+        rows.append({"offered_qps": rate, "p99_ms": step.latency_ms.get("p99"), "error_rate": step.error_rate,
+                     "shed_rate": step.shed_rate})
+        if find_knee(steps, SLO_MS, MAX_ERROR_RATE) != rate:
+            break
+        time.sleep(1.0)  # the queue drains between steps
+    return {"steps": rows, "knee_qps": find_knee(steps, SLO_MS, MAX_ERROR_RATE), "step_s": args.step_s,
+            "slo_ms": SLO_MS, "max_error_rate": MAX_ERROR_RATE}
 
 
 def link_generation(source: Path, index: Path) -> str:
@@ -337,7 +365,7 @@ def _hot_swap(index: Path, service, client: _Client, queries: list[str]) -> dict
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if SMOKE:
-        args.requests, args.rounds, args.round_s = 20, 1, 1.0
+        args.requests, args.rounds, args.round_s, args.rates, args.step_s, args.warmup_s = 20, 1, 1.0, "20", 1.0, 0.5
     from rag.index.store import read_manifest
 
     queries = [json.loads(line)["text"] for line in args.queries.open()]
@@ -361,7 +389,8 @@ def main(argv: list[str] | None = None) -> None:
         sizes[spec if spec != "real" else str(result["chunks"])] = result
         print(f"  {result['chunks']:,} chunks: start-up {result['startup_s']:.1f} s, RSS "
               f"{result['rss_bytes'] / 2**30:.2f} GiB, c=1 P50 {result['e2e_ms']['p50']:.2f} ms, "
-              f"{result['closed_loop']['answers_per_s']:.0f} answers/s, swap {result['hot_swap']['swap_s']:.1f} s",
+              f"{result['closed_loop']['answers_per_s']:.0f} answers/s, knee {result['knee']['knee_qps']} req/s, swap "
+              f"{result['hot_swap']['swap_s']:.1f} s (slowest request meanwhile {result['hot_swap']['slowest_ms']:.0f} ms)",
               flush=True)
     memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     run.write({"sizes": sizes, "noise_cosine": NOISE_COSINE, "real_index": str(args.index), "memory_gib": memory_gib},

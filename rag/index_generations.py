@@ -24,8 +24,11 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import sys
 import threading
 import time
+import weakref
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -35,6 +38,12 @@ from rag.index.store import CURRENT, read_manifest
 from rag.pipeline import RagPipeline
 
 log = logging.getLogger("ragheat.generations")
+
+LOADING_SWITCH_INTERVAL_S = 0.0005
+"""The interpreter's switch interval (``sys.setswitchinterval``) while a successor loads beside the served generation.
+The load's Python work (parsing the chunks, BM25's vocabulary) keeps the GIL a whole interval at a time, and a request
+that released it for a numpy or ONNX Runtime call waits up to one interval to get it back, at every such call: with
+the default 5 ms, a request served during a large load is many times slower."""
 
 
 class ReloadError(RagheatError):
@@ -173,7 +182,8 @@ class IndexGenerationSwitch:
             started = time.perf_counter()
             successor = self._successor(served.pipeline)
             try:
-                successor.warm_up()
+                with _switch_interval(LOADING_SWITCH_INTERVAL_S):
+                    successor.warm_up()
             except Exception as exc:  # IndexLoadError, a model mismatch, a graph store that will not start
                 self._discard(successor, served.pipeline)
                 raise self._failed(served, f"generation {on_disk} cannot be served: {exc}") from exc
@@ -218,16 +228,19 @@ class IndexGenerationSwitch:
     def _close_retired(self, served: _Served) -> None:
         keep = self._served.pipeline if self._served is not None else None
         self._discard(served.pipeline, keep)
+        retired = weakref.ref(served.pipeline)
         served.pipeline = None  # the last reference the switch held
-        # The service froze its first generation out of the collector's reach (gc.freeze after warm-up); anything
-        # of the old one caught in a reference cycle would stay frozen, and allocated, for good. Unfreeze, collect,
-        # and freeze what is left: the new generation.
-        frozen = gc.get_freeze_count() > 0
-        if frozen:
-            gc.unfreeze()
-        gc.collect()
-        if frozen:
-            gc.freeze()
+        if retired() is not None:
+            # Something still holds the old generation: a reference cycle. The service froze its generations out
+            # of the collector's reach (gc.freeze after warm-up), so it would stay allocated for good: unfreeze,
+            # collect, and freeze what is left. The collection walks the whole heap in one call, holding the GIL
+            # while requests wait, so it runs only when it has something to free.
+            frozen = gc.get_freeze_count() > 0
+            if frozen:
+                gc.unfreeze()
+            gc.collect()
+            if frozen:
+                gc.freeze()
         log.info("generation %s released", served.generation)
 
     @staticmethod
@@ -287,3 +300,14 @@ def _call(hook, *args) -> None:
         hook(*args)
     except Exception:
         log.exception("a generation hook failed")
+
+
+@contextmanager
+def _switch_interval(seconds: float):
+    """The interpreter's switch interval at most ``seconds`` for the block (process-wide), then as it was."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(min(before, seconds))
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)

@@ -95,6 +95,7 @@ def growth(d: dict) -> str:
           for stage in ("embed", "retrieve_dense", "retrieve_bm25", "fuse", "rerank", "generate")],
         ("service CPU per answer, ms", lambda s: s["closed_loop"]["cpu_ms_per_answer"], 2),
         ("answers/s", lambda s: s["closed_loop"]["answers_per_s"], 0),
+        ("knee, req/s (open loop)", lambda s: (s.get("knee") or {}).get("knee_qps"), 0),
         ("hot swap until served, s", lambda s: s["hot_swap"]["swap_s"], 1),
         ("slowest request during the swap, ms", lambda s: s["hot_swap"]["slowest_ms"], 1),
     ]
@@ -121,13 +122,29 @@ costs are representative, their relevance is not: no quality figure is reported 
 `benchmarks/bench_growth.py`).
 
 {table(header, rows, "l" + "r" * (len(sizes) + 1) + "l" + "r" * len(coded))}
-{_coded_sentence(coded, stored)}
+{_knee_sentence(every)}{_coded_sentence(coded, stored)}
 Extrapolated, not measured: at {count(million)} chunks the service's memory once ready would be about
 {opt(at_million, 1)} GiB (the memory each chunk added between the two largest corpora, times the chunks still to
 come), of which the {stored} token vectors {num(tokens_at_million, 1)} GiB; the machine has
 {num(g['memory_gib'], 1)} GiB. The token vectors are the first wall: product codes
 (the next section) shrink them, and the ingest's embedding (the rate in "Ingestion") makes a corpus this size a
 matter of hours to build here."""
+
+
+def _knee_sentence(sizes: list[dict]) -> str:
+    """How the knee row was measured, and which corpora met the SLO at every rate tried (their knee is a floor)."""
+    measured = [s for s in sizes if s.get("knee")]
+    if not measured:
+        return ""
+    k = measured[0]["knee"]
+    rates = sorted({step["offered_qps"] for s in measured for step in s["knee"]["steps"]})
+    floors = [count(s["chunks"]) for s in measured
+              if s["knee"]["knee_qps"] is not None and s["knee"]["knee_qps"] == s["knee"]["steps"][-1]["offered_qps"]]
+    floor = (f" At {', '.join(floors)} chunks every step met it: the knee shown is the highest rate tried, a floor."
+             if floors else "")
+    return (f"\nThe knee: open-loop Poisson steps of {num(k['step_s'], 0)} s from {num(rates[0], 0)} to "
+            f"{num(rates[-1], 0)} req/s, up to the first that misses the SLO (P99 over {num(k['slo_ms'], 0)} ms, or "
+            f"errors or refusals over {num(100 * k['max_error_rate'], 1)} %); the knee is the highest rate met with every lower one met too.{floor}\n")
 
 
 def _coded_sentence(coded: list[dict], stored: str) -> str:

@@ -32,11 +32,10 @@ import faiss
 
 from rag.errors import IndexLoadError
 from rag.index import dense, sparse
+from rag.index.chunks import CHUNKS, DIGEST_KEY, ChunkTable, file_sha256, read_chunks
 from rag.settings import IndexSettings
-from rag.types import Chunk
 
 MANIFEST = "manifest.json"
-CHUNKS = "chunks.jsonl"
 CURRENT = "current"
 GENERATIONS = "generations"
 FORMAT_VERSION = 1
@@ -77,7 +76,7 @@ class LoadedIndex:
 
     folder: Path
     manifest: dict
-    chunks: list[Chunk]
+    chunks: ChunkTable
     faiss_index: faiss.Index | None
     bm25: bm25s.BM25 | None
     idf: dict[str, float]
@@ -91,7 +90,7 @@ def load_index(index_dir: Path, settings: IndexSettings, searchable: bool = True
     expected = manifest["counts"]["chunks"]
     faiss_index = bm25 = None
     try:
-        chunks = read_chunks(folder / CHUNKS)
+        chunks = read_chunks(folder / CHUNKS, manifest.get(DIGEST_KEY), expected)
         if searchable:
             faiss_index = dense.load_index(folder, settings)
             bm25, idf = sparse.load_bm25(folder)
@@ -111,27 +110,6 @@ def load_index(index_dir: Path, settings: IndexSettings, searchable: bool = True
     if wrong:
         raise IndexLoadError(folder, f"manifest says {expected} chunks but found {wrong}")
     return LoadedIndex(folder, manifest, chunks, faiss_index, bm25, idf)
-
-
-def read_chunks(path: Path) -> list[Chunk]:
-    """The chunks of a ``chunks.jsonl`` file, in chunk-id order; ``IndexLoadError`` naming a bad line."""
-    chunks = []
-    with open(path, encoding="utf-8") as fh:
-        for chunk_id, line in enumerate(fh):
-            try:
-                row = json.loads(line)
-                chunks.append(Chunk(chunk_id, row["doc_id"], row["title"], row["text"], row["start"], row["end"]))
-            except (json.JSONDecodeError, KeyError) as exc:
-                raise IndexLoadError(path, f"line {chunk_id + 1} is not a chunk ({exc})") from exc
-    return chunks
-
-
-def write_chunks(path: Path, chunks: list[Chunk]) -> None:
-    """Write ``chunks`` to ``path`` as JSON lines."""
-    with open(path, "w", encoding="utf-8") as fh:
-        for c in chunks:
-            fh.write(json.dumps({"doc_id": c.doc_id, "title": c.title, "text": c.text, "start": c.start,
-                                 "end": c.end}, ensure_ascii=False) + "\n")
 
 
 def link_files(source: Path, target: Path, skip: frozenset[str] | set[str] = frozenset()) -> None:
@@ -213,8 +191,11 @@ class IndexWriter:
             link.unlink(missing_ok=True)
 
     def publish(self, manifest: dict) -> Path:
-        """Write the manifest, make the generation durable, then swap ``current`` to it."""
+        """Write the manifest (with the SHA-256 of the generation's chunks, which loading checks), make the generation
+        durable, then swap ``current`` to it."""
         manifest = {"format_version": FORMAT_VERSION, "generation": self.generation, **manifest}
+        if (self.folder / CHUNKS).is_file():
+            manifest[DIGEST_KEY] = file_sha256(self.folder / CHUNKS)
         (self.folder / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
         _fsync_tree(self.folder)
         final = self.generations / self.generation

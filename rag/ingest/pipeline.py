@@ -10,14 +10,15 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 from rag import __version__
 from rag.embedding.embedder import OnnxEmbedder
 from rag.index import dense, sparse
 from rag.index.milvus import VectorStoreUnavailable, dense_index_type, prune_collections, publish_generation
 from rag.graph.ingest import build_generation_graph, graph_config, prune_store_generations
-from rag.index.store import (CHUNKS, GENERATIONS, MANIFEST, IndexWriter, link_files, read_chunks, read_manifest,
-                             resolve_generation, write_chunks)
+from rag.index.chunks import DIGEST_KEY, read_chunks, write_chunks
+from rag.index.store import CHUNKS, GENERATIONS, MANIFEST, IndexWriter, link_files, read_manifest, resolve_generation
 from rag.errors import IndexLoadError, IngestError, RagheatError
 from rag.ingest.chunking import SemanticDensityChunker, TokenWindowChunker
 from rag.ingest.sources import Corpus, load_source
@@ -247,12 +248,12 @@ def _build_indexes(corpus: Corpus, chunker, embedder: OnnxEmbedder, analyzer: Le
     return chunks, params, len(idf), rerank
 
 
-def _reuse_indexes(current: Path, folder: Path) -> tuple[list[Chunk], dict, int, dict | None]:
+def _reuse_indexes(current: Path, folder: Path) -> tuple[Sequence[Chunk], dict, int, dict | None]:
     """Hard-link (or copy) the current generation's files, except its manifest and graph, into ``folder``."""
     manifest = json.loads((current / MANIFEST).read_text())
     link_files(current, folder, skip={MANIFEST, *((manifest.get("graph") or {}).get("files", ()))})
-    return (read_chunks(folder / CHUNKS), manifest["dense"], manifest["counts"]["vocabulary"],
-            manifest.get("rerank"))
+    chunks = read_chunks(folder / CHUNKS, manifest.get(DIGEST_KEY))
+    return chunks, manifest["dense"], manifest["counts"]["vocabulary"], manifest.get("rerank")
 
 
 def _fingerprint(corpus: Corpus, config: dict) -> str:

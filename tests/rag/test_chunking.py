@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from rag.index.store import CHUNKS, read_chunks, resolve_generation
+from rag.index.chunks import read_chunks
+from rag.index.store import CHUNKS, resolve_generation
 from rag.ingest.chunking import SemanticDensityChunker, TokenWindowChunker, plain_tokenizer
 from rag.ingest.pipeline import passage_text
 from rag.ingest.sentences import sentence_spans
