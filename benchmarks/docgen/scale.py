@@ -132,7 +132,8 @@ matter of hours to build here."""
 
 
 def _knee_sentence(sizes: list[dict]) -> str:
-    """How the knee row was measured, and which corpora met the SLO at every rate tried (their knee is a floor)."""
+    """How the knee row was measured, every step's P99 and refusals, and which corpora met the SLO at every rate tried
+    (their knee is a floor)."""
     measured = [s for s in sizes if s.get("knee")]
     if not measured:
         return ""
@@ -142,9 +143,22 @@ def _knee_sentence(sizes: list[dict]) -> str:
               if s["knee"]["knee_qps"] is not None and s["knee"]["knee_qps"] == s["knee"]["steps"][-1]["offered_qps"]]
     floor = (f" At {', '.join(floors)} chunks every step met it: the knee shown is the highest rate tried, a floor."
              if floors else "")
-    return (f"\nThe knee: open-loop Poisson steps of {num(k['step_s'], 0)} s from {num(rates[0], 0)} to "
-            f"{num(rates[-1], 0)} req/s, up to the first that misses the SLO (P99 over {num(k['slo_ms'], 0)} ms, or "
-            f"errors or refusals over {num(100 * k['max_error_rate'], 1)} %); the knee is the highest rate met with every lower one met too.{floor}\n")
+
+    def cell(size: dict, rate: float) -> str:
+        step = next((x for x in size["knee"]["steps"] if x["offered_qps"] == rate), None)
+        if step is None:
+            return "–"
+        refused = f", {num(100 * step['shed_rate'], 1)} % refused" if step["shed_rate"] else ""
+        return f"{opt(step['p99_ms'], 0)}{refused}"
+
+    rows = [[f"{count(s['chunks'])}{'' if s.get('token_dtype', 'int8') == 'int8' else ' (' + s['token_dtype'] + ')'}",
+             *[cell(s, r) for r in rates]] for s in measured]
+    return (f"\nThe knee: open-loop Poisson steps of {num(k['step_s'], 0)} s from {num(rates[0], 0)} req/s up, to the "
+            f"first that misses the SLO (P99 over {num(k['slo_ms'], 0)} ms, or errors or refusals over "
+            f"{num(100 * k['max_error_rate'], 1)} %); the knee is the highest rate met with every lower one met too."
+            f"{floor} One step a rate: a step's P99 near the knee moves by its own noise (each step's P99, ms, and "
+            f"refusals below), so a knee one step apart between sizes is not a difference.\n\n"
+            f"{table(['chunks', *[f'{num(r, 0)} req/s' for r in rates]], rows, 'l' + 'r' * len(rates))}\n")
 
 
 def _coded_sentence(coded: list[dict], stored: str) -> str:
