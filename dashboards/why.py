@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from dashboards import contract
 from dashboards.spec import JOB as KEPT
-from rag.stages import LANGUAGE_MODEL_STAGES, SKIPPABLE_STAGES, WAIT_STAGES
+from rag.stages import SLOWED_BY_DEPENDENCY, WAIT_STAGES
 
 WINDOW_S = 5 * 60
 BASELINE_S = 60 * 60
@@ -44,9 +44,8 @@ PRESSURE_NOISE = 0.05
 TAIL_SHARE = 0.03
 STANDS_OUT = 2.0
 LOAD_GROWTH = 1.25
-DEPENDENCY = {**{s: "language_model" for s in LANGUAGE_MODEL_STAGES if s != "support_check"},
-              "hyde": "language_model", **{s: "graph_store" for s in SKIPPABLE_STAGES}}
-"""Stages whose time is mostly a dependency's (``explain.causes.DEPENDENCY``)."""
+DEPENDENCY = SLOWED_BY_DEPENDENCY
+"""Stages whose time is mostly a dependency's (``explain.causes.DEPENDENCY``; rag.stages)."""
 MACHINE_CAUSES = ("overload", "cpu_neighbour", "cpu_in_process", "memory", "io")
 """Machine-wide sources, in ``explain.causes._machine_weights``'s order."""
 OWN_CAUSES = ("language_model", "graph_store", "stage")

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from explain.signals import QUANTILE, Evidence, Side
-from rag.stages import LANGUAGE_MODEL_STAGES, SKIPPABLE_STAGES, STAGE_BY_NAME, WAIT_STAGES
+from rag.stages import DEPENDENCY as CALLS, SLOWED_BY_DEPENDENCY, STAGE_BY_NAME, WAIT_STAGES, describes
 
 NOISE_MS = 10.0
 """A P99 growth below this is noise: a fast service's tail moves a few milliseconds between quiet windows."""
@@ -59,11 +59,10 @@ LOAD_GROWTH = 1.25
 """Offered load this many times the baseline's is more load."""
 
 Kind = Literal["overload", "cpu_neighbour", "cpu_in_process", "memory", "io", "language_model", "graph_store",
-               "lock", "network", "stage"]
+               "vector_store", "lock", "network", "stage"]
 Verdict = Literal["ok", "slower", "no_data"]
-DEPENDENCY = {**{s: "language_model" for s in LANGUAGE_MODEL_STAGES if s != "support_check"},
-              "hyde": "language_model", **{s: "graph_store" for s in SKIPPABLE_STAGES}}
-"""Stages whose time is mostly a dependency's: what they wait on when they alone slow down."""
+DEPENDENCY = SLOWED_BY_DEPENDENCY
+"""Stages whose time is mostly a dependency's: what they wait on when they alone slow down (rag.stages)."""
 KERNEL_KINDS = {"offcpu:uninterruptible": "io", "syscall:read": "io", "syscall:write": "io", "syscall:file": "io",
                 "syscall:futex": "lock", "syscall:network": "network", "syscall:poll": "network",
                 "runqueue:runqueue": "cpu_neighbour"}
@@ -173,15 +172,17 @@ def explain(evidence: Evidence, knee_qps: float | None = None) -> Explanation:
                      - _share(sum(before.degraded_per_s.values()), before.answered_per_s))
     stepped_more = _share(now.below_full_per_s, now.answered_per_s) - _share(before.below_full_per_s,
                                                                                before.answered_per_s)
+    skipped_more = _skipped_more(now, before)
     slower = (growth > max(NOISE_MS, NOISE_SHARE * before.p99_ms)
               and not evidence.tail_share < TAIL_SHARE and evidence.tail_requests >= TAIL_REQUESTS
               and not _tail_by_chance(evidence))
-    if not (slower or shed_more > SHARE_NOISE or degraded_more > SHARE_NOISE or stepped_more > SHARE_NOISE):
+    if not (slower or shed_more > SHARE_NOISE or degraded_more > SHARE_NOISE or stepped_more > SHARE_NOISE
+            or max(skipped_more.values(), default=0.0) > SHARE_NOISE):
         result.headline = (f"nothing is wrong: P99 {_ms(now.p99_ms)} against {_ms(before.p99_ms)} in the baseline "
-                           f"(within noise), nothing more shed or degraded")
+                           f"(within noise), nothing more shed, degraded or skipped")
         return result
     result.verdict = "slower"
-    causes = _causes(evidence, stages, knee_qps, max(shed_more, stepped_more), degraded_more)
+    causes = _causes(evidence, stages, knee_qps, max(shed_more, stepped_more), degraded_more, skipped_more)
     causes.sort(key=lambda c: c.ms, reverse=True)
     result.causes = causes
     top = causes[0].headline if causes else "no stage's P99 grew: the time is outside the stages ragheat sees"
@@ -189,9 +190,16 @@ def explain(evidence: Evidence, knee_qps: float | None = None) -> Explanation:
     return result
 
 
+def _skipped_more(now: Side, before: Side) -> dict[str, float]:
+    """Per stage that calls a dependency: how much more of the answers went without it in the window."""
+    return {stage: _share(now.skipped_per_s.get(stage, 0.0), now.answered_per_s)
+            - _share(before.skipped_per_s.get(stage, 0.0), before.answered_per_s) for stage in CALLS}
+
+
 def _causes(evidence: Evidence, stages: list[StageChange], knee_qps: float | None, shed_more: float,
-            degraded_more: float) -> list[Cause]:
-    """``shed_more``: how much more of the load was refused, or answered below full quality (the larger)."""
+            degraded_more: float, skipped_more: dict[str, float]) -> list[Cause]:
+    """``shed_more``: how much more of the load was refused, or answered below full quality (the larger);
+    ``skipped_more``: per stage, how much more of the answers went without it."""
     now, before = evidence.now, evidence.before
     causes: dict[str, Cause] = {}
 
@@ -258,6 +266,14 @@ def _causes(evidence: Evidence, stages: list[StageChange], knee_qps: float | Non
         charge("language_model", "language_model", 0.0,
                f"the language model: {degraded_more:.0%} more answers fell back to extractive ({reasons})",
                _model_evidence(now, before), None)
+    for stage, more in skipped_more.items():  # a dependency down: answers go without its stage, no later
+        dependency = CALLS[stage]
+        if more > SHARE_NOISE:  # after a first stage, a second of the same dependency joins its cause
+            why = "unavailable or too slow for the deadline" if STAGE_BY_NAME[stage].optional else "unavailable"
+            charge(dependency, dependency, 0.0,
+                   f"the {dependency.replace('_', ' ')}: {more:.0%} more answers without {describes(stage)} ({why})",
+                   [f"{stage} skipped {before.skipped_per_s.get(stage, 0.0):.2f} -> "
+                    f"{now.skipped_per_s.get(stage, 0.0):.2f} /s"], stage)
     return list(causes.values())
 
 

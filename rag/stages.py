@@ -11,7 +11,9 @@ check (``rag.deadline``) reads the table to know which stages a request must sti
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Literal
+
+Dependency = Literal["language_model", "graph_store", "vector_store"]
 
 
 @dataclass(frozen=True)
@@ -19,7 +21,9 @@ class Stage:
     """One row of the stage table.
 
     ``optional``: a request's deadline may skip it (the answer is then degraded, not late). ``skippable``: a request
-    is answered without it when its backend is down. ``wait``: time spent waiting, not working (left out of service
+    is answered without it when its ``dependency`` is down. ``dependency``: the service outside the request's thread
+    whose work or wait its time mostly is (the vector store only where it is a server: ``vector_store.backend``
+    milvus; in process, the search is the stage's own work). ``wait``: time spent waiting, not working (left out of service
     times). ``language_model``: a part of running the language model. ``conditional``: only some requests run it
     (its latency series are created at zero, so a board reads "none yet" rather than "no data" where the feature is
     off). ``by_default``: the default service runs it for every query. ``instead_of``: the stage it replaces when it
@@ -34,6 +38,7 @@ class Stage:
     conditional: bool = False
     by_default: bool = False
     instead_of: str | None = None
+    dependency: Dependency | None = None
 
 
 STAGE_TABLE: tuple[Stage, ...] = (
@@ -48,17 +53,20 @@ STAGE_TABLE: tuple[Stage, ...] = (
     Stage("route", "the router picks the retrievers, their fusion weights and whether the reranker runs (routed "
                    "requests)", conditional=True, by_default=True),
     Stage("hyde", "the language model writes a hypothetical passage, embedded to drive dense retrieval beside the "
-                  "question", optional=True, conditional=True),
-    Stage("retrieve_dense", "FAISS search with the query's vector", by_default=True),
-    Stage("retrieve_bm25", "BM25 over the stemmed query", by_default=True),
+                  "question", optional=True, conditional=True, dependency="language_model"),
+    Stage("retrieve_dense", "FAISS search with the query's vector (or the vector store's, with vector_store.backend "
+                            "milvus)", by_default=True, skippable=True, dependency="vector_store"),
+    Stage("retrieve_bm25", "BM25 over the stemmed query (or the vector store's, with vector_store.backend milvus)",
+          by_default=True, skippable=True, dependency="vector_store"),
     Stage("retrieve_graph", "the linked entities expanded in the graph store (only when an entity was linked)",
-          optional=True, skippable=True, conditional=True),
+          optional=True, skippable=True, conditional=True, dependency="graph_store"),
     Stage("fuse", "weighted reciprocal-rank fusion of the retrievers' lists", by_default=True),
     Stage("rerank", "the fused candidates rescored by late interaction (rag/rerank)", optional=True, conditional=True,
           by_default=True),
     Stage("generate_prefill", "request sent to the language model -> its first token (the time to first token)",
-          optional=True, language_model=True, instead_of="generate"),
-    Stage("generate_decode", "the language model's first -> last token", language_model=True),
+          optional=True, language_model=True, instead_of="generate", dependency="language_model"),
+    Stage("generate_decode", "the language model's first -> last token", language_model=True,
+          dependency="language_model"),
     Stage("support_check", "each written sentence checked against the passages it cites", language_model=True),
     Stage("generate", "the extractive answer: the passages' own sentences, cited (also the language model's fallback)",
           by_default=True),
@@ -74,6 +82,13 @@ whole language model; the extractive answer replaces it)."""
 SKIPPABLE_STAGES = tuple(s.name for s in STAGE_TABLE if s.skippable)
 LANGUAGE_MODEL_STAGES = tuple(s.name for s in STAGE_TABLE if s.language_model)
 WAIT_STAGES = tuple(s.name for s in STAGE_TABLE if s.wait)
+DEPENDENCY = {s.name: s.dependency for s in STAGE_TABLE if s.dependency}
+"""Stage -> the service outside the request's thread it calls (``Stage.dependency``): a stage skipped more often
+points at it (explain)."""
+SLOWED_BY_DEPENDENCY = {stage: d for stage, d in DEPENDENCY.items() if d != "vector_store"}
+"""Stages whose time is mostly their dependency's wherever ragheat runs: explain and the Why board charge their growth
+to it. The vector store's stages are left out: by default the search runs in process, its time the stage's own work
+(a server's waits show in the kernel's view of the stage, as the network)."""
 DEFAULT_STAGES = tuple(s.name for s in STAGE_TABLE if s.by_default)
 """The stages the default service runs for a question that names no entity, in order: routed (its entities looked
 for, the router's choice), hybrid retrieval, reranked when the router keeps the reranker, the extractive answer. A

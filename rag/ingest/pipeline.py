@@ -117,6 +117,7 @@ def ingest(source: str, index_dir: Path, settings: RagheatSettings, *, embedder:
 
     try:
         with IndexWriter.open(Path(index_dir)) as writer:
+            servers = _milvus_servers(Path(index_dir))  # before publishing prunes generations, with their manifests
             if reusable is not None and reusable.is_dir():
                 t = time.perf_counter()
                 chunks, params, vocabulary, rerank = _reuse_indexes(reusable, writer.folder)
@@ -159,7 +160,7 @@ def ingest(source: str, index_dir: Path, settings: RagheatSettings, *, embedder:
             }
             generation = writer.publish(manifest)
             # Still holding the index's lock: no other ingest has a collection or graph loaded but unpublished.
-            _prune_stores(settings, Path(index_dir), generation)
+            _prune_stores(settings, Path(index_dir), generation, servers)
     except OSError as exc:  # a full disk, a file-size limit, a read-only folder: a sentence, not a traceback
         where = f" ({exc.filename})" if exc.filename else ""
         raise IngestError(f"writing the new generation into {index_dir} failed: {exc.strerror or exc}{where}; the "
@@ -167,15 +168,32 @@ def ingest(source: str, index_dir: Path, settings: RagheatSettings, *, embedder:
     return IngestReport(Path(index_dir), generation, read_manifest(generation), skipped=False)
 
 
-def _prune_stores(settings: RagheatSettings, index_dir: Path, generation: Path) -> None:
-    """Remove from the graph and vector stores the generations the index folder no longer has."""
+def _milvus_servers(index_dir: Path) -> set[str]:
+    """The Milvus servers the index's generations on disk were published to (their manifests' ``vector_store``)."""
+    servers = set()
+    for path in (index_dir / GENERATIONS).glob(f"*/{MANIFEST}"):
+        try:
+            block = json.loads(path.read_text()).get("vector_store") or {}
+        except (OSError, ValueError):  # a half-written leftover: the writer removes it
+            continue
+        if block.get("backend") == "milvus" and block.get("uri"):
+            servers.add(block["uri"])
+    return servers
+
+
+def _prune_stores(settings: RagheatSettings, index_dir: Path, generation: Path, servers: set[str]) -> None:
+    """Remove from the graph and vector stores the generations the index folder no longer has: on the configured
+    Milvus server, and on every server an older generation was published to (after a switch back to local, or to
+    another server, their collections would be left behind for good)."""
     kept = {p.name for p in (index_dir / GENERATIONS).iterdir() if not p.name.startswith(".")}
     if settings.graph.enabled:
         prune_store_generations(settings.graph, generation, kept)
-    try:
-        prune_collections(settings.vector_store, index_dir, kept)
-    except VectorStoreUnavailable as exc:  # published and served already: the next ingest prunes what is left
-        log.warning("the old generations' Milvus collections were not dropped: %s", exc)
+    vs = settings.vector_store
+    for uri in sorted(servers | ({vs.uri} if vs.backend == "milvus" else set())):
+        try:
+            prune_collections(vs.model_copy(update={"backend": "milvus", "uri": uri}), index_dir, kept)
+        except VectorStoreUnavailable as exc:  # published and served already: the next ingest prunes what is left
+            log.warning("the old generations' Milvus collections were not dropped: %s", exc)
 
 
 def _publish_to_milvus(settings: RagheatSettings, index_dir: Path, generation: str, folder: Path,

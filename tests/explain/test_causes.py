@@ -133,6 +133,19 @@ def test_a_stage_slowing_on_its_own_is_charged_to_its_dependency_or_itself(stage
     assert top(result) == kind and result.causes[0].stages == (stage,)
 
 
+def test_answers_without_a_stage_point_at_its_dependency_even_when_nothing_slowed():
+    """A Milvus server down with no fallback: the dense and BM25 stages are skipped, the answers come no later."""
+    down = quiet(skipped_per_s={"retrieve_dense": 9.5, "retrieve_bm25": 9.5})
+    result = explain(evidence(down, tail_share=0.01))
+    assert top(result) == "vector_store" and result.causes[0].ms == 0.0
+    assert result.causes[0].stages == ("retrieve_dense", "retrieve_bm25")
+    assert "95% more answers without retrieve_dense (unavailable)" in result.headline
+    graph_down = explain(evidence(quiet(skipped_per_s={"retrieve_graph": 4.0}), tail_share=0.01))
+    assert top(graph_down) == "graph_store" and "unavailable or too slow for the deadline" in graph_down.headline
+    assert explain(evidence(quiet(skipped_per_s={"retrieve_dense": 0.05}), tail_share=0.01)).verdict == "ok", \
+        "noise is not a cause"
+
+
 def test_the_kernel_says_what_a_slow_stage_waits_on():
     before, now = quiet(), quiet(p99_ms=90.0)
     now.stage_p99_ms["retrieve_bm25"] = 70.0

@@ -131,6 +131,32 @@ def test_each_ingest_publishes_a_new_collection_and_drops_those_of_pruned_genera
         store.close()
 
 
+def test_after_a_switch_back_to_local_the_collections_go_with_their_generations(
+        milvus, scifact_subset, settings, embedder, tmp_path):
+    """The server's collections belong to generations: a local generation published after them keeps the one it may
+    roll back to, and its next ingest drops that collection with the generation, though it publishes nothing there."""
+    from kept_vectors import kept_ingest
+
+    index = tmp_path / "index"
+    served = on_milvus(settings, milvus.uri)
+    store = MilvusStore(served.vector_store)
+
+    def ingest_with(chosen: RagheatSettings, k1: float) -> dict:
+        kept_ingest("scifact-subset-milvus", scifact_subset, index,
+                    chosen.model_copy(update={"retrieval": chosen.retrieval.model_copy(update={"bm25_k1": k1})}),
+                    embedder)
+        return read_manifest(index)
+
+    try:
+        on_server = ingest_with(served, 1.2)["vector_store"]["collection"]
+        assert ingest_with(local(served), 1.3)["vector_store"] is None
+        assert store.collections(index_tag("ragheat", index)) == [on_server]  # the generation kept for rollback
+        ingest_with(local(served), 1.4)
+        assert store.collections(index_tag("ragheat", index)) == []
+    finally:
+        store.close()
+
+
 def test_serving_an_index_never_published_to_milvus_says_how(milvus, subset_index, settings):
     from rag.pipeline import RagPipeline
 
