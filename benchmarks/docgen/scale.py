@@ -4,6 +4,7 @@ passages on a Milvus server."""
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 from rag.settings import RerankSettings
 
@@ -75,14 +76,24 @@ def _growth_word(slope: float | None) -> str:
     return "super-linear"
 
 
-def growth(d: dict) -> str:
-    g = d["growth"]
+def growth_sizes(g: dict) -> tuple[list[dict], list[dict], str]:
+    """(the corpora whose token vectors are stored as the smallest one's, by size; the others; that storage)."""
     every = sorted(g["sizes"].values(), key=lambda s: s["chunks"])
     stored = every[0].get("token_dtype", "int8")
     sizes = [s for s in every if s.get("token_dtype", "int8") == stored]  # the slopes compare like with like
     coded = [s for s in every if s.get("token_dtype", "int8") != stored]
+    return sizes, coded, stored
+
+
+def growth_measures() -> list[tuple[str, Callable[[dict], float | None], int]]:
+    """The growth curve's rows: (name, its value at a corpus, digits)."""
     mib = 2**20
-    measures = [
+    stages = ("embed", "retrieve_dense", "retrieve_bm25", "fuse", "rerank", "generate")
+
+    def stage(name: str, at: str) -> Callable[[dict], float | None]:
+        return lambda s: (s["stage_ms"].get(name) or {}).get(at)
+
+    return [
         ("dense index, MiB", lambda s: s["disk_bytes"]["dense"] / mib, 1),
         ("BM25, MiB", lambda s: s["disk_bytes"]["bm25"] / mib, 1),
         ("chunk text, MiB", lambda s: s["disk_bytes"]["chunks"] / mib, 1),
@@ -91,14 +102,20 @@ def growth(d: dict) -> str:
         ("start-up until ready, s", lambda s: s["startup_s"], 1),
         ("c=1 end to end P50, ms", lambda s: s["e2e_ms"]["p50"], 2),
         ("c=1 end to end P99, ms", lambda s: s["e2e_ms"]["p99"], 2),
-        *[(f"c=1 {stage} P50, ms", (lambda st: lambda s: (s["stage_ms"].get(st) or {}).get("p50"))(stage), 2)
-          for stage in ("embed", "retrieve_dense", "retrieve_bm25", "fuse", "rerank", "generate")],
+        *[(f"c=1 {name} P50, ms", stage(name, "p50"), 2) for name in stages],
+        *[(f"c=1 {name} P99, ms", stage(name, "p99"), 2) for name in stages],
         ("service CPU per answer, ms", lambda s: s["closed_loop"]["cpu_ms_per_answer"], 2),
         ("answers/s", lambda s: s["closed_loop"]["answers_per_s"], 0),
         ("knee, req/s (open loop)", lambda s: (s.get("knee") or {}).get("knee_qps"), 0),
         ("hot swap until served, s", lambda s: s["hot_swap"]["swap_s"], 1),
         ("slowest request during the swap, ms", lambda s: s["hot_swap"]["slowest_ms"], 1),
     ]
+
+
+def growth(d: dict) -> str:
+    g = d["growth"]
+    sizes, coded, stored = growth_sizes(g)
+    measures = growth_measures()
     rows = []
     for name, value, digits in measures:
         slope = _slope(sizes, value)
@@ -122,7 +139,9 @@ costs are representative, their relevance is not: no quality figure is reported 
 `benchmarks/bench_growth.py`).
 
 {table(header, rows, "l" + "r" * (len(sizes) + 1) + "l" + "r" * len(coded))}
-{_knee_sentence(every)}{_coded_sentence(coded, stored)}
+
+![Each measure against the corpus size, log-log](images/growth.svg)
+{_knee_sentence(sizes + coded)}{_coded_sentence(coded, stored)}
 Extrapolated, not measured: at {count(million)} chunks the service's memory once ready would be about
 {opt(at_million, 1)} GiB (the memory each chunk added between the two largest corpora, times the chunks still to
 come), of which the {stored} token vectors {num(tokens_at_million, 1)} GiB; the machine has
