@@ -71,7 +71,7 @@ PAGE: list[str | Section] = [
     Section("rerank-latency", "### Late-interaction reranker: what it costs", ("rerank-latency",),
             quality.rerank_latency),
     "## Growing the corpus",
-    Section("growth", "### How the costs grow with the corpus", ("growth",), scale.growth),
+    Section("growth", "### How the costs grow with the corpus", ("growth", "ingest"), scale.growth),
     Section("token-codes", "### Compressed token vectors: product codes against int8", ("token-codes",),
             scale.token_codes),
     Section("milvus", "### The passages on a Milvus server (`vector_store.backend=milvus`)", ("milvus",),

@@ -146,8 +146,21 @@ Extrapolated, not measured: at {count(million)} chunks the service's memory once
 {opt(at_million, 1)} GiB (the memory each chunk added between the two largest corpora, times the chunks still to
 come), of which the {stored} token vectors {num(tokens_at_million, 1)} GiB; the machine has
 {num(g['memory_gib'], 1)} GiB. The token vectors are the first wall: product codes
-(the next section) shrink them, and the ingest's embedding (the rate in "Ingestion") makes a corpus this size a
-matter of hours to build here."""
+(the next section) shrink them.
+
+{_ingest_sentence(d["ingest"], [s["chunks"] for s in sizes + coded if s["grown"]])}"""
+
+
+def _ingest_sentence(ingest: dict, grown: list[int]) -> str:
+    """The real ingest's rate ("Ingestion"), and what it makes of the grown corpora's sizes: extrapolated."""
+    run = next(r for r in ingest["runs"] if r["precision"] == ingest["default_precision"])
+    rate = run["chunks"] / run["wall_s"]
+    at = join_words([f"{count(n)} chunks about {num(n / rate / 3600, 1)} h" for n in grown])
+    return (f"Ingest, extrapolated, not measured: the real ingest of `{run['source']}` ({count(run['chunks'])} "
+            f"chunks, {run['precision']}, \"Ingestion\") ran {num(rate, 1)} chunks/s on its machine (its line above), "
+            f"{num(100 * run['embed_s'] / run['wall_s'], 0)} % of it the encoder, whose work grows with the chunks: "
+            f"at that rate {at}. The grown corpora above are built from the real index's vectors instead "
+            f"(`benchmarks/bench_growth.py`), which is why they exist here.")
 
 
 def _knee_sentence(sizes: list[dict]) -> str:
