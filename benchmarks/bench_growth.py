@@ -17,8 +17,9 @@ latency, memory and disk are representative; their relevance is not, and no qual
 At each size: disk by part, the service's start-up (``ragheat serve`` until ``/readyz``), its resident memory once
 ready, every stage's P50 / P99 and the end-to-end latency at concurrency 1 (SciFact claims), the service's CPU per
 answer and answers/s with --clients closed-loop clients, the knee (open-loop Poisson steps at --rates, ascending, until
-one misses the SLO: P99 over it, or errors or refusals over ``MAX_ERROR_RATE``), and the hot swap: a new generation published beside
-the served one (its files hard-linked), the time until the service serves it and the slowest request meanwhile.
+one misses the SLO: P99 over it, or errors or refusals over ``MAX_ERROR_RATE``), and the hot swap: a new generation
+published beside the served one (its files hard-linked), the time until the service serves it and the slowest request
+meanwhile.
 
     .venv/bin/python benchmarks/bench_growth.py --sizes real,30000,100000 --results-file benchmarks/results/growth.json
 """
@@ -390,7 +391,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  {result['chunks']:,} chunks: start-up {result['startup_s']:.1f} s, RSS "
               f"{result['rss_bytes'] / 2**30:.2f} GiB, c=1 P50 {result['e2e_ms']['p50']:.2f} ms, "
               f"{result['closed_loop']['answers_per_s']:.0f} answers/s, knee {result['knee']['knee_qps']} req/s, swap "
-              f"{result['hot_swap']['swap_s']:.1f} s (slowest request meanwhile {result['hot_swap']['slowest_ms']:.0f} ms)",
+              f"{result['hot_swap']['swap_s']:.1f} s (the slowest request meanwhile "
+              f"{result['hot_swap']['slowest_ms']:.0f} ms)",
               flush=True)
     memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     run.write({"sizes": sizes, "noise_cosine": NOISE_COSINE, "real_index": str(args.index), "memory_gib": memory_gib},

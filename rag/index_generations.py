@@ -41,9 +41,10 @@ log = logging.getLogger("ragheat.generations")
 
 LOADING_SWITCH_INTERVAL_S = 0.0005
 """The interpreter's switch interval (``sys.setswitchinterval``) while a successor loads beside the served generation.
-The load's Python work (parsing the chunks, BM25's vocabulary) keeps the GIL a whole interval at a time, and a request
-that released it for a numpy or ONNX Runtime call waits up to one interval to get it back, at every such call: with
-the default 5 ms, a request served during a large load is many times slower."""
+The load's Python work (BM25's vocabulary, the manifests and settings, a generation's chunks without a recorded
+digest) keeps the GIL a whole interval at a time, and a request that released it for a numpy or ONNX Runtime call
+waits up to one interval to get it back, at every such call: with CPython's default, a request served during a large
+load is many times slower."""
 
 
 class ReloadError(RagheatError):

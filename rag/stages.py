@@ -23,8 +23,8 @@ class Stage:
     ``optional``: a request's deadline may skip it (the answer is then degraded, not late). ``skippable``: a request
     is answered without it when its ``dependency`` is down. ``dependency``: the service outside the request's thread
     whose work or wait its time mostly is (the vector store only where it is a server: ``vector_store.backend``
-    milvus; in process, the search is the stage's own work). ``wait``: time spent waiting, not working (left out of service
-    times). ``language_model``: a part of running the language model. ``conditional``: only some requests run it
+    milvus; in process, the search is the stage's own work). ``wait``: time spent waiting, not working (left out of
+    service times). ``language_model``: a part of running the language model. ``conditional``: only some requests run it
     (its latency series are created at zero, so a board reads "none yet" rather than "no data" where the feature is
     off). ``by_default``: the default service runs it for every query. ``instead_of``: the stage it replaces when it
     runs (the language model's answer replaces the extractive one)."""

@@ -96,8 +96,8 @@ def loglog_panels(measures: Sequence[tuple[str, Callable[[dict], float | None]]]
     bottom = PANEL_H * rows
     parts.append(_el("text", caption, x=LEFT / 6, y=bottom + CAPTION_PX * 2, font_size=CAPTION_PX))
     if coded:
-        parts += [_el("circle", cx=LEFT / 3, cy=bottom + CAPTION_PX * 4 - CAPTION_PX / 3, r=RING, fill="none", stroke=CODED,
-                      stroke_width=LINE),
+        parts += [_el("circle", cx=LEFT / 3, cy=bottom + CAPTION_PX * 4 - CAPTION_PX / 3, r=RING, fill="none",
+                      stroke=CODED, stroke_width=LINE),
                   _el("text", coded_caption, x=LEFT / 2, y=bottom + CAPTION_PX * 4, font_size=CAPTION_PX)]
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
