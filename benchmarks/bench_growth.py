@@ -60,13 +60,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--round-s", type=float, default=8.0, help="seconds of each CPU-per-answer round")
-    p.add_argument("--rates", default="40:320:40", help="offered req/s of the knee's steps (A:B:STEP or a comma list)")
+    p.add_argument("--rates", default="40:320:40", type=_rates,
+                   help="offered req/s of the knee's steps (A:B:STEP or a comma list)")
     p.add_argument("--step-s", type=float, default=8.0, help="measured seconds of each knee step")
     p.add_argument("--warmup-s", type=float, default=2.0, help="seconds before each knee step is measured")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--results-file", "--json", dest="results_file", type=Path,
                    default=Path("benchmarks/results/growth.json"))
     return p.parse_args(argv)
+
+
+def _rates(spec: str) -> list[float]:
+    from loadgen.arrivals import parse_rates
+
+    return sorted(parse_rates(spec))
 
 
 # -- building a larger corpus --------------------------------------------------------------------------
@@ -93,7 +100,7 @@ def grow(real: Path, size: int, work: Path, seed: int, token_dtype: str = "int8"
         return target, json.loads((target / "build.json").read_text())
     folder = resolve_generation(real)
     manifest = read_manifest(real)
-    chunks = read_chunks(folder / CHUNKS)
+    chunks = list(read_chunks(folder / CHUNKS))  # walked several times: parsed once
     n_real = len(chunks)
     rng = np.random.default_rng(seed)
     timings: dict[str, float] = {}
@@ -295,6 +302,7 @@ def measure(index: Path, queries: list[str], args) -> dict:
             rounds.append({"answers_per_s": sum(counts) / wall,
                            "cpu_ms_per_answer": 1000 * (cpu_seconds(service.pid) - cpu0) / sum(counts)})
         knee = _knee(service.url, queries, args)
+        time.sleep(3.0)  # what the last step left queued drains before the swap is timed
         swap = _hot_swap(index, service, _Client(service.url), queries)
         rss_after = resident_bytes(service.pid)
     manifest = read_manifest(index)
@@ -311,13 +319,12 @@ def measure(index: Path, queries: list[str], args) -> dict:
 def _knee(url: str, queries: list[str], args) -> dict:
     """Open-loop steps at ``args.rates``, ascending, until one misses the SLO; the knee (``loadgen.stats.find_knee``)
     and every step's P99, errors and refusals."""
-    from loadgen.arrivals import parse_rates
     from loadgen.runner import open_loop, run as run_step
     from loadgen.stats import find_knee
     from rag.slo import SLO_MS
 
     steps, rows = [], []
-    for i, rate in enumerate(parse_rates(args.rates)):
+    for i, rate in enumerate(args.rates):
         steps.append(run_step(open_loop(url + "/v1/query", queries, rate, args.step_s, args.warmup_s,
                                         seed=args.seed + i, slo_ms=SLO_MS)))
         step = steps[-1]
@@ -366,7 +373,7 @@ def _hot_swap(index: Path, service, client: _Client, queries: list[str]) -> dict
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if SMOKE:
-        args.requests, args.rounds, args.round_s, args.rates, args.step_s, args.warmup_s = 20, 1, 1.0, "20", 1.0, 0.5
+        args.requests, args.rounds, args.round_s, args.rates, args.step_s, args.warmup_s = 20, 1, 1.0, [20.0], 1.0, 0.5
     from rag.index.store import read_manifest
 
     queries = [json.loads(line)["text"] for line in args.queries.open()]

@@ -38,7 +38,11 @@ def main(argv: list[str] | None = None) -> int:
     for section, files in missing.items():
         print(f"section {section!r} has no results: {', '.join(f + '.json' for f in files)} "
               f"(bash benchmarks/run_all.sh {' '.join(dict.fromkeys(step(f) for f in files))})", file=sys.stderr)
-    images = {args.out.parent / "images" / name: svg for name, svg in render_images(args.results).items()}
+    try:
+        images = {args.out.parent / "images" / name: svg for name, svg in render_images(args.results).items()}
+    except ValueError as exc:
+        print(f"render_docs: {exc}", file=sys.stderr)
+        return 2
     if not args.check:
         args.out.write_text(text, encoding="utf-8")
         for path, svg in images.items():

@@ -191,9 +191,12 @@ def explain(evidence: Evidence, knee_qps: float | None = None) -> Explanation:
 
 
 def _skipped_more(now: Side, before: Side) -> dict[str, float]:
-    """Per stage that calls a dependency: how much more of the answers went without it in the window."""
+    """Per mandatory stage that calls a dependency: how much more of the answers went without it in the window. An
+    optional stage is also skipped when the deadline cannot hold it (the counter does not say which), so its skips
+    point at nothing."""
     return {stage: _share(now.skipped_per_s.get(stage, 0.0), now.answered_per_s)
-            - _share(before.skipped_per_s.get(stage, 0.0), before.answered_per_s) for stage in CALLS}
+            - _share(before.skipped_per_s.get(stage, 0.0), before.answered_per_s)
+            for stage in CALLS if not STAGE_BY_NAME[stage].optional}
 
 
 def _causes(evidence: Evidence, stages: list[StageChange], knee_qps: float | None, shed_more: float,
@@ -269,9 +272,9 @@ def _causes(evidence: Evidence, stages: list[StageChange], knee_qps: float | Non
     for stage, more in skipped_more.items():  # a dependency down: answers go without its stage, no later
         dependency = CALLS[stage]
         if more > SHARE_NOISE:  # after a first stage, a second of the same dependency joins its cause
-            why = "unavailable or too slow for the deadline" if STAGE_BY_NAME[stage].optional else "unavailable"
             charge(dependency, dependency, 0.0,
-                   f"the {dependency.replace('_', ' ')}: {more:.0%} more answers without {describes(stage)} ({why})",
+                   f"the {dependency.replace('_', ' ')}: {more:.0%} more answers without {describes(stage)} "
+                   f"(unavailable)",
                    [f"{stage} skipped {before.skipped_per_s.get(stage, 0.0):.2f} -> "
                     f"{now.skipped_per_s.get(stage, 0.0):.2f} /s"], stage)
     return list(causes.values())

@@ -114,6 +114,7 @@ class IndexGenerationSwitch:
         self.on_reload: list[Callable[[str], None]] = []
         self.last_error: str | None = None
         self.swaps = 0
+        self.collections = 0  # heap-wide collections a retirement needed (a generation kept by a reference cycle)
         self._watcher: threading.Thread | None = None
         self._stop = threading.Event()
 
@@ -231,17 +232,20 @@ class IndexGenerationSwitch:
         self._discard(served.pipeline, keep)
         retired = weakref.ref(served.pipeline)
         served.pipeline = None  # the last reference the switch held
+        frozen = gc.get_freeze_count() > 0
         if retired() is not None:
             # Something still holds the old generation: a reference cycle. The service froze its generations out
             # of the collector's reach (gc.freeze after warm-up), so it would stay allocated for good: unfreeze,
             # collect, and freeze what is left. The collection walks the whole heap in one call, holding the GIL
             # while requests wait, so it runs only when it has something to free.
-            frozen = gc.get_freeze_count() > 0
+            self.collections += 1
             if frozen:
                 gc.unfreeze()
             gc.collect()
-            if frozen:
-                gc.freeze()
+        elif frozen:
+            gc.collect(1)  # the young garbage, not to be frozen with the new generation
+        if frozen:
+            gc.freeze()  # the new generation out of the collector's reach, as the first one
         log.info("generation %s released", served.generation)
 
     @staticmethod
@@ -303,12 +307,25 @@ def _call(hook, *args) -> None:
         log.exception("a generation hook failed")
 
 
+_interval_lock = threading.Lock()
+_interval_users = 0
+_interval_before = 0.0
+
+
 @contextmanager
 def _switch_interval(seconds: float):
-    """The interpreter's switch interval at most ``seconds`` for the block (process-wide), then as it was."""
-    before = sys.getswitchinterval()
-    sys.setswitchinterval(min(before, seconds))
+    """The interpreter's switch interval at most ``seconds`` for the block, then as it was when the first of the
+    blocks running at once began (the setting is process-wide: two switches may load at once)."""
+    global _interval_users, _interval_before
+    with _interval_lock:
+        if _interval_users == 0:
+            _interval_before = sys.getswitchinterval()
+        _interval_users += 1
+        sys.setswitchinterval(min(_interval_before, seconds))
     try:
         yield
     finally:
-        sys.setswitchinterval(before)
+        with _interval_lock:
+            _interval_users -= 1
+            if _interval_users == 0:
+                sys.setswitchinterval(_interval_before)

@@ -149,7 +149,11 @@ def render_images(results_dir: Path) -> dict[str, str]:
     out = {}
     for name, (files, draw) in IMAGES.items():
         if all((results_dir / f"{f}.json").is_file() for f in files):
-            out[name] = draw({f: load(results_dir / f"{f}.json")["data"] for f in files})
+            try:
+                out[name] = draw({f: load(results_dir / f"{f}.json")["data"] for f in files})
+            except (KeyError, IndexError, TypeError, ValueError, ZeroDivisionError) as exc:
+                raise ValueError(f"image {name}: its results ({', '.join(files)}) do not have what it draws "
+                                 f"({type(exc).__name__}: {exc})") from exc
     return out
 
 

@@ -4,6 +4,7 @@ committed image is checked against its rendering like the page (benchmarks/rende
 from __future__ import annotations
 
 import math
+from html import escape
 from typing import Callable, Sequence
 
 from .stats import count
@@ -21,7 +22,7 @@ def _el(tag: str, body: str | None = None, **attributes) -> str:
     """An SVG element; ``font_size`` is written ``font-size``, numbers with ``:g``."""
     written = " ".join(f'{k.replace("_", "-")}="{v:g}"' if isinstance(v, (int, float)) else
                        f'{k.replace("_", "-")}="{v}"' for k, v in attributes.items())
-    return f"<{tag} {written}/>" if body is None else f"<{tag} {written}>{body}</{tag}>"
+    return f"<{tag} {written}/>" if body is None else f"<{tag} {written}>{escape(body, quote=False)}</{tag}>"
 
 
 def _log_ticks(low: float, high: float) -> list[float]:

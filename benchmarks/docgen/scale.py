@@ -153,7 +153,9 @@ come), of which the {stored} token vectors {num(tokens_at_million, 1)} GiB; the 
 
 def _ingest_sentence(ingest: dict, grown: list[int]) -> str:
     """The real ingest's rate ("Ingestion"), and what it makes of the grown corpora's sizes: extrapolated."""
-    run = next(r for r in ingest["runs"] if r["precision"] == ingest["default_precision"])
+    run = next((r for r in ingest["runs"] if r["precision"] == ingest["default_precision"]), None)
+    if run is None:
+        raise ValueError(f"no ingest run at the default precision ({ingest['default_precision']})")
     rate = run["chunks"] / run["wall_s"]
     at = join_words([f"{count(n)} chunks about {num(n / rate / 3600, 1)} h" for n in grown])
     return (f"Ingest, extrapolated, not measured: the real ingest of `{run['source']}` ({count(run['chunks'])} "

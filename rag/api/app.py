@@ -40,7 +40,8 @@ async def lifespan(app: FastAPI):
     await run_in_threadpool(switch.warm_up)
     # The index, model and their Python objects live until the next generation is swapped in: move them out of the
     # garbage collector's reach, so collections triggered by per-request allocations stop re-scanning them (a swap
-    # unfreezes, collects the old generation and freezes the new one).
+    # freezes the new one too, and collects the whole heap only when a reference cycle keeps the old one alive:
+    # rag.index_generations).
     gc.freeze()
     described = switch.current.describe()
     log.info("index %s loaded: %s chunks", described.index_folder, described.chunks)

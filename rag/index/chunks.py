@@ -1,9 +1,10 @@
 """A generation's passages: ``chunks.jsonl``, one chunk a line, the line number its id; read where it lies.
 
-The service reads a chunk only when a request cites it (a handful a query), so loading a generation maps the file
-and finds where each line starts, one scan of its bytes in numpy: no Python object per chunk. A large index holds
-millions of chunks, and a loader that parsed every line would hold the interpreter's lock for seconds while the
-served generation answers beside it (the hot swap), and leave millions of objects for every collection to walk.
+The service reads a chunk only when a request cites it (a handful a query), so loading a generation reads the file
+whole into one block of bytes (its own copy: a file changed on disk later cannot change what was checked) and finds
+where each line starts, one scan of the bytes in numpy: no Python object per chunk. A large index holds millions of
+chunks, and a loader that parsed every line would hold the interpreter's lock for seconds while the served
+generation answers beside it (the hot swap), and leave millions of objects for every collection to walk.
 The file is checked whole against the SHA-256 its generation's manifest recorded when it was published
 (``IndexWriter.publish``); every line is parsed only for a generation without one, or to name the line a damaged
 file breaks.
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import mmap
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -29,16 +29,14 @@ _SCAN_BYTES = 64 << 20  # line ends are looked for this many bytes at a time (a 
 
 
 class ChunkTable(Sequence[Chunk]):
-    """The chunks of one ``chunks.jsonl``, memory-mapped; ``table[i]`` parses line ``i`` into chunk ``i``."""
+    """The chunks of one ``chunks.jsonl``, held as its bytes; ``table[i]`` parses line ``i`` into chunk ``i``.
+    Iterating parses every line again: a caller that walks the whole table more than once makes a list of it."""
 
     __slots__ = ("path", "_data", "_starts")
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        with open(self.path, "rb") as fh:
-            size = fh.seek(0, 2)
-            # An empty file cannot be mapped; it holds no chunk.
-            self._data = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+        self._data = self.path.read_bytes()  # one read, without the interpreter's lock
         self._starts = _line_starts(self._data)
 
     def __len__(self) -> int:
@@ -50,6 +48,11 @@ class ChunkTable(Sequence[Chunk]):
         i = range(len(self))[i]  # a negative index counts from the end; IndexError past either end
         return _parse(self._data[self._starts[i]:self._starts[i + 1]], i, self.path)
 
+    @property
+    def data(self) -> bytes:
+        """The file's bytes, as read."""
+        return self._data
+
     def check(self) -> None:
         """Parse every line: ``IndexLoadError`` naming the first that is not a chunk."""
         for i in range(len(self)):
@@ -57,13 +60,13 @@ class ChunkTable(Sequence[Chunk]):
 
 
 def read_chunks(path: Path, sha256: str | None = None, count: int | None = None) -> ChunkTable:
-    """The chunks of a ``chunks.jsonl`` file, in chunk-id order. With ``sha256`` (the manifest's) the file is checked
-    whole against it; without, every line is parsed. ``IndexLoadError`` naming the bad line, the number of chunks
-    where it is not the manifest's ``count``, or the mismatch."""
+    """The chunks of a ``chunks.jsonl`` file, in chunk-id order. With ``sha256`` (the manifest's) the bytes read are
+    checked whole against it; without, every line is parsed. ``IndexLoadError`` naming the bad line, the number of
+    chunks where it is not the manifest's ``count``, or the mismatch."""
     table = ChunkTable(path)
     if sha256 is None:
         table.check()
-    elif file_sha256(path) != sha256:
+    elif hashlib.sha256(table.data).hexdigest() != sha256:
         table.check()  # names a line that is not a chunk, if one is the damage
         if count is not None and len(table) != count:
             raise IndexLoadError(path, f"the manifest says {count} chunks but it holds {len(table)}")
@@ -86,10 +89,10 @@ def file_sha256(path: Path) -> str:
         return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
-def _line_starts(data) -> np.ndarray:
+def _line_starts(data: bytes) -> np.ndarray:
     """Where each line of ``data`` starts, and its end as the last entry (a last line without a newline counts)."""
     size = len(data)
-    view = np.frombuffer(data, np.uint8) if size else np.zeros(0, np.uint8)
+    view = np.frombuffer(data, np.uint8)
     ends = [np.flatnonzero(view[at:at + _SCAN_BYTES] == ord("\n")) + (at + 1) for at in range(0, size, _SCAN_BYTES)]
     starts = np.concatenate([np.zeros(1, np.int64), *ends]) if ends else np.zeros(1, np.int64)
     if starts[-1] != size:  # the last line has no newline

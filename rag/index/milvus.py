@@ -83,7 +83,7 @@ class MilvusStore:
 
     def __init__(self, settings: VectorStoreSettings) -> None:
         self.settings = settings
-        self.uri = _without_credentials(settings.uri)
+        self.uri = without_credentials(settings.uri)
         self.timeout_s = settings.timeout_ms / 1000
         self.load_timeout_s = settings.load_timeout_s
         self._client = None
@@ -303,7 +303,7 @@ class MilvusStore:
                 log.warning("closing the Milvus client failed: %s", exc)
 
 
-def _without_credentials(uri: str) -> str:
+def without_credentials(uri: str) -> str:
     """``uri`` as errors and logs may show it: a ``user:password@`` in it left out."""
     scheme, sep, rest = uri.partition("://")
     return f"{scheme}{sep}{rest.rsplit('@', 1)[-1]}" if sep else uri

@@ -7,15 +7,19 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from pydantic import SecretStr
+
 from rag import __version__
 from rag.embedding.embedder import OnnxEmbedder
 from rag.index import dense, sparse
-from rag.index.milvus import VectorStoreUnavailable, dense_index_type, prune_collections, publish_generation
+from rag.index.milvus import (VectorStoreUnavailable, dense_index_type, prune_collections, publish_generation,
+                              without_credentials)
 from rag.graph.ingest import build_generation_graph, graph_config, prune_store_generations
 from rag.index.chunks import DIGEST_KEY, read_chunks, write_chunks
 from rag.index.store import CHUNKS, GENERATIONS, MANIFEST, IndexWriter, link_files, read_manifest, resolve_generation
@@ -168,8 +172,14 @@ def ingest(source: str, index_dir: Path, settings: RagheatSettings, *, embedder:
     return IngestReport(Path(index_dir), generation, read_manifest(generation), skipped=False)
 
 
+PENDING_SERVERS = ".milvus-servers.json"
+"""In an index folder: the Milvus servers whose old collections of this index an ingest could not drop (no
+generation on disk names them any more; the next ingest tries again)."""
+
+
 def _milvus_servers(index_dir: Path) -> set[str]:
-    """The Milvus servers the index's generations on disk were published to (their manifests' ``vector_store``)."""
+    """The Milvus servers (without credentials) the index's generations on disk were published to (their manifests'
+    ``vector_store``), and those left with collections to drop (``PENDING_SERVERS``)."""
     servers = set()
     for path in (index_dir / GENERATIONS).glob(f"*/{MANIFEST}"):
         try:
@@ -177,27 +187,46 @@ def _milvus_servers(index_dir: Path) -> set[str]:
         except (OSError, ValueError):  # a half-written leftover: the writer removes it
             continue
         if block.get("backend") == "milvus" and block.get("uri"):
-            servers.add(block["uri"])
+            servers.add(without_credentials(block["uri"]))
+    try:
+        servers.update(json.loads((index_dir / PENDING_SERVERS).read_text()))
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError, TypeError) as exc:
+        log.warning("%s is unreadable (%s): the servers it listed are not pruned", index_dir / PENDING_SERVERS, exc)
     return servers
 
 
 def _prune_stores(settings: RagheatSettings, index_dir: Path, generation: Path, servers: set[str]) -> None:
     """Remove from the graph and vector stores the generations the index folder no longer has: on the configured
     Milvus server, and on every server an older generation was published to (after a switch back to local, or to
-    another server, their collections would be left behind for good)."""
+    another server, their collections would be left behind for good). The configured server is reached with its
+    credentials; another with none (its collections stay, named in a warning, when it asks for them)."""
     kept = {p.name for p in (index_dir / GENERATIONS).iterdir() if not p.name.startswith(".")}
     if settings.graph.enabled:
         prune_store_generations(settings.graph, generation, kept)
     vs = settings.vector_store
-    for uri in sorted(servers | ({vs.uri} if vs.backend == "milvus" else set())):
+    configured = without_credentials(vs.uri) if vs.backend == "milvus" else None
+    pending = []
+    for server in sorted(servers | {configured} - {None}):
+        reach = (vs if server == configured
+                 else vs.model_copy(update={"backend": "milvus", "uri": server, "token": SecretStr("")}))
         try:
-            prune_collections(vs.model_copy(update={"backend": "milvus", "uri": uri}), index_dir, kept)
+            prune_collections(reach, index_dir, kept)
         except VectorStoreUnavailable as exc:  # published and served already: the next ingest prunes what is left
             log.warning("the old generations' Milvus collections were not dropped: %s", exc)
+            pending.append(server)
+    path = index_dir / PENDING_SERVERS
+    if pending:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(pending))
+        os.replace(tmp, path)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def _publish_to_milvus(settings: RagheatSettings, index_dir: Path, generation: str, folder: Path,
-                       chunks: list[Chunk], analyzer: LexicalAnalyzer, steps: _Steps) -> dict:
+                       chunks: Sequence[Chunk], analyzer: LexicalAnalyzer, steps: _Steps) -> dict:
     """The new generation's passages (its dense index's vectors, the BM25 terms of its chunks) into its collection
     on the Milvus server; the manifest's ``vector_store`` block."""
     vectors = dense.stored_vectors(folder)
@@ -270,7 +299,7 @@ def _reuse_indexes(current: Path, folder: Path) -> tuple[Sequence[Chunk], dict, 
     """Hard-link (or copy) the current generation's files, except its manifest and graph, into ``folder``."""
     manifest = json.loads((current / MANIFEST).read_text())
     link_files(current, folder, skip={MANIFEST, *((manifest.get("graph") or {}).get("files", ()))})
-    chunks = read_chunks(folder / CHUNKS, manifest.get(DIGEST_KEY))
+    chunks = list(read_chunks(folder / CHUNKS, manifest.get(DIGEST_KEY)))  # walked several times: parsed once
     return chunks, manifest["dense"], manifest["counts"]["vocabulary"], manifest.get("rerank")
 
 

@@ -140,8 +140,8 @@ def test_answers_without_a_stage_point_at_its_dependency_even_when_nothing_slowe
     assert top(result) == "vector_store" and result.causes[0].ms == 0.0
     assert result.causes[0].stages == ("retrieve_dense", "retrieve_bm25")
     assert "95% more answers without retrieve_dense (unavailable)" in result.headline
-    graph_down = explain(evidence(quiet(skipped_per_s={"retrieve_graph": 4.0}), tail_share=0.01))
-    assert top(graph_down) == "graph_store" and "unavailable or too slow for the deadline" in graph_down.headline
+    # An optional stage is skipped by a near deadline too, and the counter does not say which: no cause from it.
+    assert explain(evidence(quiet(skipped_per_s={"retrieve_graph": 4.0}), tail_share=0.01)).verdict == "ok"
     assert explain(evidence(quiet(skipped_per_s={"retrieve_dense": 0.05}), tail_share=0.01)).verdict == "ok", \
         "noise is not a cause"
 

@@ -85,6 +85,20 @@ def test_a_missing_line_is_a_count_the_manifest_does_not_have(tmp_path):
         read_chunks(path, read_manifest(index)[DIGEST_KEY], 12)
 
 
+def test_with_a_matching_digest_no_line_is_parsed_at_load(tmp_path):
+    """A line that is not a chunk, published so (its digest matches): loading does not parse it, asking for it does."""
+    index = tmp_path / "index"
+    with IndexWriter.open(index) as writer:
+        write_chunks(writer.folder / CHUNKS, chunks(3))
+        with open(writer.folder / CHUNKS, "a", encoding="utf-8") as fh:
+            fh.write("not json\n")
+        writer.publish({"counts": {"chunks": 4}})
+    table = read_chunks(resolve_generation(index) / CHUNKS, read_manifest(index)[DIGEST_KEY], 4)
+    assert table[0] == chunks(3)[0]
+    with pytest.raises(IndexLoadError, match="line 4 is not a chunk"):
+        table[3]
+
+
 def test_a_table_parses_a_line_only_when_asked(tmp_path):
     write_chunks(tmp_path / CHUNKS, chunks(3))
     with open(tmp_path / CHUNKS, "a", encoding="utf-8") as fh:
