@@ -44,11 +44,11 @@ PRESSURE_NOISE = 0.05
 TAIL_SHARE = 0.03
 STANDS_OUT = 2.0
 LOAD_GROWTH = 1.25
-DEPENDENCY = SLOWED_BY_DEPENDENCY
-"""Stages whose time is mostly a dependency's (``explain.causes.DEPENDENCY``; rag.stages)."""
 MACHINE_CAUSES = ("overload", "cpu_neighbour", "cpu_in_process", "memory", "io")
 """Machine-wide sources, in ``explain.causes._machine_weights``'s order."""
-OWN_CAUSES = ("language_model", "graph_store", "stage")
+DEPENDENCIES = tuple(dict.fromkeys(SLOWED_BY_DEPENDENCY.values()))
+"""The dependencies a stage's growth is charged to (rag.stages, as explain reads them), in the stage table's order."""
+OWN_CAUSES = (*DEPENDENCIES, "stage")
 """The cause of a stage that slowed on its own: its dependency, or the stage itself."""
 CAUSES = MACHINE_CAUSES + OWN_CAUSES
 """Every ``cause`` label value of the score: a closed set, names of ``explain.causes.Kind``."""
@@ -61,9 +61,8 @@ def _alternation(names) -> str:
 
 
 WAITING = _alternation(WAIT_STAGES)
-DEPENDENT = _alternation(DEPENDENCY)
-STAGES_OF = {cause: _alternation(s for s, c in DEPENDENCY.items() if c == cause)
-             for cause in ("language_model", "graph_store")}
+DEPENDENT = _alternation(SLOWED_BY_DEPENDENCY)
+STAGES_OF = {cause: _alternation(s for s, c in SLOWED_BY_DEPENDENCY.items() if c == cause) for cause in DEPENDENCIES}
 
 
 class Names:

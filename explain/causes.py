@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from explain.signals import QUANTILE, Evidence, Side
-from rag.stages import DEPENDENCY as CALLS, SLOWED_BY_DEPENDENCY, STAGE_BY_NAME, WAIT_STAGES, describes
+from rag.stages import DEPENDENCY, SLOWED_BY_DEPENDENCY, STAGE_BY_NAME, WAIT_STAGES, describes
 
 NOISE_MS = 10.0
 """A P99 growth below this is noise: a fast service's tail moves a few milliseconds between quiet windows."""
@@ -61,8 +61,6 @@ LOAD_GROWTH = 1.25
 Kind = Literal["overload", "cpu_neighbour", "cpu_in_process", "memory", "io", "language_model", "graph_store",
                "vector_store", "lock", "network", "stage"]
 Verdict = Literal["ok", "slower", "no_data"]
-DEPENDENCY = SLOWED_BY_DEPENDENCY
-"""Stages whose time is mostly a dependency's: what they wait on when they alone slow down (rag.stages)."""
 KERNEL_KINDS = {"offcpu:uninterruptible": "io", "syscall:read": "io", "syscall:write": "io", "syscall:file": "io",
                 "syscall:futex": "lock", "syscall:network": "network", "syscall:poll": "network",
                 "runqueue:runqueue": "cpu_neighbour"}
@@ -196,7 +194,7 @@ def _skipped_more(now: Side, before: Side) -> dict[str, float]:
     point at nothing."""
     return {stage: _share(now.skipped_per_s.get(stage, 0.0), now.answered_per_s)
             - _share(before.skipped_per_s.get(stage, 0.0), before.answered_per_s)
-            for stage in CALLS if not STAGE_BY_NAME[stage].optional}
+            for stage in DEPENDENCY if not STAGE_BY_NAME[stage].optional}
 
 
 def _causes(evidence: Evidence, stages: list[StageChange], knee_qps: float | None, shed_more: float,
@@ -229,7 +227,7 @@ def _causes(evidence: Evidence, stages: list[StageChange], knee_qps: float | Non
     weights = _machine_weights(now, before)
     total = sum(weights.values())
     ordinary = [c.ratio for c in stages if c.growth_ms > 0 and c.stage not in WAIT_STAGES
-                and c.stage not in DEPENDENCY and math.isfinite(c.ratio)]
+                and c.stage not in SLOWED_BY_DEPENDENCY and math.isfinite(c.ratio)]
     median_ratio = max(1.0, statistics.median(ordinary)) if ordinary else 1.0
     shared: list[StageChange] = []
     for change in stages:
@@ -270,7 +268,7 @@ def _causes(evidence: Evidence, stages: list[StageChange], knee_qps: float | Non
                f"the language model: {degraded_more:.0%} more answers fell back to extractive ({reasons})",
                _model_evidence(now, before), None)
     for stage, more in skipped_more.items():  # a dependency down: answers go without its stage, no later
-        dependency = CALLS[stage]
+        dependency = DEPENDENCY[stage]
         if more > SHARE_NOISE:  # after a first stage, a second of the same dependency joins its cause
             charge(dependency, dependency, 0.0,
                    f"the {dependency.replace('_', ' ')}: {more:.0%} more answers without {describes(stage)} "
@@ -356,7 +354,7 @@ def _own_cause(change: StageChange, evidence: Evidence) -> tuple[str, Kind, str,
     p99 = f"{stage} P99 {_ms(change.before_p99_ms)} -> {_ms(change.now_p99_ms)}"
     kernel = _kernel_growth(evidence, stage)
     lines = [p99] + [f"kernel: {component} +{ms:.1f} ms per request" for ms, component in kernel[:3]]
-    dependency = DEPENDENCY.get(stage)
+    dependency = SLOWED_BY_DEPENDENCY.get(stage)  # what it waits on when it alone slows down
     if dependency == "language_model":
         return dependency, dependency, f"the language model: {p99}", lines + _model_evidence(now, before)
     if dependency == "graph_store":

@@ -7,8 +7,10 @@ import math
 from html import escape
 from typing import Callable, Sequence
 
+from .scale import growth_measures, growth_sizes, loglog_slope
 from .stats import count
 
+SVG_NAMESPACE = "http://www.w3.org/2000/svg"
 PANEL_W, PANEL_H, COLUMNS = 250, 170, 4
 LEFT, RIGHT, TOP, BOTTOM = 46, 12, 34, 30  # margins inside a panel: the axes' labels, the title
 TITLE_PX, SLOPE_PX, TICK_PX, CAPTION_PX = 11, 10, 9, 11
@@ -18,10 +20,17 @@ THIN, LINE = 0.8, 1.5  # stroke widths: the frame, the curves
 DOT, RING = 3, 4  # radii: a corpus stored like the smallest, one stored otherwise
 
 
+def _attributes(**attributes) -> str:
+    """SVG attributes: ``font_size`` is written ``font-size``, numbers with ``:g``, a tuple of numbers spaced."""
+    def value(v) -> str:
+        return " ".join(f"{x:g}" for x in v) if isinstance(v, tuple) else f"{v:g}" if isinstance(v, (int, float)) else v
+
+    return " ".join(f'{k.replace("_", "-")}="{value(v)}"' for k, v in attributes.items())
+
+
 def _el(tag: str, body: str | None = None, **attributes) -> str:
-    """An SVG element; ``font_size`` is written ``font-size``, numbers with ``:g``."""
-    written = " ".join(f'{k.replace("_", "-")}="{v:g}"' if isinstance(v, (int, float)) else
-                       f'{k.replace("_", "-")}="{v}"' for k, v in attributes.items())
+    """An SVG element (``_attributes``), its text escaped."""
+    written = _attributes(**attributes)
     return f"<{tag} {written}/>" if body is None else f"<{tag} {written}>{escape(body, quote=False)}</{tag}>"
 
 
@@ -87,8 +96,9 @@ def loglog_panels(measures: Sequence[tuple[str, Callable[[dict], float | None]]]
              if sum(1 for s in sizes + coded if (value(s) or 0) > 0) >= 2]
     rows = math.ceil(len(drawn) / COLUMNS)
     width, height = PANEL_W * COLUMNS, PANEL_H * rows + FOOT
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-             f'viewBox="{0} {0} {width} {height}" font-family="sans-serif" fill="{INK}">',
+    root = _attributes(xmlns=SVG_NAMESPACE, width=width, height=height, viewBox=(0, 0, width, height),
+                       font_family="sans-serif", fill=INK)
+    parts = [f"<svg {root}>",
              _el("rect", width=width, height=height, fill="white")]
     for i, (name, value, slope) in enumerate(drawn):
         points = [(s["chunks"], value(s)) for s in sizes if (value(s) or 0) > 0]
@@ -107,11 +117,9 @@ def loglog_panels(measures: Sequence[tuple[str, Callable[[dict], float | None]]]
 def growth_svg(d: dict) -> str:
     """docs/images/growth.svg: the growth curve's measures against the corpus size, log-log (the stages' own rows stay
     in the table: the plot keeps what a reader sizes a machine by)."""
-    from .scale import _slope, growth_measures, growth_sizes
-
     sizes, coded, stored = growth_sizes(d["growth"])
-    measures = [(name, value) for name, value, _ in growth_measures() if not name.startswith("c=1 ") or "end" in name]
-    slopes = [_slope(sizes, value) for _, value in measures]
+    measures = [(name, value) for name, value, _ in growth_measures(stages=False)]
+    slopes = [loglog_slope(sizes, value) for _, value in measures]
     caption = (f"x: chunks ({', '.join(count(s['chunks']) for s in sizes)}, {stored} token vectors, joined); the "
                f"log-log slope from the smallest to the largest of them")
     coded_caption = "; ".join(f"{count(s['chunks'])} chunks, token vectors {s['token_dtype']}" for s in coded)

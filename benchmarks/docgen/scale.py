@@ -55,7 +55,7 @@ Within {num(choice['max_loss'], 3)} nDCG@10 of int8 on every set: {within}; the 
 switch."""
 
 
-def _slope(sizes: list[dict], value) -> float | None:
+def loglog_slope(sizes: list[dict], value) -> float | None:
     """The log-log slope of ``value(size)`` from the smallest corpus to the largest (0 constant, 1 linear)."""
     first, last = sizes[0], sizes[-1]
     a, b = value(first), value(last)
@@ -85,10 +85,10 @@ def growth_sizes(g: dict) -> tuple[list[dict], list[dict], str]:
     return sizes, coded, stored
 
 
-def growth_measures() -> list[tuple[str, Callable[[dict], float | None], int]]:
-    """The growth curve's rows: (name, its value at a corpus, digits)."""
+def growth_measures(stages: bool = True) -> list[tuple[str, Callable[[dict], float | None], int]]:
+    """The growth curve's rows: (name, its value at a corpus, digits); with ``stages``, each stage's own too."""
     mib = 2**20
-    stages = ("embed", "retrieve_dense", "retrieve_bm25", "fuse", "rerank", "generate")
+    names = ("embed", "retrieve_dense", "retrieve_bm25", "fuse", "rerank", "generate") if stages else ()
 
     def stage(name: str, at: str) -> Callable[[dict], float | None]:
         return lambda s: (s["stage_ms"].get(name) or {}).get(at)
@@ -102,8 +102,8 @@ def growth_measures() -> list[tuple[str, Callable[[dict], float | None], int]]:
         ("start-up until ready, s", lambda s: s["startup_s"], 1),
         ("c=1 end to end P50, ms", lambda s: s["e2e_ms"]["p50"], 2),
         ("c=1 end to end P99, ms", lambda s: s["e2e_ms"]["p99"], 2),
-        *[(f"c=1 {name} P50, ms", stage(name, "p50"), 2) for name in stages],
-        *[(f"c=1 {name} P99, ms", stage(name, "p99"), 2) for name in stages],
+        *[(f"c=1 {name} P50, ms", stage(name, "p50"), 2) for name in names],
+        *[(f"c=1 {name} P99, ms", stage(name, "p99"), 2) for name in names],
         ("service CPU per answer, ms", lambda s: s["closed_loop"]["cpu_ms_per_answer"], 2),
         ("answers/s", lambda s: s["closed_loop"]["answers_per_s"], 0),
         ("knee, req/s (open loop)", lambda s: (s.get("knee") or {}).get("knee_qps"), 0),
@@ -118,7 +118,7 @@ def growth(d: dict) -> str:
     measures = growth_measures()
     rows = []
     for name, value, digits in measures:
-        slope = _slope(sizes, value)
+        slope = loglog_slope(sizes, value)
         rows.append([name, *[opt(value(s), digits) for s in sizes], opt(slope, 2), _growth_word(slope),
                      *[opt(value(s), digits) for s in coded]])
     header = ["at", *[f"{count(s['chunks'])} chunks{' (grown)' if s['grown'] else ''}" for s in sizes],

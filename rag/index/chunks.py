@@ -94,7 +94,7 @@ def _line_starts(data: bytes) -> np.ndarray:
     size = len(data)
     view = np.frombuffer(data, np.uint8)
     ends = [np.flatnonzero(view[at:at + _SCAN_BYTES] == ord("\n")) + (at + 1) for at in range(0, size, _SCAN_BYTES)]
-    starts = np.concatenate([np.zeros(1, np.int64), *ends]) if ends else np.zeros(1, np.int64)
+    starts = np.concatenate([np.zeros(1, np.int64), *ends])
     if starts[-1] != size:  # the last line has no newline
         starts = np.append(starts, size)
     return starts

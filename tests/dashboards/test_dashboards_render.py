@@ -561,9 +561,11 @@ def test_the_causes_rules_weigh_as_explain_does():
 
     from dashboards import why
     from explain import causes, signals
+    from rag.stages import SLOWED_BY_DEPENDENCY
 
     for name in ("NOISE_MS", "NOISE_SHARE", "CORE_NOISE", "PRESSURE_NOISE", "TAIL_SHARE", "STANDS_OUT", "LOAD_GROWTH"):
         assert getattr(why, name) == getattr(causes, name), name
     assert why.QUANTILE == signals.QUANTILE
-    assert why.DEPENDENCY == causes.DEPENDENCY
+    # The rules charge a slowed stage to the dependencies explain reads from the stage table, and to nothing else.
+    assert set(why.OWN_CAUSES) == {*SLOWED_BY_DEPENDENCY.values(), "stage"}
     assert set(why.CAUSES) <= set(get_args(causes.Kind)) and len(set(why.CAUSES)) == len(why.CAUSES)
