@@ -139,6 +139,20 @@ def run_tuning(model: Path | str, *, max_num_seqs: Sequence[int], max_model_len:
             "cells": [asdict(c) for c in cells]}
 
 
+def _tokens_norm(grid: np.ndarray):
+    """Colours from the slowest to the fastest cell that ran; cells that all ran at one rate take the middle
+    colour, so an even grid reads as neither the worst nor the best."""
+    from matplotlib.colors import Normalize
+
+    ran = grid[~np.isnan(grid)]
+    if ran.size == 0:
+        return Normalize(0.0, 1.0)
+    low, high = float(ran.min()), float(ran.max())
+    if high == low:
+        return Normalize(low - 1.0, high + 1.0)
+    return Normalize(low, high)
+
+
 def write_results(results: dict, out_dir: Path) -> list[Path]:
     """``results.json`` and one heatmap per block size (tokens/s, SLO cells outlined, P99s in the cells)."""
     import matplotlib
@@ -159,7 +173,7 @@ def write_results(results: dict, out_dir: Path) -> list[Path]:
         for c in subset:
             i, j = lens.index(c["max_model_len"]), seqs.index(c["max_num_seqs"])
             grid[i, j] = c["tokens_per_s"] if c["failure"] is None else np.nan
-        image = ax.imshow(grid, cmap="viridis", origin="lower", aspect="auto")
+        image = ax.imshow(grid, cmap="viridis", origin="lower", aspect="auto", norm=_tokens_norm(grid))
         for c in subset:
             i, j = lens.index(c["max_model_len"]), seqs.index(c["max_num_seqs"])
             text = ("failed" if c["failure"] else

@@ -58,8 +58,8 @@ def heatmap_cells(path: Path, rows: int, cols: int) -> dict[tuple[int, int], tup
 
 
 def assert_heatmap_shows(path: Path, cells: list[dict]) -> None:
-    """Colours follow tokens/s on viridis (min to max of the cells that ran), a failed cell is left blank,
-    and exactly the cells that meet the SLO are outlined in red."""
+    """Colours follow tokens/s on viridis (min to max of the cells that ran; the middle colour when they all ran
+    at one rate), a failed cell is left blank, and exactly the cells that meet the SLO are outlined in red."""
     from matplotlib import colormaps
 
     seqs = sorted({c["max_num_seqs"] for c in cells})
@@ -72,7 +72,7 @@ def assert_heatmap_shows(path: Path, cells: list[dict]) -> None:
         if c["failure"] is not None:
             expected = np.ones(3)  # NaN: the white figure shows through
         else:
-            expected = np.array(colormaps["viridis"]((c["tokens_per_s"] - low) / (high - low) if high > low else 0.0)[:3])
+            expected = np.array(colormaps["viridis"]((c["tokens_per_s"] - low) / (high - low) if high > low else 0.5)[:3])
         assert np.abs(fill - expected).max() < 0.03, (c, fill, expected)
         assert (red > 0.1) == c["meets_slo"], (c, red)
 
@@ -124,6 +124,17 @@ def test_heatmap_draws_tokens_failures_and_slo_outlines(tmp_path):
     assert [p.name for p in paths] == ["results.json", "heatmap-block32.png"]
     assert json.loads(paths[0].read_text()) == results
     assert_heatmap_shows(paths[1], cells)
+
+
+def test_cells_that_all_ran_at_one_rate_take_the_middle_colour(tmp_path):
+    """Every request's tokens delivered within the run gives every cell the same tokens/s: the grid is even, drawn
+    neither as the worst nor as the best."""
+    cells = [{"max_num_seqs": seqs, "max_model_len": 256, "block_size": 32, "requests": 10, "errors": 0,
+              "tokens_per_s": 80.0, "ttft_p99_ms": 50.0, "e2e_p99_ms": 90.0, "meets_slo": True, "failure": None}
+             for seqs in (1, 8)]
+    results = {"model": "tiny", "rate": 8.0, "duration_s": 2.0, "prompt_tokens": 32, "max_tokens": 16,
+               "slo": {"ttft_p99_ms": 1500.0, "e2e_p99_ms": 2000.0}, "cells": cells}
+    assert_heatmap_shows(write_results(results, tmp_path)[1], cells)
 
 
 @pytest.mark.slow
