@@ -17,10 +17,12 @@ than ``STALE_S`` ago, is priced from the measured ladder (``Ladder``): the curre
 measured difference between the two. A cost learned long ago says more about that moment (a start's first answers, a
 neighbour's burst) than about now.
 
-- Step down when the service is under pressure: requests were refused (more than one and ``SHED_SHARE`` of a tick's
-  arrivals) in two readings running, or ``SHED_AT_ONCE_SHARE`` of them in one (at the knee random arrivals bring a
-  second now and then that the queue cannot absorb whole: a few refusals in it are the spread, not a load the rung
-  cannot hold), the queue's predicted completion passed ``pressure_share`` of the deadline in two readings running and
+- Step down when the service is under pressure: requests were refused in two readings running (more than one, than
+  ``SHED_SHARE`` of a tick's arrivals and than the spread of a tick's random arrivals, one standard deviation of a
+  Poisson count at the window's rate), or in one reading ``SHED_AT_ONCE_SHARE`` of its arrivals and more than
+  ``SPREAD_AT_ONCE`` spreads (at the knee random arrivals bring a second now and then that the queue cannot absorb
+  whole: refusals within what such a second brings above the rate are the spread, not a load the rung cannot hold;
+  a second's excess may fall across two readings, so each is held to the spread), the queue's predicted completion passed ``pressure_share`` of the deadline in two readings running and
   did not fall between them (at the knee such a queue forms now and then and drains), or the demand at the current
   rung is above ``down_at``. It steps to the best rung whose demand fits under ``settle_at`` against no more capacity
   than the process reached in that tick (several rungs at once), at least one rung. The arrival rate a rung came under
@@ -40,6 +42,7 @@ neighbour's burst) than about now.
 from __future__ import annotations
 
 import collections
+import math
 import time
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
@@ -49,6 +52,7 @@ LEARN_ALPHA = 0.2
 MIN_ANSWERS = 3  # answers in a tick before its CPU per answer teaches the rung's cost
 SHED_SHARE = 0.01  # a tick refuses when more than one request and this share of its arrivals are refused
 SHED_AT_ONCE_SHARE = 0.1  # this share of a tick's arrivals refused is pressure at once; fewer, in two ticks running
+SPREAD_AT_ONCE = 3.0  # refusals past this many spreads of a tick's random arrivals are no second's chance excess
 MIN_COST_SHARE = 0.2  # a rung priced from the ladder costs at least this share of the current rung's live cost
 STALE_S = 30.0  # a rung's learned cost older than this (or two holds, when longer) is priced from the current rung's
 BURST_FACTOR = 1.5  # a second with this many times the window's arrivals is a burst, not random arrivals' spread
@@ -221,7 +225,7 @@ class LevelController:
         do. A short queue says nothing: random arrivals leave one now and then at any load. Any tick at a rung that
         reaches more than the capacity learned there proves it higher. Returns the tick's CPU rate when it ran busy
         at one rung."""
-        busy = self._refusing(reading) or self._long_queue(reading)
+        busy = self._refusing(reading, self._spread(reading)) or self._long_queue(reading)
         # a tick that began at another rung mixes two rungs' work, and its queue was priced at the other's
         rate = self._cpu_rate(reading) if self._ran_at == self.level else None
         saturated = busy and self._busy and rate is not None
@@ -249,15 +253,22 @@ class LevelController:
         """A queue whose newcomer is predicted to finish past ``pressure_share`` of its deadline."""
         return reading.waiting > 0 and reading.predicted_s > self.pressure_share * reading.deadline_s
 
+    def _spread(self, reading: Reading) -> float:
+        """One standard deviation of a tick's Poisson arrivals at the window's rate: how far a tick of random
+        arrivals strays from the rate."""
+        return math.sqrt(self.arrival_rate() * reading.seconds)
+
     @staticmethod
-    def _refusing(reading: Reading) -> bool:
-        return reading.shed > max(1.0, SHED_SHARE * reading.arrived)
+    def _refusing(reading: Reading, spread: float) -> bool:
+        return reading.shed > max(1.0, SHED_SHARE * reading.arrived, spread)
 
     def _pressure(self, reading: Reading) -> str | None:
-        refusing, queued = self._refusing(reading), self._long_queue(reading)
+        spread = self._spread(reading)
+        refusing, queued = self._refusing(reading, spread), self._long_queue(reading)
         was_refusing, was_queued_s = self._refused, self._queued_s
         self._refused, self._queued_s = refusing, reading.predicted_s if queued else None
-        if refusing and (was_refusing or reading.shed >= SHED_AT_ONCE_SHARE * reading.arrived):
+        at_once = reading.shed >= max(SHED_AT_ONCE_SHARE * reading.arrived, SPREAD_AT_ONCE * spread)
+        if refusing and (was_refusing or at_once):
             return f"{reading.shed} of {reading.arrived} requests refused"
         # two readings running, and not draining: a queue that lasts, not one a second of random arrivals left
         if queued and was_queued_s is not None and reading.predicted_s >= was_queued_s:

@@ -119,14 +119,34 @@ def test_one_refusal_in_a_busy_tick_is_not_pressure():
     clock.now += 10
     assert controller.tick(Reading(1.0, 150, 149, 1, 1.5, 0, 0.0, 0.42)) is None
     clock.now += 1
-    assert controller.tick(Reading(1.0, 150, 135, 15, 1.5, 0, 0.0, 0.42)) is not None, "a tenth refused at once"
+    change = controller.tick(Reading(1.0, 150, 110, 40, 1.5, 0, 0.0, 0.42))
+    assert change is not None and change.direction == "down", "past three spreads of the arrivals refused at once"
 
 
-def test_a_few_refusals_are_pressure_only_in_two_ticks_running():
-    """At the knee a second of random arrivals now and then is refused in part: alone it is the spread, not a load
-    the rung cannot hold."""
+def test_a_second_of_random_arrivals_refused_in_part_is_not_pressure_however_the_ticks_cut_it():
+    """At the knee rate a Poisson second now and then brings a sixth more than the rate, and the queue cannot absorb
+    all of it: what is refused is within the second's chance excess, alone or split over two readings."""
     controller, clock = make()
-    few, none = Reading(1.0, 150, 142, 8, 1.5, 0, 0.0, 0.42), Reading(1.0, 150, 150, 0, 1.5, 0, 0.0, 0.42)
+    calm = Reading(1.0, 160, 160, 0, 1.2, 0, 0.0, 0.42)
+    for _ in range(5):
+        clock.now += 1
+        assert controller.tick(calm) is None
+    for shed in ((2, 20), (10, 10), (20,), (12, 0, 11)):
+        for refused in shed:
+            clock.now += 1
+            arrived = 178 if refused else 160
+            assert controller.tick(Reading(1.0, arrived, arrived - refused, refused, 1.2, 0, 0.0, 0.42)) is None
+        for _ in range(5):
+            clock.now += 1
+            assert controller.tick(calm) is None
+    assert controller.level == "full"
+
+
+def test_refusals_past_the_spread_are_pressure_only_in_two_ticks_running():
+    """More refused than a second of random arrivals strays from the rate, yet under three spreads: pressure once it
+    lasts into a second reading."""
+    controller, clock = make()
+    few, none = Reading(1.0, 150, 132, 18, 1.5, 0, 0.0, 0.42), Reading(1.0, 150, 150, 0, 1.5, 0, 0.0, 0.42)
     for reading in (few, none, few, none, none, few):
         clock.now += 1
         assert controller.tick(reading) is None
