@@ -11,9 +11,11 @@ are served at, and ``ragheat_quality_level_changes_total``).
 
 1. The full-quality knee: ascending rates on ``shed`` alone until the first that misses the SLO (``find_knee``), or
    ``--knee R``; then confirmed over the 1x step's length (``--warmup`` + its duration): the highest passing rate
-   that ``shed`` also holds that long, on the very arrivals the 1x step offers (descending through the passing
+   that ``neither`` holds that long, on the very arrivals the 1x step offers (descending through the passing
    rates; when none holds, or the run is stopped, the sweep's knee), so that 1x is a load full quality holds, not one
-   a short step happened to pass (``--no-confirm-knee``: the sweep's knee as it is).
+   a short step happened to pass (``--no-confirm-knee``: the sweep's knee as it is). Without admission control: at
+   a rate past the capacity admission control refuses the excess as it comes and a short step can stay under the
+   share of refusals the knee allows, while every query queued shows the queue that grows.
 2. Steady load at ``--factors`` times the knee: ``--duration`` seconds measured after ``--warmup`` seconds (time for
    the controller to settle); at ``--long-factors`` (by default 1x and 1.5x, the loads where a controller could
    oscillate) ``--long-duration`` seconds, so that level changes a minute are counted over a minute. Per step:
@@ -69,6 +71,7 @@ STEADY_SEED = 100  # the steady steps' arrivals: step i draws from STEADY_SEED +
 ADMISSION_OFF = {"RAGHEAT_ADMISSION__ENABLED": "false", "RAGHEAT_ADMISSION__DEGRADE": "false"}
 CONFIGS = {"steer": {"RAGHEAT_STEERING__ENABLED": "true"}, "shed": {"RAGHEAT_STEERING__ENABLED": "false"},
            "neither": {**ADMISSION_OFF, "RAGHEAT_STEERING__ENABLED": "false"}}
+CONFIRM_ON = "neither"  # the knee holds without admission control: no refusal hides a queue that grows
 GAUGE, CHANGES, IN_FLIGHT = "ragheat_quality_level", "ragheat_quality_level_changes_total", "ragheat_requests_in_flight"
 SHED = "ragheat_requests_shed_total"
 _SAMPLE = re.compile(r'^(?P<name>[a-z_]+)(?:\{(?P<labels>[^}]*)\})? (?P<value>\S+)')
@@ -399,13 +402,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{config:8s} {label:12s} goodput {step.goodput_qps:7.1f}/s  P99 {p99 or nan:8.1f} ms  shed "
                   f"{step.shed:5d}  errors {step.errors:4d}  levels [{mix}]", flush=True)
 
-        def on_shed(label: str, rate: float, duration: float, warmup: float, seed: int):
-            """One step on ``shed`` alone (its arrivals drawn from ``seed``), its backlog drained after it."""
+        def on_one(config: str, label: str, rate: float, duration: float, warmup: float, seed: int):
+            """One step on ``config`` alone (its arrivals drawn from ``seed``), its backlog drained after it."""
             offsets = poisson_offsets(rate, warmup + duration, np.random.default_rng(seed))
-            step, *_ = load("shed", offsets, rate, duration, warmup, sampled=False)
+            step, *_ = load(config, offsets, rate, duration, warmup, sampled=False)
             if step is not None:
-                say("shed", f"{label} {rate:g}", step)
-                drain("shed")
+                say(config, f"{label} {rate:g}", step)
+                drain(config)
             return step
 
         # 1. the full-quality knee, on admission control alone
@@ -413,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
             for i, rate in enumerate(parse_rates(args.rates)):
                 if stop.presses:
                     break
-                step = on_shed("knee", rate, args.knee_duration, args.knee_warmup, i)
+                step = on_one("shed", "knee", rate, args.knee_duration, args.knee_warmup, i)
                 if step is None:
                     break
                 knee_steps.append(step)
@@ -429,11 +432,11 @@ def main(argv: list[str] | None = None) -> int:
             for rate in passing if args.confirm_knee else []:
                 if stop.presses:
                     break
-                step = on_shed("confirm", rate, seconds, args.warmup, seed)
+                step = on_one(CONFIRM_ON, "confirm", rate, seconds, args.warmup, seed)
                 if step is None:
                     break
                 held = find_knee([step], args.slo_ms, MAX_ERROR_RATE) == rate
-                confirmations.append({"held": held, **row(step)})
+                confirmations.append({"held": held, "config": CONFIRM_ON, **row(step)})
                 if held:
                     knee = rate
                     break

@@ -140,7 +140,11 @@ def _confirmed(d: dict) -> str:
     cells = "; ".join(f"{s['offered_qps']:g}: P99 {opt(s['latency_ms'].get('p99'), 1)} ms, "
                       f"{num(s['shed_rate'] * 100, 1)} % refused, {'held' if s['held'] else 'missed'}" for s in tried)
     held = tried[-1]["held"]
-    return (f" Confirmed on `shed` over a steady step's length ({st['warmup_s']:g} s of warm-up and "
+    on = tried[0].get("config", "shed")  # older results confirmed on shed
+    why = (" (admission control off: at a rate past the capacity admission control refuses the excess as it comes and"
+           " a short step can stay under the refusals the knee allows; with every query queued the queue shows)"
+           if on == "neither" else "")
+    return (f" Confirmed on `{on}`{why} over a steady step's length ({st['warmup_s']:g} s of warm-up and "
             f"{tried[0]['duration_s']:g} s measured) on the arrivals the {CALM_FACTOR:g}× step offers, the passing "
             f"rates from the highest down until one held: {cells}"
             + (": the knee the steps below multiply." if held else
