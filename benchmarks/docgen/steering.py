@@ -123,10 +123,13 @@ def _knee(d: dict) -> str:
         return f"The full-quality knee was given ({count(k['qps'])} req/s, `--knee`), not measured in this run."
     cells = "; ".join(f"{s['offered_qps']:g}: {opt(s['latency_ms'].get('p99'), 1)} ms"
                       + (f" (shed {_pct(s['shed_rate'])})" if s["shed"] else "") for s in k["steps"])
+    tried = k.get("confirmations") or []
+    swept = tried[0]["offered_qps"] if tried else k["qps"]  # confirmation starts at the sweep's knee
+    figure = f"{count(swept)} req/s" if tried else bold(count(k["qps"]) + " req/s")
     return (f"The full-quality knee, measured on `shed` ({k['duration_s']:g} s per rate after {k['warmup_s']:g} s of "
             f"warm-up, ascending until the first rate that misses the SLO; the highest offered rate with P99 ≤ "
             f"{d['slo_ms']:g} ms, errors and shed queries ≤ {d['max_error_rate'] * 100:g} %, every lower rate "
-            f"meeting it too): {bold(count(k['qps']) + ' req/s')} (P99 per offered rate: {cells})"
+            f"meeting it too): {figure} (P99 per offered rate: {cells})"
             + (": the highest rate offered met the SLO, so the knee may lie above it." if k.get("top_met") else ".")
             + _confirmed(d))
 
@@ -147,7 +150,7 @@ def _confirmed(d: dict) -> str:
     return (f" Confirmed on `{on}`{why} over a steady step's length ({st['warmup_s']:g} s of warm-up and "
             f"{tried[0]['duration_s']:g} s measured) on the arrivals the {CALM_FACTOR:g}× step offers, the passing "
             f"rates from the highest down until one held: {cells}"
-            + (": the knee the steps below multiply." if held else
+            + (f": {bold(count(d['knee']['qps']) + ' req/s')}, the knee the steps below multiply." if held else
                ": none held, so the steps below multiply the sweep's knee."))
 
 
