@@ -37,13 +37,17 @@ RANKED_CHUNKS = 30  # chunks asked for, so that ten distinct documents remain af
 @dataclass
 class Rounds:
     """Concurrency-1 rounds of one configuration: each round's P50 and P99 of the whole request (client side) and
-    of each stage (the response's own timings), in ms."""
+    of each stage (the response's own timings), in ms; and the answers by who wrote them (``answered_by``)."""
 
     p50_ms: list[float] = field(default_factory=list)
     p99_ms: list[float] = field(default_factory=list)
     stages: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # stage -> {"p50": [...], "p99": [...]}
+    answers: dict[str, int] = field(default_factory=dict)
 
-    def add(self, latencies_ms: Sequence[float], stages_ms: Mapping[str, Sequence[float]]) -> None:
+    def add(self, latencies_ms: Sequence[float], stages_ms: Mapping[str, Sequence[float]],
+            answers: Mapping[str, int] | None = None) -> None:
+        for writer, n in (answers or {}).items():
+            self.answers[writer] = self.answers.get(writer, 0) + n
         self.p50_ms.append(float(np.percentile(latencies_ms, 50)))
         self.p99_ms.append(float(np.percentile(latencies_ms, 99)))
         for stage, values in stages_ms.items():
@@ -59,7 +63,8 @@ class Rounds:
 
         return {"p50_ms": med(self.p50_ms), "p99_ms": med(self.p99_ms),
                 "stages": {s: {"p50_ms": float(np.median(v["p50"])), "p99_ms": float(np.median(v["p99"]))}
-                           for s, v in self.stages.items()}}
+                           for s, v in self.stages.items()},
+                "answers": dict(self.answers)}
 
 
 @dataclass
@@ -111,16 +116,24 @@ def served_ndcg(url: str, queries: Mapping[str, str], qrels: Qrels,
             float(score_run(ranked, held)["ndcg@10"]) if held else None)
 
 
-def one_round(url: str, texts: Sequence[str]) -> tuple[list[float], dict[str, list[float]]]:
-    """Every text once, one at a time: the whole request's ms and each stage's."""
-    latencies, stages = [], {}
+def answered_by(body: dict) -> str:
+    """Who wrote an answer: its generator, and why it fell back when it did (``extractive (slow)``)."""
+    reason = body.get("degraded_reason")
+    return f"{body.get('generator', '?')} ({reason})" if reason else str(body.get("generator", "?"))
+
+
+def one_round(url: str, texts: Sequence[str]) -> tuple[list[float], dict[str, list[float]], dict[str, int]]:
+    """Every text once, one at a time: the whole request's ms, each stage's, and the answers by writer."""
+    latencies, stages, answers = [], {}, {}
     with httpx.Client(timeout=60) as client:
         for text in texts:
             elapsed, body = _ask(client, url, text, 5)
             latencies.append(elapsed)
             for stage in body.get("stages", []):
                 stages.setdefault(stage["name"], []).append(float(stage["ms"]))
-    return latencies, stages
+            writer = answered_by(body)
+            answers[writer] = answers.get(writer, 0) + 1
+    return latencies, stages, answers
 
 
 def _nothing(name: str) -> None:
@@ -205,14 +218,26 @@ def at_load(urls: Mapping[str, str], texts: Sequence[str], qps: float, duration_
     """Each configuration's P99 under open-loop load at ``qps``, ``rounds`` alternating steps each: median and
     spread per configuration."""
     names, p99 = list(urls), {name: [] for name in urls}
+    outcomes = {name: {"answered": 0, "shed": 0, "errors": 0} for name in urls}
     for r in range(rounds):
         for name in (names if r % 2 == 0 else names[::-1]):
             before_round(name)
             step = run(open_loop(HttpTarget().url(urls[name]), list(texts), qps, duration_s,
                                  min(2.0, duration_s / 2), seed=r, want_stages=False))
             p99[name].append(step.latency_ms.get("p99") if step.error_rate <= 0.001 else float("inf"))
-    return {name: {"qps": qps, "p99_ms": {"median": float(np.median(v)), "spread": float(max(v) - min(v)),
-                                          "rounds": [round(x, 3) for x in v]}} for name, v in p99.items()}
+            outcomes[name]["shed"] += step.shed
+            outcomes[name]["errors"] += step.errors
+            outcomes[name]["answered"] += step.requests - step.shed - step.errors
+    return {name: {"qps": qps, "p99_ms": _spread([x for x in v if x is not None]), **outcomes[name]}
+            for name, v in p99.items()}
+
+
+def _spread(values: Sequence[float]) -> dict:
+    """Median, spread and the values of steps' P99s (a step that answered nothing has none: median None)."""
+    if not values:
+        return {"median": None, "spread": None, "rounds": []}
+    return {"median": float(np.median(values)), "spread": float(max(values) - min(values)),
+            "rounds": [round(x, 3) for x in values]}
 
 
 def lone_query_threads(index: Path, settings_file: Path, log_dir: Path) -> int:

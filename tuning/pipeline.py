@@ -25,6 +25,7 @@ from tuning.model_server_step import choose_model_limits
 from tuning.model_server_load import ModelServerLoad, RunningModel, pin_tree
 from tuning.placement_step import merge, model_server_cpus, tune_placement
 from tuning.reranker_step import HELD_OUT_SHARE, split_queries, train_head
+from tuning.written_answers import measure_written
 
 STEPS = ("labels", "baseline", "reranker", "model_server", "placement")
 
@@ -45,6 +46,9 @@ class TuneRequest:
     llm_grid: tuple[tuple[int, ...], tuple[int, ...]] = ((4, 8, 16), (1024, 2048))
     llm_duration_s: float = 20.0
     llm_load_format: str = "auto"  # dummy: random weights (tests)
+    llm_rate: float = 2.0  # step 3's offered requests per second: the sweep's, and the written answers' load
+    llm_slo_ms: tuple[float, float] = (1000.0, 10000.0)  # the model's objectives: TTFT P99, end-to-end P99
+    llm_questions: int = 20  # questions per round of the written answers' concurrency-1 measurement
     rounds: int = 5
     rates: tuple[float, ...] = (40.0, 80.0, 120.0, 160.0, 200.0, 240.0, 280.0, 320.0)
     duration_s: float = 8.0
@@ -132,8 +136,9 @@ class TuneRun:
     ``pipeline_factory(index, settings_sections)``: an in-process ``RagPipeline`` for labelling and training;
     ``ingest(index, settings_sections)``: builds ``index`` from ``request.beir`` with those settings;
     ``llm_sweep(request)``: step 3's sweep results (``loadgen.vllm_tuning.run_tuning``);
-    ``model_server(settings_sections)``: a context manager running the model server with those sections' limits
-    beside the services step 4 measures (``tuning.model_server_load.RunningModel``)."""
+    ``model_server(settings_sections)``: a context manager running the model server with those sections' limits:
+    the one step 3's written answers go through, and the one beside the services step 4 measures
+    (``tuning.model_server_load.RunningModel``)."""
 
     def __init__(self, request: TuneRequest, *, pipeline_factory: Callable, ingest: Callable,
                  asker_factory: Callable[[], ContextManager] | None = None, llm_sweep: Callable | None = None,
@@ -220,10 +225,11 @@ class TuneRun:
             self.state.record("reranker", key_rr, reranker)
         index, sections = Path(reranker["figures"]["index"]), reranker["figures"]["settings"]
 
-        key_llm = digest("model_server", key_rr, str(r.llm_model), r.llm_grid, r.llm_duration_s, r.llm_load_format)
+        key_llm = digest("model_server", key_rr, str(r.llm_model), r.llm_grid, r.llm_duration_s, r.llm_load_format,
+                         r.llm_rate, r.llm_slo_ms, r.llm_questions)
         llm = self.state.done("model_server", key_llm)
         if llm is None:
-            llm = self._model_server_step(sections)
+            llm = self._model_server_step(index, sections)
             self.state.record("model_server", key_llm, llm)
         sections = merge(sections, llm.get("settings", {}))
 
@@ -264,12 +270,19 @@ class TuneRun:
         pair = self._measure({"reranker-before": (r.index, {}), "reranker": (index, sections)}, qrels)
         return {"ran": True, **result, "figures": pair["reranker"], "before": pair["reranker-before"]}
 
-    def _model_server_step(self, sections: dict) -> dict:
+    def _model_server_step(self, index: Path, sections: dict) -> dict:
         r = self.request
         if r.llm_model is None or self.llm_sweep is None:
             return {"ran": False, "reason": "no model server configured (--llm-model): the batch sweep is skipped"}
         self.log("step 3: sweeping the model server's batch limits")
-        return choose_model_limits(self.llm_sweep(r))
+        result = choose_model_limits(self.llm_sweep(r))
+        if self.model_server is not None:
+            self.log("step 3: the service writing its answers through the model server, before and after")
+            result["written"] = measure_written(
+                sections, merge(sections, result.get("settings", {})), self.model_server, index,
+                self.texts[: r.llm_questions], rounds=r.rounds, rate=r.llm_rate, duration_s=r.llm_duration_s,
+                deadline_ms=r.llm_slo_ms[1], out=r.out, advance=self.advance)
+        return result
 
     def _placement_step(self, index: Path, sections: dict, qrels: Qrels | None) -> dict:
         r = self.request
@@ -308,7 +321,7 @@ class TuneRun:
             def pin(name: str) -> None:
                 if beside is not None and pin_tree(beside.pid, model_server_cpus(configs[name])) == 0:
                     raise ValueError(f"step 4: the model server (pid {beside.pid}) is gone: its log is in "
-                                     f"{r.out / 'logs' / 'model-server'}")
+                                     f"{r.out / 'logs' / f'model-server-{beside.max_num_seqs}x{beside.max_model_len}'}")
             return pin
 
         def measure_pair(base: dict, candidate: dict) -> tuple[dict, dict]:

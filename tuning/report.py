@@ -14,7 +14,34 @@ STEP_TITLES = {"baseline": "0. the service as it was", "labels": "1. relevance l
                "placement-before": "   before step 4, served beside it"}
 BESIDE = "the configuration before the step, served and loaded beside it in the same minutes"
 STEP_3_FIGURES = ("; the figures are step 2's: the limits are the model server's, and the measured services answer "
-                  "extractively (the model server's own figures: its sweep)")
+                  "extractively (the model server's own figures: its sweep")
+STEP_3_WRITTEN = "; the service writing its answers through it: step 3's own figures"
+SIDES = {"before": "before step 3", "after": "after step 3"}
+
+
+def written_rows(report: dict) -> list[dict]:
+    """Step 3's written answers (``tuning.written_answers``), one row per side: the model server's limits, the whole
+    answer's P50/P99 at concurrency 1, the wait for the model's first token (stage ``generate_prefill``), the P99
+    under load at the step's rate, and the answers by who wrote them. Empty when the step did not measure them."""
+    written = report["model_server"].get("written")
+    if not written:
+        return []
+    rows = []
+    for side, figures in written["sides"].items():
+        first = figures["stages"].get("generate_prefill", {})
+        load = figures.get("at_load", {}).get("p99_ms", {})
+        rows.append({"side": "before and after step 3 (the limits it left)" if written["same"] else SIDES[side],
+                     "limits": figures["limits"], "p50_ms": figures["p50_ms"]["median"],
+                     "p99_ms": figures["p99_ms"]["median"], "p99_spread_ms": figures["p99_ms"]["spread"],
+                     "first_token_p50_ms": first.get("p50_ms"), "first_token_p99_ms": first.get("p99_ms"),
+                     "p99_at_rate_ms": load.get("median"), "rate": written["rate"],
+                     "answers": figures.get("answers", {})})
+    return rows
+
+
+def answers_words(answers: dict) -> str:
+    """``{"openai": 50, "extractive (slow)": 10}`` as "openai 50, extractive (slow) 10"."""
+    return ", ".join(f"{writer} {n}" for writer, n in sorted(answers.items(), key=lambda kv: -kv[1])) or "–"
 
 
 def step_rows(report: dict) -> list[dict]:
@@ -26,7 +53,8 @@ def step_rows(report: dict) -> list[dict]:
         rows.append({"step": "reranker-before", "did": BESIDE, "figures": report["reranker"]["before"]})
     rows += [{"step": "reranker", "did": report["reranker"]["reason"], "figures": report["reranker"]["figures"]},
              {"step": "model_server", "did": report["model_server"]["reason"]
-              + (STEP_3_FIGURES if report["model_server"].get("ran") else ""),
+              + (STEP_3_FIGURES + (STEP_3_WRITTEN if written_rows(report) else "") + ")"
+                 if report["model_server"].get("ran") else ""),
               "figures": report["reranker"]["figures"]}]
     if "before" in report["placement"]:
         rows.append({"step": "placement-before", "did": BESIDE, "figures": report["placement"]["before"]})
@@ -77,6 +105,12 @@ def lines(report: dict) -> list[str]:
                        f"{_fmt(h['p99_ms'], 2)} ms | knee {_knee(h)} req/s | P99 at "
                        f"{_fmt(h['target_qps'], 0)} req/s {_fmt(h['p99_at_target_ms'])} ms")
         previous = row["figures"]
+        if row["step"] == "model_server":
+            out += [f"    written answers, {w['side']} ({w['limits']['max_num_seqs']} x "
+                    f"{w['limits']['max_model_len']}): c=1 P50 {_fmt(w['p50_ms'], 0)} ms, P99 {_fmt(w['p99_ms'], 0)} ms"
+                    f" | first token P50 {_fmt(w['first_token_p50_ms'], 0)} ms | P99 at {w['rate']:g} req/s "
+                    f"{_fmt(w['p99_at_rate_ms'], 0)} ms | answers: {answers_words(w['answers'])}"
+                    for w in written_rows(report)]
     return out
 
 
@@ -116,10 +150,26 @@ td,th{{border:1px solid #ccc;padding:4px 8px;text-align:left}}</style></head><bo
 <th>P99 ms at {target:g} req/s</th><th>what the step did</th></tr>{''.join(rows)}</table>
 <h2>Stages at concurrency 1 (P50 / P99 ms, median of the rounds)</h2>
 <table><tr><th>step</th>{''.join(f'<th>{esc(s)}</th>' for s in stages_seen)}</tr>{''.join(stage_rows)}</table>
-<h2>Placement knobs (side by side, {report['request']['rounds']} rounds each)</h2>
+{_written_html(report)}<h2>Placement knobs (side by side, {report['request']['rounds']} rounds each)</h2>
 <table><tr><th>knob</th><th>what</th><th>verdict</th></tr>{''.join(knob_rows)}</table>
 <h2>Host</h2><pre>{esc(json.dumps(report['placement']['capabilities'], indent=2))}</pre>
 </body></html>"""
+
+
+def _written_html(report: dict) -> str:
+    rows = written_rows(report)
+    if not rows:
+        return ""
+    esc = html.escape
+    cells = "".join(
+        f"<tr><td>{esc(w['side'])}</td><td>{w['limits']['max_num_seqs']} x {w['limits']['max_model_len']}</td>"
+        f"<td>{_fmt(w['p50_ms'], 0)}</td><td>{_fmt(w['p99_ms'], 0)} (±{_fmt(w['p99_spread_ms'], 0)})</td>"
+        f"<td>{_fmt(w['first_token_p50_ms'], 0)} / {_fmt(w['first_token_p99_ms'], 0)}</td>"
+        f"<td>{_fmt(w['p99_at_rate_ms'], 0)}</td><td>{esc(answers_words(w['answers']))}</td></tr>" for w in rows)
+    return (f"<h2>Step 3: the service writing its answers through the model server</h2><table><tr><th>side</th>"
+            f"<th>max_num_seqs x max_model_len</th><th>c=1 P50 ms</th><th>c=1 P99 ms (rounds' spread)</th>"
+            f"<th>first token P50 / P99 ms</th><th>P99 ms at {rows[0]['rate']:g} req/s</th>"
+            f"<th>answers by writer</th></tr>{cells}</table>")
 
 
 def write_report(report: dict, folder: Path) -> tuple[Path, Path]:

@@ -3,7 +3,7 @@ figures after each of the four steps and what each step did; the placement knobs
 
 from __future__ import annotations
 
-from tuning.report import step_rows
+from tuning.report import answers_words, step_rows, written_rows
 
 from .stats import blocks, num, opt, table
 
@@ -110,7 +110,28 @@ def _run(name: str, data: dict) -> str:
     steps = table(["after step", "nDCG@10", "nDCG@10 held out", "c=1 P50 ms (spread)", "c=1 P99 ms (spread)",
                    "knee req/s", f"P99 ms at {num(r['target_qps'], 0)} req/s", "what the step did"], _rows(data),
                   "lrrrrrrl")
-    return blocks(head, steps, _knobs(data))
+    return blocks(head, steps, _written(data), _knobs(data))
+
+
+def _written(data: dict) -> str:
+    """The model server's step, its own figures: the service writing its answers through the model server, before
+    and after."""
+    rows = written_rows(data)
+    if not rows:
+        return ""
+    w = data["model_server"]["written"]
+    cells = [[row["side"], f"{row['limits']['max_num_seqs']} × {row['limits']['max_model_len']}",
+              num(row["p50_ms"], 0), f"{num(row['p99_ms'], 0)} (±{num(row['p99_spread_ms'], 0)})",
+              f"{opt(row['first_token_p50_ms'], 0)} / {opt(row['first_token_p99_ms'], 0)}",
+              opt(row["p99_at_rate_ms"], 0), answers_words(row["answers"])] for row in rows]
+    return table(["model server's step", "max_num_seqs × max_model_len", "c=1 P50 ms", "c=1 P99 ms (spread)",
+                  "first token P50 / P99 ms", f"P99 ms at {num(w['rate'], 1)} req/s", "answers by writer"], cells,
+                 "llrrrrl", f"The model server's step, its own figures: the service writing its answers through the model server "
+                            f"(`generation.generator` openai, admission deadline {num(w['deadline_ms'], 0)} ms), "
+                            f"{w['questions']} questions × {w['rounds']} alternating rounds at concurrency 1 "
+                            f"(medians; the first token is the `generate_prefill` stage), then open-loop steps at the "
+                            f"sweep's rate; an answer the model did not write is counted by the fallback that wrote "
+                            f"it:")
 
 
 def tuning(d: dict) -> str:

@@ -69,7 +69,16 @@ def tune(
                                          "comma-separated"),
     llm_max_model_len: str = typer.Option("1024,2048", "--llm-max-model-len", help="step 3's max_model_len values, "
                                           "comma-separated"),
-    llm_duration: float = typer.Option(20.0, "--llm-duration", min=1.0, help="step 3: measured seconds per cell"),
+    llm_duration: float = typer.Option(20.0, "--llm-duration", min=1.0, help="step 3: measured seconds per cell "
+                                       "(and per step of the written answers under load)"),
+    llm_rate: float = typer.Option(2.0, "--llm-rate", min=0.1, max=1000.0, help="step 3: requests per second "
+                                   "offered to each cell, and to the service writing its answers"),
+    llm_slo_ttft_ms: float = typer.Option(1000.0, "--llm-slo-ttft-ms", min=1.0, help="step 3: the model's "
+                                          "objective for the first token's P99; a cell meeting both may be chosen"),
+    llm_slo_e2e_ms: float = typer.Option(10000.0, "--llm-slo-e2e-ms", min=1.0, help="step 3: the model's "
+                                         "objective for a whole completion's P99 (and the written answers' deadline)"),
+    llm_questions: int = typer.Option(20, "--llm-questions", min=1, help="step 3: questions per round of the "
+                                      "service writing its answers through the model server, at concurrency 1"),
     llm_load_format: str = typer.Option("auto", "--llm-load-format", help="auto, or dummy: random weights (a model "
                                         "folder with a config and tokenizer only, as the tests build)"),
     queries_limit: Optional[int] = typer.Option(None, "--queries", min=3, help="use at most this many queries, "
@@ -116,7 +125,8 @@ def tune(
     index = index or Path("data/index") / beir.resolve().name
     request = TuneRequest(beir=beir, split=split, index=index, out=out_dir, labels=labels, judge_sample=judge_sample,
                           queries_limit=queries_limit, llm_model=llm_model, llm_grid=grid,
-                          llm_duration_s=llm_duration, llm_load_format=llm_load_format, rounds=rounds,
+                          llm_duration_s=llm_duration, llm_load_format=llm_load_format, llm_rate=llm_rate,
+                          llm_slo_ms=(llm_slo_ttft_ms, llm_slo_e2e_ms), llm_questions=llm_questions, rounds=rounds,
                           rates=_rates(rates), duration_s=duration, target_qps=target, seed=seed,
                           epochs=epochs, knobs=asked_knobs)
 
@@ -140,9 +150,9 @@ def tune(
         from stack.vllm import vllm_python
 
         seqs, lens = req.llm_grid
-        return run_tuning(req.llm_model, max_num_seqs=seqs, max_model_len=lens, block_sizes=[None], rate=2.0,
-                          duration_s=req.llm_duration_s, prompt_tokens=256, max_tokens=128, slo_ttft_ms=1000.0,
-                          slo_e2e_ms=10000.0, load_format=req.llm_load_format,
+        return run_tuning(req.llm_model, max_num_seqs=seqs, max_model_len=lens, block_sizes=[None],
+                          rate=req.llm_rate, duration_s=req.llm_duration_s, prompt_tokens=256, max_tokens=128,
+                          slo_ttft_ms=req.llm_slo_ms[0], slo_e2e_ms=req.llm_slo_ms[1], load_format=req.llm_load_format,
                           python=vllm_python(settings.generation.vllm_python), cpu=True)
 
     @contextlib.contextmanager
@@ -155,14 +165,15 @@ def tune(
         limits = sections.get("generation", {})
         length = limits.get("vllm_max_model_len", max(grid[1]))
         seqs = limits.get("vllm_max_num_seqs", min(grid[0]))
+        logs = out_dir / "logs" / f"model-server-{seqs}x{length}"  # two may run at once (step 3's two sides)
         server = VllmServer(request.llm_model, port=free_port(), python=settings.generation.vllm_python,
                             served_name="model", max_model_len=length, max_num_seqs=seqs,
-                            load_format=request.llm_load_format, work_dir=out_dir / "logs" / "model-server")
+                            load_format=request.llm_load_format, work_dir=logs)
         try:
             url = server.__enter__()
         except (RuntimeError, TimeoutError, OSError) as exc:
-            raise ValueError(f"step 4: the model server on {request.llm_model} did not start ({exc}); its log: "
-                             f"{out_dir / 'logs' / 'model-server'}") from None
+            raise ValueError(f"the model server on {request.llm_model} ({seqs} x {length}) did not start ({exc}); "
+                             f"its log: {logs}") from None
         try:
             yield RunningModel(url, server.child.pid, "model", max_model_len=length, max_num_seqs=seqs)
         finally:

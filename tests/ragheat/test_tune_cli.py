@@ -13,6 +13,7 @@ import pytest
 
 from rag.settings import SETTINGS_FILE_ENV, RagheatSettings
 from tuning.placement_step import merge
+from tuning.written_answers import MIN_LOAD_REQUESTS
 from test_calibrate_quality_cli import run_cli
 
 VERDICTS = ("kept: ", "not kept: ", "not kept, slower under load: ", "no measurable effect: ")
@@ -29,8 +30,8 @@ def test_a_tune_run_reports_every_step_and_writes_settings_the_service_reads(sci
     args = ["tune", "--beir", str(scifact_subset), "--split", "train", "--index", str(subset_index), "--out",
             str(out), "--queries", "30", "--judge-sample", "0", "--rounds", "3", "--rates", "10,20",
             "--duration", "1", "--target-qps", "10", "--epochs", "2", "--llm-model", str(model),
-            "--llm-load-format", "dummy", "--llm-max-num-seqs", "2", "--llm-max-model-len", "512",
-            "--llm-duration", "2", "--knobs", "lone_query_threads_1,separate_cores"]
+            "--llm-load-format", "dummy", "--llm-max-num-seqs", "2", "--llm-max-model-len", "2048",
+            "--llm-duration", "2", "--llm-questions", "4", "--llm-rate", "5", "--knobs", "lone_query_threads_1,separate_cores"]
     result = run_cli(*args, cwd=tmp_path)
     assert result.exit_code == 0, result.output
     report = json.loads((out / "report.json").read_text())
@@ -55,8 +56,22 @@ def test_a_tune_run_reports_every_step_and_writes_settings_the_service_reads(sci
 
     # Step 3: the cell swept (the choice among several: tests/tuning); the tiny model meets the objective.
     llm = report["model_server"]
-    assert llm["ran"] and [(c["max_num_seqs"], c["max_model_len"]) for c in llm["sweep"]["cells"]] == [(2, 512)]
+    assert llm["ran"] and [(c["max_num_seqs"], c["max_model_len"]) for c in llm["sweep"]["cells"]] == [(2, 2048)]
     assert llm["settings"]["generation"]["vllm_max_num_seqs"] == llm["chosen"]["max_num_seqs"]
+    # Step 3's own figures: the service writing its answers through the model server. The one cell chosen is the
+    # limits the model server starts with, so one side is measured; the random-weight model is asked (its first
+    # token timed) and every answer is counted by who wrote it.
+    written = llm["written"]
+    assert written["same"] and list(written["sides"]) == ["before"] and written["deadline_ms"] == 10000.0
+    side = written["sides"]["before"]
+    assert side["limits"] == {"max_num_seqs": 2, "max_model_len": 2048}
+    assert sum(side["answers"].values()) == 4 * 3 and not any("unavailable" in w for w in side["answers"]), side
+
+    assert side["stages"]["generate_prefill"]["p50_ms"] > 0 and side["p99_ms"]["median"] >= side["p50_ms"]["median"]
+    assert side["at_load"]["qps"] == 5.0 and len(side["at_load"]["p99_ms"]["rounds"]) == 2
+    assert side["at_load"]["answered"] >= 2 * MIN_LOAD_REQUESTS * 0.5, side["at_load"]
+    assert "written answers, before and after step 3" in result.output
+    assert "the service writing its answers through the model server" in (out / "report.html").read_text()
     placement = report["placement"]
     measured = [k["knob"] for k in placement["knobs"]]
     # Where the encoder's own timing already runs a lone query on one thread here, that knob would serve the same
