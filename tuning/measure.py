@@ -224,20 +224,15 @@ def at_load(urls: Mapping[str, str], texts: Sequence[str], qps: float, duration_
             before_round(name)
             step = run(open_loop(HttpTarget().url(urls[name]), list(texts), qps, duration_s,
                                  min(2.0, duration_s / 2), seed=r, want_stages=False))
-            p99[name].append(step.latency_ms.get("p99") if step.error_rate <= 0.001 else float("inf"))
+            # failing requests, or none answered (all refused, or none sent in the measured part): the worst P99
+            p99_ms = step.latency_ms.get("p99") if step.error_rate <= 0.001 else None
+            p99[name].append(float("inf") if p99_ms is None else p99_ms)
             outcomes[name]["shed"] += step.shed
             outcomes[name]["errors"] += step.errors
             outcomes[name]["answered"] += step.requests - step.shed - step.errors
-    return {name: {"qps": qps, "p99_ms": _spread([x for x in v if x is not None]), **outcomes[name]}
+    return {name: {"qps": qps, "p99_ms": {"median": float(np.median(v)), "spread": float(max(v) - min(v)),
+                                          "rounds": [round(x, 3) for x in v]}, **outcomes[name]}
             for name, v in p99.items()}
-
-
-def _spread(values: Sequence[float]) -> dict:
-    """Median, spread and the values of steps' P99s (a step that answered nothing has none: median None)."""
-    if not values:
-        return {"median": None, "spread": None, "rounds": []}
-    return {"median": float(np.median(values)), "spread": float(max(values) - min(values)),
-            "rounds": [round(x, 3) for x in values]}
 
 
 def lone_query_threads(index: Path, settings_file: Path, log_dir: Path) -> int:

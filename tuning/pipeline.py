@@ -321,7 +321,7 @@ class TuneRun:
             def pin(name: str) -> None:
                 if beside is not None and pin_tree(beside.pid, model_server_cpus(configs[name])) == 0:
                     raise ValueError(f"step 4: the model server (pid {beside.pid}) is gone: its log is in "
-                                     f"{r.out / 'logs' / f'model-server-{beside.max_num_seqs}x{beside.max_model_len}'}")
+                                     f"{r.out / 'logs'} (model-server-*-{beside.max_num_seqs}x{beside.max_model_len})")
             return pin
 
         def measure_pair(base: dict, candidate: dict) -> tuple[dict, dict]:

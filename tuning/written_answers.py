@@ -13,6 +13,7 @@ not read as the model's. When the step left the limits as they were, the one con
 
 from __future__ import annotations
 
+import math
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Callable, ContextManager, Sequence
@@ -39,7 +40,7 @@ def written_sections(sections: dict, model: RunningModel, deadline_ms: float) ->
         defaults = GenerationSettings()
         room = model.max_model_len - given.get("max_tokens", defaults.max_tokens) - PROMPT_RESERVED_TOKENS
         generation["prompt_budget_tokens"] = max(1, min(defaults.prompt_budget_tokens, room))
-    deadline = {"deadline_ms": deadline_ms, "max_timeout_ms": int(deadline_ms)}
+    deadline = {"deadline_ms": deadline_ms, "max_timeout_ms": math.ceil(deadline_ms)}
     return merge(sections, {"generation": generation, "admission": deadline})
 
 

@@ -75,7 +75,7 @@ def tune(
                                    "offered to each cell, and to the service writing its answers"),
     llm_slo_ttft_ms: float = typer.Option(1000.0, "--llm-slo-ttft-ms", min=1.0, help="step 3: the model's "
                                           "objective for the first token's P99; a cell meeting both may be chosen"),
-    llm_slo_e2e_ms: float = typer.Option(10000.0, "--llm-slo-e2e-ms", min=1.0, help="step 3: the model's "
+    llm_slo_e2e_ms: float = typer.Option(10000.0, "--llm-slo-e2e-ms", min=1.0, max=600_000.0, help="step 3: the model's "
                                          "objective for a whole completion's P99 (and the written answers' deadline)"),
     llm_questions: int = typer.Option(20, "--llm-questions", min=1, help="step 3: questions per round of the "
                                       "service writing its answers through the model server, at concurrency 1"),
@@ -101,6 +101,7 @@ def tune(
     limits, placement; each step measured (nDCG@10, stage P50/P99 at concurrency 1, the knee, P99 at a target rate)
     and kept only when it wins. Writes settings.json (ragheat serve --settings) and report.json/html."""
     import contextlib
+    import itertools
 
     from rag.pipeline import RagPipeline
     from rag.ingest.pipeline import ingest as run_ingest
@@ -155,6 +156,8 @@ def tune(
                           slo_ttft_ms=req.llm_slo_ms[0], slo_e2e_ms=req.llm_slo_ms[1], load_format=req.llm_load_format,
                           python=vllm_python(settings.generation.vllm_python), cpu=True)
 
+    launches = itertools.count(1)
+
     @contextlib.contextmanager
     def model_server(sections: dict):
         from rag.childproc import free_port
@@ -165,7 +168,8 @@ def tune(
         limits = sections.get("generation", {})
         length = limits.get("vllm_max_model_len", max(grid[1]))
         seqs = limits.get("vllm_max_num_seqs", min(grid[0]))
-        logs = out_dir / "logs" / f"model-server-{seqs}x{length}"  # two may run at once (step 3's two sides)
+        # two may run at once (step 3's two sides), and step 4's may have step 3's limits: a folder each
+        logs = out_dir / "logs" / f"model-server-{next(launches)}-{seqs}x{length}"
         server = VllmServer(request.llm_model, port=free_port(), python=settings.generation.vllm_python,
                             served_name="model", max_model_len=length, max_num_seqs=seqs,
                             load_format=request.llm_load_format, work_dir=logs)

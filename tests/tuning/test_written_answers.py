@@ -29,6 +29,11 @@ def test_a_long_context_keeps_the_default_budget_and_a_budget_given_is_kept():
     assert given["generation"]["prompt_budget_tokens"] == 100
 
 
+def test_a_fractional_objective_is_a_deadline_the_service_accepts():
+    sections = written_sections({}, MODEL, 2500.5)
+    assert RagheatSettings(**sections).admission.deadline_ms == 2500.5
+
+
 def _side(limits, p50, answers):
     return {"limits": limits, "p50_ms": {"median": p50, "spread": 1.0}, "p99_ms": {"median": 2 * p50, "spread": 9.0},
             "stages": {"generate_prefill": {"p50_ms": p50 / 4, "p99_ms": p50 / 2}}, "answers": answers,
