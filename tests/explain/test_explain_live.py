@@ -35,9 +35,9 @@ def explained(prometheus: str, at: float) -> dict:
 
 
 def settled_at_full_quality(url: str, seconds: float, timeout_s: float = 180.0) -> float:
-    """Once the service has answered at full quality, with no change of its level, for ``seconds``: the quiet phases
-    start then. A start on a busy machine may step the level controller down for a while; quiet against quiet means
-    the same rung on both sides. Returns the instant."""
+    """The instant the service has answered at full quality, with no change of its level, for the ``seconds`` just
+    before it. A start on a busy machine may step the level controller down for a while; quiet against quiet means
+    the same rung on both sides."""
     deadline, since, last = time.time() + timeout_s, None, None
     while time.time() < deadline:
         samples = [s for f in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=10).text)
@@ -62,8 +62,9 @@ def timeline(subset_index):
             LocalPrometheus(service.url.removeprefix("http://"), scrape_interval_s=1) as prometheus, \
             OpenLoop(service.url, QUIET_QPS, QUERIES) as load:
         explanations = {}
+        # The seconds it settled over are the first quiet phase: the second is compared with them.
         start = settled_at_full_quality(service.url, PHASE_S)
-        quiet_end = start + 2 * PHASE_S  # two quiet phases, compared
+        quiet_end = start + PHASE_S
         wait_until(quiet_end)
         explanations["quiet"] = explained(prometheus, quiet_end)
         with CpuHog():  # one spinning process per core
