@@ -6,6 +6,7 @@ stages its framework hook names."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 import time
@@ -26,7 +27,7 @@ from tests.probes.conftest import ebpf  # noqa: F401 - the fixture: working eBPF
 pytestmark = pytest.mark.slow
 
 FRAMEWORK, JOB = "haystack", "haystack-rag"  # the fastest of the three to start, with the others' small corpus
-LOAD = 20
+LOAD = 20  # answers, the claims asked again in turn
 PROFILE = slo.PROFILES["production"]  # what `dashboards check` reads by default; its windows cover the whole module
 DATA_BOARDS = ("latency", "slo")  # the boards the library's families feed (vLLM and kernel panels have no source)
 REQUEST_H = "ragheat_request_duration_seconds"
@@ -58,7 +59,7 @@ def observed(tmp_path_factory, claims):
             while not api.query(f'{REQUEST_H}_count{{job="{JOB}"}}'):
                 assert time.monotonic() < deadline, f"Prometheus never scraped {JOB}'s request series"
                 time.sleep(0.5)
-            for claim in claims[1:LOAD]:
+            for claim in itertools.islice(itertools.cycle(claims), 1, LOAD):
                 assert service.query(claim.text)["answer"]
             yield service, prometheus
     finally:
@@ -141,7 +142,8 @@ def test_the_probes_charge_kernel_time_to_the_stages_the_framework_hook_names(ob
     service, _ = observed
     with KernelProbes.attach(service.process.pid, ProbeSettings(syscalls=True)) as probes:
         with ThreadPoolExecutor(4) as pool:
-            assert all(pool.map(lambda claim: service.query(claim.text)["answer"], claims[:LOAD]))
+            assert all(pool.map(lambda claim: service.query(claim.text)["answer"],
+                                itertools.islice(itertools.cycle(claims), LOAD)))
         snap = probes.snapshot()
     offcpu = {stage for (stage, _), h in snap.offcpu.items() if h.count}
     syscalls = {stage for (stage, _), h in snap.syscall.items() if h.count}
