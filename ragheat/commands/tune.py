@@ -157,6 +157,7 @@ def tune(
                           python=vllm_python(settings.generation.vllm_python), cpu=True)
 
     launches = itertools.count(1)
+    parked: dict[tuple[int, int], tuple] = {}  # limits -> (server, RunningModel): idle, kept for the next step
 
     @contextlib.contextmanager
     def model_server(sections: dict):
@@ -168,19 +169,32 @@ def tune(
         limits = sections.get("generation", {})
         length = limits.get("vllm_max_model_len", max(grid[1]))
         seqs = limits.get("vllm_max_num_seqs", min(grid[0]))
-        # two may run at once (step 3's two sides), and step 4's may have step 3's limits: a folder each
-        logs = out_dir / "logs" / f"model-server-{next(launches)}-{seqs}x{length}"
-        server = VllmServer(request.llm_model, port=free_port(), python=settings.generation.vllm_python,
-                            served_name="model", max_model_len=length, max_num_seqs=seqs,
-                            load_format=request.llm_load_format, work_dir=logs)
+        # A server a step left idle with these limits serves the next (step 4 runs step 3's chosen one: a launch
+        # fewer); one with other limits stops first, so that no idle server shares the machine with a measurement.
+        for key in [k for k in parked if k != (seqs, length)]:
+            parked.pop(key)[0].__exit__(None, None, None)
+        if (seqs, length) in parked:
+            server, model = parked.pop((seqs, length))
+        else:
+            # two may run at once (step 3's two sides): a folder each
+            logs = out_dir / "logs" / f"model-server-{next(launches)}-{seqs}x{length}"
+            server = VllmServer(request.llm_model, port=free_port(), python=settings.generation.vllm_python,
+                                served_name="model", max_model_len=length, max_num_seqs=seqs,
+                                load_format=request.llm_load_format, work_dir=logs)
+            try:
+                url = server.__enter__()
+            except (RuntimeError, TimeoutError, OSError) as exc:
+                raise ValueError(f"the model server on {request.llm_model} ({seqs} x {length}) did not start "
+                                 f"({exc}); its log: {logs}") from None
+            model = RunningModel(url, server.child.pid, "model", max_model_len=length, max_num_seqs=seqs)
         try:
-            url = server.__enter__()
-        except (RuntimeError, TimeoutError, OSError) as exc:
-            raise ValueError(f"the model server on {request.llm_model} ({seqs} x {length}) did not start ({exc}); "
-                             f"its log: {logs}") from None
-        try:
-            yield RunningModel(url, server.child.pid, "model", max_model_len=length, max_num_seqs=seqs)
-        finally:
+            yield model
+        except BaseException:
+            server.__exit__(None, None, None)
+            raise
+        if server.child.alive():
+            parked[seqs, length] = (server, model)
+        else:
             server.__exit__(None, None, None)
 
     with progress_bar() as progress:
@@ -197,6 +211,9 @@ def tune(
                              advance=lambda: progress.advance(task)).run()
         except ValueError as exc:
             _fail(str(exc))
+        finally:
+            for server, _ in parked.values():
+                server.__exit__(None, None, None)
     for line in lines(report):
         out.print(line, highlight=False)
     json_path, html_path = write_report(report, out_dir)
