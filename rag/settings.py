@@ -26,7 +26,8 @@ RetrieverName = Literal["dense", "bm25", "graph", "routed"]
 IndexKind = Literal["flat", "hnsw", "ivfpq"]
 
 
-def _default_cache_dir() -> Path:
+def default_cache_dir() -> Path:
+    """ragheat's folder of what is worth keeping between runs: ``$XDG_CACHE_HOME/ragheat`` (``~/.cache/ragheat``)."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "ragheat"
 
@@ -39,7 +40,7 @@ class EmbeddingSettings(_Section):
     """The sentence encoder and how it runs."""
 
     model_dir: Path | None = Field(None, description="BERT sentence-transformers folder; unset = packaged all-MiniLM-L6-v2")
-    cache_dir: Path = Field(default_factory=_default_cache_dir, description="where ONNX conversions are cached")
+    cache_dir: Path = Field(default_factory=default_cache_dir, description="where ONNX conversions are cached")
     precision: Literal["fp32", "int8"] = Field("int8", description="int8 = 8-bit weights, activations quantised per row: batch-independent (rag/embedding/quantize.py; docs/benchmarks.md)")
     max_seq_length: int = Field(256, ge=8, le=512, description="word pieces per text; longer texts are truncated")
     query_threads: int = Field(1, ge=1, le=64, description="ONNX Runtime threads for one query while other queries "

@@ -15,8 +15,9 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
-from rag.errors import ConfigurationError
 from rag.childproc import ChildProcess
+from rag.errors import ConfigurationError
+from rag.settings import default_cache_dir
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
@@ -40,12 +41,14 @@ def vllm_python(path: Path | str | None = None) -> Path:
 def server_env(work: Path, cpu: bool = True) -> dict[str, str]:
     """The environment of a vLLM server whose caches live under ``work`` and whose processes write their
     metrics to a fresh ``work/prometheus`` (``PROMETHEUS_MULTIPROC_DIR``), so the API process's ``/metrics``
-    serves the engine core's ``ragheat_vllm_*`` next to ``vllm:*``."""
+    serves the engine core's ``ragheat_vllm_*`` next to ``vllm:*``. vLLM's own cache root (what it learnt of each
+    model class, keyed by the class's source) is ragheat's cache folder's ``vllm``, kept between launches as vLLM
+    keeps ``~/.cache/vllm``: without it every start inspects the model class anew."""
     prom = work / "prometheus"
     shutil.rmtree(prom, ignore_errors=True)  # values from an earlier run would be summed in
     prom.mkdir(parents=True)
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(prom),
-           "VLLM_CACHE_ROOT": str(work / "cache"), "VLLM_CONFIG_ROOT": str(work / "config"),
+           "VLLM_CACHE_ROOT": str(default_cache_dir() / "vllm"), "VLLM_CONFIG_ROOT": str(work / "config"),
            "HF_HOME": str(work / "hf"), "XDG_CACHE_HOME": str(work / "xdg"),
            "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor"), "TRITON_CACHE_DIR": str(work / "triton")}
     return {**CPU_ENV, **env} if cpu else env

