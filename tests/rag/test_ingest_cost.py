@@ -16,7 +16,7 @@ from rag.index.store import load_index
 from rag.ingest.pipeline import ingest, passage_text
 from scifact_full import measured_settings
 
-COST_DOCS = 500
+COST_DOCS = 250
 # A ceiling per abstract, in CPU seconds, with room for a slower CPU; the ratio below is what catches wasted work.
 MAX_INGEST_CPU_S_PER_DOC = 0.35
 # Ingest = chunking + embedding + FAISS + BM25: no more than this times the CPU of embedding its chunks (the
