@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
@@ -42,12 +43,11 @@ class Rounds:
     p50_ms: list[float] = field(default_factory=list)
     p99_ms: list[float] = field(default_factory=list)
     stages: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # stage -> {"p50": [...], "p99": [...]}
-    answers: dict[str, int] = field(default_factory=dict)
+    answers: Counter = field(default_factory=Counter)
 
     def add(self, latencies_ms: Sequence[float], stages_ms: Mapping[str, Sequence[float]],
             answers: Mapping[str, int] | None = None) -> None:
-        for writer, n in (answers or {}).items():
-            self.answers[writer] = self.answers.get(writer, 0) + n
+        self.answers.update(answers or {})
         self.p50_ms.append(float(np.percentile(latencies_ms, 50)))
         self.p99_ms.append(float(np.percentile(latencies_ms, 99)))
         for stage, values in stages_ms.items():
@@ -124,16 +124,15 @@ def answered_by(body: dict) -> str:
 
 def one_round(url: str, texts: Sequence[str]) -> tuple[list[float], dict[str, list[float]], dict[str, int]]:
     """Every text once, one at a time: the whole request's ms, each stage's, and the answers by writer."""
-    latencies, stages, answers = [], {}, {}
+    latencies, stages, answers = [], {}, Counter()
     with httpx.Client(timeout=60) as client:
         for text in texts:
             elapsed, body = _ask(client, url, text, 5)
             latencies.append(elapsed)
             for stage in body.get("stages", []):
                 stages.setdefault(stage["name"], []).append(float(stage["ms"]))
-            writer = answered_by(body)
-            answers[writer] = answers.get(writer, 0) + 1
-    return latencies, stages, answers
+            answers[answered_by(body)] += 1
+    return latencies, stages, dict(answers)
 
 
 def _nothing(name: str) -> None:

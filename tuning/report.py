@@ -13,9 +13,6 @@ STEP_TITLES = {"baseline": "0. the service as it was", "labels": "1. relevance l
                "reranker-before": "   before step 2, served beside it",
                "placement-before": "   before step 4, served beside it"}
 BESIDE = "the configuration before the step, served and loaded beside it in the same minutes"
-STEP_3_FIGURES = ("; the figures are step 2's: the limits are the model server's, and the measured services answer "
-                  "extractively (the model server's own figures: its sweep")
-STEP_3_WRITTEN = "; the service writing its answers through it: step 3's own figures"
 SIDES = {"before": "before step 3", "after": "after step 3"}
 
 
@@ -45,6 +42,14 @@ def answers_words(answers: dict) -> str:
     return ", ".join(f"{writer} {n}" for writer, n in sorted(answers.items(), key=lambda kv: -kv[1])) or "–"
 
 
+def _step_3_figures(report: dict) -> str:
+    """What the figures in step 3's row are: step 2's, since the limits are the model server's; its own are elsewhere."""
+    own = "its sweep" + ("; the service writing its answers through it: step 3's own figures"
+                         if written_rows(report) else "")
+    return (f"; the figures are step 2's: the limits are the model server's, and the measured services answer "
+            f"extractively (the model server's own figures: {own})")
+
+
 def step_rows(report: dict) -> list[dict]:
     """One row per step: its figures (the service after it) and what it did."""
     baseline = report["baseline"]
@@ -54,8 +59,7 @@ def step_rows(report: dict) -> list[dict]:
         rows.append({"step": "reranker-before", "did": BESIDE, "figures": report["reranker"]["before"]})
     rows += [{"step": "reranker", "did": report["reranker"]["reason"], "figures": report["reranker"]["figures"]},
              {"step": "model_server", "did": report["model_server"]["reason"]
-              + (STEP_3_FIGURES + (STEP_3_WRITTEN if written_rows(report) else "") + ")"
-                 if report["model_server"].get("ran") else ""),
+              + (_step_3_figures(report) if report["model_server"].get("ran") else ""),
               "figures": report["reranker"]["figures"]}]
     if "before" in report["placement"]:
         rows.append({"step": "placement-before", "did": BESIDE, "figures": report["placement"]["before"]})

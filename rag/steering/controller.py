@@ -24,8 +24,9 @@ neighbour's burst) than about now.
   whole: refusals within what such a second brings above the rate are the spread, not a load the rung cannot hold;
   a second's excess may fall across two readings, so each is held to the spread), the queue's predicted completion
   passed ``pressure_share`` of the deadline in two readings running and did not fall between them (at the knee such
-  a queue forms now and then and drains), or the demand at the current rung is above ``down_at``. It steps to the best rung whose demand fits under ``settle_at`` against no more capacity
-  than the process reached in that tick (several rungs at once), at least one rung. The arrival rate a rung came under
+  a queue forms now and then and drains), or the demand at the current rung is above ``down_at``. It steps to the
+  best rung whose demand fits under ``settle_at`` against no more capacity than the process reached in that tick
+  (several rungs at once), at least one rung. The arrival rate a rung came under
   pressure at is remembered: the rung is not tried again at that rate (``BREAK_MARGIN``), nor any rung above it, for
   ``BREAK_MEMORY_S``.
 - Step up when there was no pressure for ``hold_s``, to the best rung above whose demand would be under ``up_at``

@@ -31,7 +31,8 @@ def test_a_tune_run_reports_every_step_and_writes_settings_the_service_reads(sci
             str(out), "--queries", "30", "--judge-sample", "0", "--rounds", "3", "--rates", "10,20",
             "--duration", "1", "--target-qps", "10", "--epochs", "2", "--llm-model", str(model),
             "--llm-load-format", "dummy", "--llm-max-num-seqs", "2", "--llm-max-model-len", "2048",
-            "--llm-duration", "2", "--llm-questions", "4", "--llm-rate", "5", "--knobs", "lone_query_threads_1,separate_cores"]
+            "--llm-duration", "2", "--llm-questions", "4", "--llm-rate", "5",
+            "--knobs", "lone_query_threads_1,separate_cores"]
     result = run_cli(*args, cwd=tmp_path)
     assert result.exit_code == 0, result.output
     report = json.loads((out / "report.json").read_text())
