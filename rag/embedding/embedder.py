@@ -38,7 +38,7 @@ from tokenizers import Tokenizer
 from rag.cpu import cpu_identity, exact_u8s8
 from rag.devicetime import DeviceTimer
 from rag.embedding.model_store import SCHEMES, EncoderFiles, ensure_encoder
-from rag.embedding.onnx_builder import SENTENCE_OUTPUT, TOKEN_OUTPUT
+from rag.embedding.encoder_spec import SENTENCE_OUTPUT, TOKEN_OUTPUT
 from rag.errors import ConfigurationError
 from rag.settings import EmbeddingSettings
 from rag.threadnames import get_name, set_name, stage_comm

@@ -14,20 +14,33 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from rag.embedding.onnx_builder import BUILDER_VERSION, build_bert_sentence_encoder
-from rag.embedding.quantize import (CALIBRATION_TEXT, INT8_SCHEME, ROWWISE_SCHEME, SMOOTHING_ALPHA, calibration_feeds,
-                                    quantize_blockwise_int8, quantize_rowwise_int8, smoothing_factors)
+from rag.embedding.encoder_spec import BUILDER_VERSION, CALIBRATION_TEXT, INT8_SCHEME, ROWWISE_SCHEME, SMOOTHING_ALPHA
 from rag.errors import ConfigurationError, IndexLoadError
 
 Precision = Literal["fp32", "int8", "int8-row"]  # int8-row: the query side only (rag.embedding.quantize)
 
 
+# The converters import onnx only when a conversion is missing: opening a cached one never does.
+def _build_fp32(model_dir: Path, target: Path) -> Path:
+    from rag.embedding.onnx_builder import build_bert_sentence_encoder
+
+    return build_bert_sentence_encoder(model_dir, target)
+
+
+def _build_blockwise(fp32: Path, target: Path, _tokenizer: Path) -> Path:
+    from rag.embedding.quantize import quantize_blockwise_int8
+
+    return quantize_blockwise_int8(fp32, target)
+
+
 def _build_rowwise(fp32: Path, target: Path, tokenizer: Path) -> Path:
+    from rag.embedding.quantize import calibration_feeds, quantize_rowwise_int8, smoothing_factors
+
     return quantize_rowwise_int8(fp32, target, smoothing_factors(fp32, calibration_feeds(tokenizer)))
 
 
 # precision -> its builder (the fp32 graph, the target, the model's tokenizer.json)
-BUILDERS = {"int8": lambda fp32, target, _tokenizer: quantize_blockwise_int8(fp32, target), "int8-row": _build_rowwise}
+BUILDERS = {"int8": _build_blockwise, "int8-row": _build_rowwise}
 SCHEMES = {"fp32": "none", "int8": INT8_SCHEME, "int8-row": ROWWISE_SCHEME}
 PACKAGED_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 # What an int8 manifest without a "quantisation" key was embedded with: ORT's quantize_dynamic, one
@@ -98,7 +111,7 @@ def ensure_encoder(model_dir: Path | None, cache_dir: Path, precision: Precision
     folder = Path(cache_dir) / f"{sha[:16]}-v{BUILDER_VERSION}"
     fp32 = folder / "encoder-fp32.onnx"
     if not fp32.exists():
-        _atomic_build(fp32, lambda tmp: build_bert_sentence_encoder(model_dir, tmp))
+        _atomic_build(fp32, lambda tmp: _build_fp32(model_dir, tmp))
     path = fp32
     if precision in BUILDERS:  # named by the scheme (and text) too: a change is converted anew, never read stale
         measured = f"-{_calibration_digest(model_dir)}" if precision == "int8-row" else ""

@@ -20,13 +20,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from rag.embedding.encoder_spec import SENTENCE_OUTPUT, TOKEN_OUTPUT
+
 OPSET = 17  # LayerNormalization is a native op from opset 17 on.
-# Bump when the graph built here changes, so a cached one is rebuilt. What this version builds: int8 as
-# blockwise MatMulNBits (rag.embedding.quantize), and a second output, token_embeddings (the last hidden
-# states, for rag.rerank).
-BUILDER_VERSION = 3
-SENTENCE_OUTPUT = "sentence_embedding"
-TOKEN_OUTPUT = "token_embeddings"
 
 
 class _Graph:

@@ -43,14 +43,11 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-BLOCK = 32  # input channels per weight scale / activation scale; divides 384 and 1536
+# The schemes' names, the block and the calibration text: beside the graph's names, for processes that never convert.
+from rag.embedding.encoder_spec import (BLOCK, CALIBRATION_TEXT, INT8_SCHEME, ROWWISE_SCHEME,  # noqa: F401
+                                        SMOOTHING_ALPHA)
+
 ACCURACY_INT8 = 4  # MatMulNBits: 4 = int8 activations (per row and block), 1 = float activations
-INT8_SCHEME = f"matmulnbits-w8-block{BLOCK}-a8-row"  # what manifests record; change it with the scheme
-ROWWISE_SCHEME = "matmulinteger-w8-channel-a8-row-smoothed-down-asymmetric"  # the query side's int8-row encoder
-# SmoothQuant's migration strength: how much of an input channel's range moves into the weight's row (0 none, 1 all);
-# between, both the row of activations and the weight's output channel keep a range their one scale resolves.
-SMOOTHING_ALPHA = 0.5
-CALIBRATION_TEXT = Path(__file__).with_name("calibration.txt")  # what the smoothing factors are measured on
 
 
 def quantize_weight_blocks(weight: np.ndarray, block: int = BLOCK) -> tuple[np.ndarray, np.ndarray]:

@@ -78,7 +78,7 @@ class RerankHead:
 
         exported = self.source.with_suffix(".onnx") if self.source is not None else None
         if exported is not None and exported.is_file():
-            return onnx_head.OnnxProjection(onnx_head.load(exported, self.projection_sha256))
+            return onnx_head.load(exported, self.projection_sha256)
         return onnx_head.OnnxProjection(self.to_onnx())
 
     def combine(self, features: np.ndarray) -> np.ndarray:

@@ -3,6 +3,8 @@ over the query's tokens (ColBERT sums; the mean keeps scores comparable between 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 
@@ -50,29 +52,17 @@ class Int8MaxSim:
     def __init__(self, signed_query: bool | None = None) -> None:
         """``signed_query``: feed the query as int8 (None: where ``rag.cpu.exact_u8s8`` says it is exact)."""
         import onnxruntime as ort
-        from onnx import TensorProto, helper, numpy_helper
 
         from rag.cpu import cpu_identity, exact_u8s8
 
         self.signed_query = exact_u8s8(cpu_identity().get("isa", ())) if signed_query is None else signed_query
         # the query's codes as the product reads them: int8 as they are, or shifted into uint8 (zero point 128)
         self._query_dtype, self._query_offset = (np.int8, 0) if self.signed_query else (np.uint8, 128)
-        query_type = TensorProto.INT8 if self.signed_query else TensorProto.UINT8
-        query_zero = np.array(self._query_offset, self._query_dtype)
-        node = helper.make_node("MatMulInteger", ["tokens", "query", "zero", "query_zero"], ["dots"])
-        graph = helper.make_graph(
-            [node], "maxsim_int8",
-            [helper.make_tensor_value_info("tokens", TensorProto.UINT8, ["n", "dim"]),
-             helper.make_tensor_value_info("query", query_type, ["dim", "q"])],
-            [helper.make_tensor_value_info("dots", TensorProto.INT32, ["n", "q"])],
-            [numpy_helper.from_array(np.array(128, np.uint8), "zero"),
-             numpy_helper.from_array(query_zero, "query_zero")])
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-        model.ir_version = 8
         options = ort.SessionOptions()
         options.intra_op_num_threads = 1  # the request's own thread, as for BLAS (limit_blas_threads)
         options.inter_op_num_threads = 1
-        self.session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        self.session = ort.InferenceSession(product_graph_path(self.signed_query).read_bytes(), options,
+                                            providers=["CPUExecutionProvider"])
 
     def __call__(self, query: np.ndarray, codes: np.ndarray, scales: np.ndarray, starts: np.ndarray) -> np.ndarray:
         """Scores as ``maxsim`` gives them for ``codes * scales[:, None]``; ``codes`` (n, dim) are the offset bytes
@@ -88,3 +78,41 @@ class Int8MaxSim:
         sims *= scales[:, None]
         best = np.maximum.reduceat(sims, np.asarray(starts, np.intp), axis=0)  # (docs, q)
         return (best * query_scales.astype(np.float32)).mean(axis=1)
+
+
+GRAPHS = Path(__file__).with_name("graphs")  # the product's two graphs, shipped: a service never imports onnx
+
+
+def product_graph_path(signed_query: bool) -> Path:
+    """The shipped ONNX graph of ``Int8MaxSim``'s product for a signed or an unsigned query."""
+    return GRAPHS / f"maxsim-int8-query-{'s8' if signed_query else 'u8'}.onnx"
+
+
+def product_graph(signed_query: bool):
+    """``Int8MaxSim``'s product as an ONNX model: the codes (uint8, zero point 128) times the query's codes (int8, or
+    uint8 with zero point 128), exact int32 dot products. What the shipped files hold (``python -m
+    rag.rerank.maxsim`` writes them; tests/rag/test_rerank.py compares)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    query_type, query_zero = ((TensorProto.INT8, np.array(0, np.int8)) if signed_query
+                              else (TensorProto.UINT8, np.array(128, np.uint8)))
+    node = helper.make_node("MatMulInteger", ["tokens", "query", "zero", "query_zero"], ["dots"])
+    graph = helper.make_graph(
+        [node], "maxsim_int8",
+        [helper.make_tensor_value_info("tokens", TensorProto.UINT8, ["n", "dim"]),
+         helper.make_tensor_value_info("query", query_type, ["dim", "q"])],
+        [helper.make_tensor_value_info("dots", TensorProto.INT32, ["n", "q"])],
+        [numpy_helper.from_array(np.array(128, np.uint8), "zero"),
+         numpy_helper.from_array(query_zero, "query_zero")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="ragheat")
+    model.ir_version = 8
+    return model
+
+
+if __name__ == "__main__":  # rewrite the shipped graphs from product_graph
+    import onnx
+
+    GRAPHS.mkdir(exist_ok=True)
+    for signed in (True, False):
+        onnx.save(product_graph(signed), str(product_graph_path(signed)))
+        print(product_graph_path(signed))

@@ -12,9 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import onnx
 import onnxruntime as ort
-from onnx import TensorProto, helper, numpy_helper
 
 from rag.errors import ConfigurationError
 
@@ -24,8 +22,12 @@ INPUT, OUTPUT = "token_states", "token_vectors"
 SHA_KEY = "projection_sha256"
 
 
-def export(projection: np.ndarray, sha256: str, meta: dict[str, str] | None = None) -> onnx.ModelProto:
-    """The projection as an ONNX model (opset ``OPSET``), ``sha256`` and ``meta`` in its metadata."""
+def export(projection: np.ndarray, sha256: str, meta: dict[str, str] | None = None):
+    """The projection as an ONNX model (opset ``OPSET``), ``sha256`` and ``meta`` in its metadata. Only exporting
+    imports onnx: loading an exported head reads it with ONNX Runtime alone."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
     projection = np.ascontiguousarray(projection, np.float32)
     hidden, dim = projection.shape
     nodes = [
@@ -46,30 +48,31 @@ def export(projection: np.ndarray, sha256: str, meta: dict[str, str] | None = No
     return model
 
 
-def load(path: Path, sha256: str) -> onnx.ModelProto:
-    """The exported head at ``path``; ``ConfigurationError`` naming it when unreadable or exported from another
-    projection than the one whose digest is ``sha256``."""
+def load(path: Path, sha256: str) -> "OnnxProjection":
+    """The exported head at ``path``, on ONNX Runtime; ``ConfigurationError`` naming it when unreadable or exported
+    from another projection than the one whose digest is ``sha256``."""
     try:
-        model = onnx.load(str(path))
-    except Exception as exc:  # onnx raises DecodeError, OSError, ValueError: any of them means unreadable
+        projection = OnnxProjection(path.read_bytes())
+    except Exception as exc:  # OSError, or ONNX Runtime's own errors for a file it cannot parse: unreadable
         raise ConfigurationError(f"rerank head {path} cannot be read ({type(exc).__name__}: {exc})") from exc
-    found = {p.key: p.value for p in model.metadata_props}.get(SHA_KEY)
+    found = projection.session.get_modelmeta().custom_metadata_map.get(SHA_KEY)
     if found != sha256:
         raise ConfigurationError(f"rerank head {path} was exported from another projection ({str(found)[:12]}…, "
                                  f"the .npz beside it has {sha256[:12]}…): re-save the head (`ragheat "
                                  f"train-reranker` writes both)")
-    return model
+    return projection
 
 
 class OnnxProjection:
-    """One ONNX Runtime session of the exported head, on one thread (it runs on the request's own thread, beside
-    the others; InferenceSession.run is thread-safe)."""
+    """One ONNX Runtime session of the exported head (a serialised model, or an ``onnx.ModelProto``), on one thread
+    (it runs on the request's own thread, beside the others; InferenceSession.run is thread-safe)."""
 
-    def __init__(self, model: onnx.ModelProto) -> None:
+    def __init__(self, model) -> None:
         options = ort.SessionOptions()
         options.intra_op_num_threads = 1
         options.inter_op_num_threads = 1
-        self.session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        serialised = model if isinstance(model, bytes) else model.SerializeToString()
+        self.session = ort.InferenceSession(serialised, options, providers=["CPUExecutionProvider"])
 
     def __call__(self, states: np.ndarray) -> np.ndarray:
         return self.session.run([OUTPUT], {INPUT: np.ascontiguousarray(states, np.float32)})[0]

@@ -7,6 +7,9 @@ file that does not exist."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -81,3 +84,21 @@ def test_a_successful_warm_up_keeps_what_it_started(settings, subset_index, star
         assert pipeline.graph is started["graph"] and alive(started["graph_pid"])
     finally:
         pipeline.close()
+
+
+def test_a_service_on_cached_conversions_starts_and_answers_without_importing_onnx(subset_index):
+    """Only converting the encoder needs the onnx package (slow to import): with it made unimportable, the service's
+    modules load and the default pipeline (reranking on) warms up on the conversions already cached and answers."""
+    code = ("import sys; sys.modules['onnx'] = None\n"
+            "import ragheat.service, rag.api.app\n"
+            "from rag.pipeline import RagPipeline\n"
+            "from rag.settings import RagheatSettings\n"
+            f"pipeline = RagPipeline(RagheatSettings(), {str(subset_index)!r})\n"
+            "pipeline.warm_up()\n"
+            "result = pipeline.query('vitamin D and bone density', 5)\n"
+            "print(len(result.sources) > 0, 'rerank' in {s.name for s in result.stages})\n"
+            "pipeline.close()\n")
+    env = {**os.environ, "RAGHEAT_GRAPH__ENABLED": "false"}  # no graph store child: not what this is about
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split() == ["True", "True"], run.stdout

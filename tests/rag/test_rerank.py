@@ -96,6 +96,18 @@ def test_the_int8_product_is_exact_at_the_codes_extremes(monkeypatch):
     assert Int8MaxSim().signed_query
 
 
+def test_the_shipped_product_graphs_are_the_ones_built():
+    """The service reads MaxSim's two graphs from the package (it never imports onnx); they are what
+    ``product_graph`` builds (``python -m rag.rerank.maxsim`` rewrites them)."""
+    import onnx
+
+    from rag.rerank.maxsim import product_graph, product_graph_path
+
+    for signed in (True, False):
+        shipped = onnx.load(str(product_graph_path(signed)))
+        assert onnx.printer.to_text(shipped.graph) == onnx.printer.to_text(product_graph(signed).graph), signed
+
+
 def _head(rng, hidden=24, dim=8, weights=(1.0, 0.0, 0.0, 0.0)) -> RerankHead:
     return RerankHead(rng.standard_normal((hidden, dim)).astype(np.float32), np.array(weights, np.float32))
 
@@ -136,7 +148,8 @@ def test_the_shipped_head_has_its_onnx_export():
     from rag.rerank import onnx_head
 
     shipped = RerankHead.load(DEFAULT_HEAD)
-    model = onnx_head.load(DEFAULT_HEAD.with_suffix(".onnx"), shipped.projection_sha256)  # refused if stale
+    onnx_head.load(DEFAULT_HEAD.with_suffix(".onnx"), shipped.projection_sha256)  # refused if stale
+    model = onnx.load(str(DEFAULT_HEAD.with_suffix(".onnx")))
     assert onnx.printer.to_text(model.graph) == onnx.printer.to_text(shipped.to_onnx().graph)
 
 
