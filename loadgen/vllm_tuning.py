@@ -94,46 +94,60 @@ async def drive(url: str, model: str, *, rate: float, duration_s: float, prompt_
 
 def run_cell(model: Path | str, cell: Cell, *, rate: float, duration_s: float, prompt_tokens: int,
              max_tokens: int, vocab_size: int, load_format: str, slo_ttft_ms: float, slo_e2e_ms: float,
-             python=None, cpu: bool = True, seed: int = 0, extra_args: Sequence[str] = ()) -> Cell:
-    """Start a vLLM server with ``cell``'s settings, drive it and fill in ``cell`` (``failure`` if it did not start)."""
-    server = VllmServer(model, port=free_port(), python=python, served_name="tune", cpu=cpu,
-                        max_model_len=cell.max_model_len, max_num_seqs=cell.max_num_seqs,
-                        block_size=cell.block_size, load_format=load_format, extra_args=extra_args)
+             python=None, cpu: bool = True, seed: int = 0, extra_args: Sequence[str] = (), served_name: str = "tune",
+             work_dir: Path | None = None, keep: Callable[[Cell, VllmServer], bool] | None = None) -> Cell:
+    """Start a vLLM server with ``cell``'s settings, drive it and fill in ``cell`` (``failure`` if it did not start).
+    The server stops after the drive, unless ``keep(cell, server)`` takes it (returns True: the caller stops it)."""
+    server = VllmServer(model, port=free_port(), python=python, served_name=served_name, cpu=cpu,
+                        max_model_len=cell.max_model_len, max_num_seqs=cell.max_num_seqs, block_size=cell.block_size,
+                        load_format=load_format, extra_args=extra_args, work_dir=work_dir)
+    kept = False
     try:
-        with server as url:
-            outcomes, wall = asyncio.run(drive(url, "tune", rate=rate, duration_s=duration_s, seed=seed,
-                                               prompt_tokens=prompt_tokens, max_tokens=max_tokens,
-                                               vocab_size=vocab_size))
+        url = server.__enter__()
+        outcomes, wall = asyncio.run(drive(url, served_name, rate=rate, duration_s=duration_s, seed=seed,
+                                           prompt_tokens=prompt_tokens, max_tokens=max_tokens, vocab_size=vocab_size))
     except (RuntimeError, TimeoutError) as exc:
+        server.__exit__(None, None, None)
         cell.failure = str(exc).splitlines()[0]
         return cell
-    good = [o for o in outcomes if o.ok]
-    cell.requests, cell.errors = len(outcomes), len(outcomes) - len(good)
-    cell.tokens_per_s = round(sum(o.tokens for o in good) / wall, 2) if wall > 0 else 0.0
-    cell.ttft_p99_ms = percentiles_ms([o.ttft for o in good])["p99"]
-    cell.e2e_p99_ms = percentiles_ms([o.e2e for o in good])["p99"]
-    cell.meets_slo = (bool(good) and cell.errors == 0 and cell.ttft_p99_ms <= slo_ttft_ms
-                      and cell.e2e_p99_ms <= slo_e2e_ms)
+    try:
+        good = [o for o in outcomes if o.ok]
+        cell.requests, cell.errors = len(outcomes), len(outcomes) - len(good)
+        cell.tokens_per_s = round(sum(o.tokens for o in good) / wall, 2) if wall > 0 else 0.0
+        cell.ttft_p99_ms = percentiles_ms([o.ttft for o in good])["p99"]
+        cell.e2e_p99_ms = percentiles_ms([o.e2e for o in good])["p99"]
+        cell.meets_slo = (bool(good) and cell.errors == 0 and cell.ttft_p99_ms <= slo_ttft_ms
+                          and cell.e2e_p99_ms <= slo_e2e_ms)
+        kept = keep is not None and keep(cell, server)
+    finally:
+        if not kept:
+            server.__exit__(None, None, None)
     return cell
 
 
 def run_tuning(model: Path | str, *, max_num_seqs: Sequence[int], max_model_len: Sequence[int],
                block_sizes: Sequence[int | None], rate: float, duration_s: float, prompt_tokens: int,
                max_tokens: int, slo_ttft_ms: float, slo_e2e_ms: float, load_format: str = "auto",
-               python=None, cpu: bool = True, on_cell: Callable[[Cell], None] | None = None) -> dict:
-    """Every cell of the grid, one fresh server each; the results as ``results.json`` holds them."""
+               python=None, cpu: bool = True, on_cell: Callable[[Cell], None] | None = None,
+               served_name: str = "tune", logs: Path | None = None,
+               keep_last: Callable[[Cell, VllmServer], bool] | None = None) -> dict:
+    """Every cell of the grid, one fresh server each, in the order given (block sizes, then lengths, then batch
+    sizes); the results as ``results.json`` holds them. ``logs``: a folder each cell's server writes its log into
+    (``cell-<seqs>x<len>``, kept); otherwise a temporary one. ``keep_last(cell, server)``: offered the last cell's
+    server, still running, which it may take (``run_cell``'s ``keep``)."""
     vocab_size = json.loads((Path(model) / "config.json").read_text()).get("vocab_size", 32000)
+    grid = [(block, length, seqs) for block in block_sizes for length in max_model_len for seqs in max_num_seqs]
     cells = []
-    for block in block_sizes:
-        for length in max_model_len:
-            for seqs in max_num_seqs:
-                cell = run_cell(model, Cell(seqs, length, block), rate=rate, duration_s=duration_s,
-                                prompt_tokens=prompt_tokens, max_tokens=max_tokens, vocab_size=vocab_size,
-                                load_format=load_format, slo_ttft_ms=slo_ttft_ms, slo_e2e_ms=slo_e2e_ms,
-                                python=python, cpu=cpu)
-                cells.append(cell)
-                if on_cell is not None:
-                    on_cell(cell)
+    for i, (block, length, seqs) in enumerate(grid):
+        folder = None if logs is None else logs / (f"cell-{seqs}x{length}" + ("" if block is None else f"-b{block}"))
+        cell = run_cell(model, Cell(seqs, length, block), rate=rate, duration_s=duration_s,
+                        prompt_tokens=prompt_tokens, max_tokens=max_tokens, vocab_size=vocab_size,
+                        load_format=load_format, slo_ttft_ms=slo_ttft_ms, slo_e2e_ms=slo_e2e_ms,
+                        python=python, cpu=cpu, served_name=served_name, work_dir=folder,
+                        keep=keep_last if i == len(grid) - 1 else None)
+        cells.append(cell)
+        if on_cell is not None:
+            on_cell(cell)
     return {"model": str(model), "rate": rate, "duration_s": duration_s, "prompt_tokens": prompt_tokens,
             "max_tokens": max_tokens, "slo": {"ttft_p99_ms": slo_ttft_ms, "e2e_p99_ms": slo_e2e_ms},
             "cells": [asdict(c) for c in cells]}

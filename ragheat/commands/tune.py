@@ -146,18 +146,27 @@ def tune(
         with _judge_model(settings, llm_url) as asker:
             yield asker
 
+    launches = itertools.count(1)
+    parked: dict[tuple[int, int], tuple] = {}  # limits -> (server, RunningModel): idle, kept for the next step
+
     def llm_sweep(req: TuneRequest) -> dict:
         from loadgen.vllm_tuning import run_tuning
         from stack.vllm import vllm_python
+        from tuning.model_server_load import RunningModel
+
+        def keep(cell, server) -> bool:  # the last cell's server serves step 3's first side: a launch fewer
+            parked[cell.max_num_seqs, cell.max_model_len] = (server, RunningModel(
+                server.url, server.child.pid, "model", max_model_len=cell.max_model_len,
+                max_num_seqs=cell.max_num_seqs))
+            return True
 
         seqs, lens = req.llm_grid
-        return run_tuning(req.llm_model, max_num_seqs=seqs, max_model_len=lens, block_sizes=[None],
-                          rate=req.llm_rate, duration_s=req.llm_duration_s, prompt_tokens=256, max_tokens=128,
-                          slo_ttft_ms=req.llm_slo_ms[0], slo_e2e_ms=req.llm_slo_ms[1], load_format=req.llm_load_format,
-                          python=vllm_python(settings.generation.vllm_python), cpu=True)
-
-    launches = itertools.count(1)
-    parked: dict[tuple[int, int], tuple] = {}  # limits -> (server, RunningModel): idle, kept for the next step
+        # The last cell swept is the one step 3's first side starts (the longest context at the smallest batch).
+        return run_tuning(req.llm_model, max_num_seqs=sorted(seqs, reverse=True), max_model_len=sorted(lens),
+                          block_sizes=[None], rate=req.llm_rate, duration_s=req.llm_duration_s, prompt_tokens=256,
+                          max_tokens=128, slo_ttft_ms=req.llm_slo_ms[0], slo_e2e_ms=req.llm_slo_ms[1],
+                          load_format=req.llm_load_format, python=vllm_python(settings.generation.vllm_python),
+                          cpu=True, served_name="model", logs=out_dir / "logs" / "sweep", keep_last=keep)
 
     @contextlib.contextmanager
     def model_server(sections: dict):
@@ -169,12 +178,17 @@ def tune(
         limits = sections.get("generation", {})
         length = limits.get("vllm_max_model_len", max(grid[1]))
         seqs = limits.get("vllm_max_num_seqs", min(grid[0]))
-        # A server a step left idle with these limits serves the next (step 4 runs step 3's chosen one: a launch
-        # fewer); one with other limits stops first, so that no idle server shares the machine with a measurement.
+        # A server the sweep or a step left idle with these limits serves the next (step 4 runs step 3's chosen one:
+        # a launch fewer); one with other limits stops first, so that no idle server shares the machine with a
+        # measurement.
         for key in [k for k in parked if k != (seqs, length)]:
             parked.pop(key)[0].__exit__(None, None, None)
-        if (seqs, length) in parked:
-            server, model = parked.pop((seqs, length))
+        kept = parked.pop((seqs, length), None)
+        if kept is not None and not kept[0].child.alive():
+            kept[0].__exit__(None, None, None)
+            kept = None
+        if kept is not None:
+            server, model = kept
         else:
             # two may run at once (step 3's two sides): a folder each
             logs = out_dir / "logs" / f"model-server-{next(launches)}-{seqs}x{length}"

@@ -94,8 +94,10 @@ def test_a_tune_run_reports_every_step_and_writes_settings_the_service_reads(sci
     assert split["settings"]["placement"]["cpus"] and "model server" in split["what"]
     load = placement["model_server_load"]
     assert load["requests"] > 0 and load["errors"] == 0 and load["tokens_per_s"] > 0, load
-    # Step 4's model server has step 3's limits: the one the written answers went through, kept up (one launch).
-    assert sorted(p.name for p in (out / "logs").glob("model-server-*")) == ["model-server-1-2x2048"]
+    # One model server for steps 3 and 4: the sweep's (its one cell has the limits step 3 starts with and chooses),
+    # kept up for the written answers and then step 4, so no other launch.
+    assert (out / "logs" / "sweep" / "cell-2x2048" / "vllm.log").is_file()
+    assert sorted(p.name for p in (out / "logs").glob("model-server-*")) == []
     assert placement["before"]["settings"] == merge(reranker["figures"]["settings"], llm["settings"])
 
     # The settings file: what ragheat serve --settings reads, the kept knobs in it.
