@@ -111,6 +111,7 @@ class Explanation:
     causes: list[Cause]
     stages: list[StageChange]
     slowest_traces: list[tuple[float, str]]
+    baseline_gap_s: int = 0  # between the baseline's end and the window's start
 
 
 def _ms(value: float) -> str:
@@ -154,7 +155,8 @@ def explain(evidence: Evidence, knee_qps: float | None = None) -> Explanation:
     now, before = evidence.now, evidence.before
     stages = stage_changes(evidence)
     result = Explanation("ok", "", evidence.job, evidence.window.seconds, evidence.baseline.seconds, now.p99_ms,
-                         before.p99_ms, [], stages, evidence.slowest_traces)
+                         before.p99_ms, [], stages, evidence.slowest_traces,
+                         evidence.baseline.offset_s - evidence.window.seconds)
     if now.answered_per_s <= 0 or math.isnan(now.p99_ms):
         result.verdict = "no_data"
         result.headline = "no answered requests in the window: nothing to explain (is the service receiving load?)"
@@ -162,7 +164,7 @@ def explain(evidence: Evidence, knee_qps: float | None = None) -> Explanation:
     if before.answered_per_s <= 0 or math.isnan(before.p99_ms):
         result.verdict = "no_data"
         result.headline = ("no answered requests in the baseline to compare with: widen --baseline or move it "
-                           "to minutes the service was serving")
+                           "(--baseline-gap) to minutes the service was serving")
         return result
     growth = now.p99_ms - before.p99_ms
     shed_more = _share(now.shed_per_s, _offered(now)) - _share(before.shed_per_s, _offered(before))

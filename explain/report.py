@@ -18,6 +18,7 @@ def as_json(explanation: Explanation) -> dict:
     return {
         "verdict": explanation.verdict, "headline": explanation.headline, "job": explanation.job,
         "window_s": explanation.window_s, "baseline_s": explanation.baseline_s,
+        "baseline_gap_s": explanation.baseline_gap_s,
         "p99_ms": _number(explanation.p99_ms), "baseline_p99_ms": _number(explanation.baseline_p99_ms),
         "causes": [{**dataclasses.asdict(c), "ms": _number(c.ms), "share": _number(c.ms / total) if total else None,
                     "stages": list(c.stages)} for c in explanation.causes],

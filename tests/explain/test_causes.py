@@ -165,3 +165,13 @@ def test_the_json_has_no_nan_and_shares_add_up():
     assert result["verdict"] == "slower"
     assert abs(sum(c["share"] for c in result["causes"]) - 1.0) < 1e-6
     assert "NaN" not in repr(result) and "nan" not in repr(result)
+
+
+def test_a_baseline_moved_earlier_reads_back_its_gap():
+    """``--baseline-gap``: the baseline ends that long before the window starts (its PromQL offset is the window plus
+    the gap), and the explanation says so."""
+    moved = evidence(slower(2.5))
+    moved.baseline = Span(600, 60 + 3600)
+    assert moved.baseline.range() == "[600s] offset 3660s"
+    assert as_json(explain(moved))["baseline_gap_s"] == 3600
+    assert as_json(explain(evidence(slower(2.5))))["baseline_gap_s"] == 0

@@ -1,7 +1,8 @@
 """``ragheat explain`` on a live ``ragheat serve`` under constant load, scraped every second by a real Prometheus,
 with faults injected one after another on one timeline: nothing (the explanation must say nothing is wrong), a
 process spinning on each of the host's cores (a neighbour taking the CPU), then the offered load multiplied
-(overload). Each explanation covers the fault's seconds against the quiet seconds just before them."""
+(overload). Each explanation covers the fault's seconds against quiet seconds: those just before them, or for the
+overload, which follows the neighbour, those before the neighbour (``--baseline-gap``)."""
 
 from __future__ import annotations
 
@@ -27,9 +28,9 @@ PHASE_S = 20
 QUIET_QPS, OVERLOAD_QPS = 6.0, 400.0  # far past any machine's full-quality capacity on the subset
 
 
-def explained(prometheus: str, at: float) -> dict:
+def explained(prometheus: str, at: float, *gap: str) -> dict:
     result = CliRunner().invoke(app, ["explain", "--prometheus", prometheus, "--window", f"{PHASE_S}s",
-                                      "--baseline", f"{PHASE_S}s", "--at", f"{at:.3f}", "--json"])
+                                      "--baseline", f"{PHASE_S}s", "--at", f"{at:.3f}", "--json", *gap])
     assert result.exit_code == 0, result.output
     return json.loads(result.output)
 
@@ -70,12 +71,11 @@ def timeline(subset_index):
         with CpuHog():  # one spinning process per core
             wait_until(quiet_end + PHASE_S)
         explanations["cpu_hog"] = explained(prometheus, quiet_end + PHASE_S)
-        calm_end = quiet_end + 2 * PHASE_S
-        wait_until(calm_end)
+        # The overload at once, compared with the quiet phase before the neighbour (the baseline a gap earlier).
         load.rate = OVERLOAD_QPS
-        wait_until(calm_end + PHASE_S)
+        wait_until(quiet_end + 2 * PHASE_S)
         load.rate = QUIET_QPS
-        explanations["overload"] = explained(prometheus, calm_end + PHASE_S)
+        explanations["overload"] = explained(prometheus, quiet_end + 2 * PHASE_S, "--baseline-gap", f"{PHASE_S}s")
         yield explanations
 
 
@@ -93,3 +93,4 @@ def test_overload_is_named_first(timeline):
     overload = timeline["overload"]
     assert overload["verdict"] == "slower" and overload["causes"][0]["kind"] == "overload", \
         json.dumps(overload, indent=1)
+    assert overload["baseline_gap_s"] == PHASE_S and overload["baseline_s"] == PHASE_S
