@@ -76,15 +76,15 @@ def _batch_compositions(embedder: OnnxEmbedder, texts: list[str], fillers: list[
     n = len(texts)
     yield "all at once (length-sorted token-budget batches)", embedder.embed_many(texts)
     yield "reversed", embedder.embed_many(texts[::-1])[::-1]
-    one_batch = embedder.settings.model_copy(update={"batch_tokens": 1 << 20})
-    yield "one padded batch with fillers", OnnxEmbedder(one_batch).embed_many(texts + fillers)[:n]
+    one_batch = OnnxEmbedder(embedder.settings.model_copy(update={"batch_tokens": 1 << 20}))
+    yield "one padded batch with fillers", one_batch.embed_many(texts + fillers)[:n]
     tiny = embedder.settings.model_copy(update={"batch_tokens": 32})
     yield "batches of one or two", OnnxEmbedder(tiny).embed_many(texts)
     rng = np.random.default_rng(19)
     for trial in range(3):
         picked = list(rng.choice(len(fillers), size=int(rng.integers(1, 12)), replace=False))
         neighbours = [fillers[i] for i in picked]
-        yield f"random neighbours {trial}", OnnxEmbedder(one_batch).embed_many(texts + neighbours)[:n]
+        yield f"random neighbours {trial}", one_batch.embed_many(texts + neighbours)[:n]
     # Padding-heavy: each text next to a 256-word-piece neighbour, so a short text is mostly padding.
     yield "next to a maximum-length text", np.stack([embedder.embed_many([t, "x " * 300])[0] for t in texts])
 

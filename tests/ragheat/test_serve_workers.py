@@ -160,6 +160,9 @@ def test_exemplars_of_every_worker_reach_an_openmetrics_scrape(subset_index, tmp
             sent.add(trace_id)
             time.sleep(0.1)
         assert len(list(folder.glob("exemplars_*.json"))) == 2, "a worker shared no exemplar"
+        # Each worker writes its latest exemplars once a second (ExemplarShare): two seconds on, both files hold the
+        # last answers' and stay as they are, so the scrape and the files below are read in the same state.
+        time.sleep(2.5)
         with httpx.Client(timeout=30) as client:
             text = client.get(f"{url}/metrics", headers={"Accept": "application/openmetrics-text"}).text
         shared = {e.labels["trace_id"] for e in read_exemplars(folder).values()}
