@@ -57,6 +57,7 @@ from benchmarks.docgen.page import preview  # noqa: E402
 from loadgen.resultsfile import BenchmarkRun  # noqa: E402
 from rag.embedding import quantize  # noqa: E402
 from rag.embedding.embedder import OnnxEmbedder, _session, _token_budget_batches  # noqa: E402
+from rag.embedding.encoder_spec import INT8_SCHEME  # noqa: E402
 from rag.embedding.model_store import ensure_encoder  # noqa: E402
 from rag.eval.beir import load_qrels, load_queries, ndcg_at  # noqa: E402
 from rag.ingest.chunking import TokenWindowChunker  # noqa: E402
@@ -354,7 +355,7 @@ def main() -> None:
         "agree": args.agree, "bulk_chunks": len(bulk_texts), "bulk_docs": len(set(bulk_doc_ids)),
         "bulk_word_pieces": bulk_tokens,
         "bulk_threads": args.bulk_threads, "rounds": args.rounds, "queries_per_round": args.queries_per_round,
-        "int8_scheme": quantize.INT8_SCHEME, "machine": platform.processor() or platform.machine(),
+        "int8_scheme": INT8_SCHEME, "machine": platform.processor() or platform.machine(),
         "cpus": os.cpu_count(), "load_average_before": load_before, "load_average_after": os.getloadavg()}
     print(f"wrote {run.write(results, args.json)}")
     print(preview("embedding", results))

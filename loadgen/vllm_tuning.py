@@ -101,15 +101,17 @@ def run_cell(model: Path | str, cell: Cell, *, rate: float, duration_s: float, p
     server = VllmServer(model, port=free_port(), python=python, served_name=served_name, cpu=cpu,
                         max_model_len=cell.max_model_len, max_num_seqs=cell.max_num_seqs, block_size=cell.block_size,
                         load_format=load_format, extra_args=extra_args, work_dir=work_dir)
-    kept = False
     try:
         url = server.__enter__()
         outcomes, wall = asyncio.run(drive(url, served_name, rate=rate, duration_s=duration_s, seed=seed,
                                            prompt_tokens=prompt_tokens, max_tokens=max_tokens, vocab_size=vocab_size))
-    except (RuntimeError, TimeoutError) as exc:
+    except BaseException as exc:
         server.__exit__(None, None, None)
+        if not isinstance(exc, (RuntimeError, TimeoutError)):
+            raise
         cell.failure = str(exc).splitlines()[0]
         return cell
+    kept = False
     try:
         good = [o for o in outcomes if o.ok]
         cell.requests, cell.errors = len(outcomes), len(outcomes) - len(good)

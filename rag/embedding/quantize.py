@@ -43,9 +43,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-# The schemes' names, the block and the calibration text: beside the graph's names, for processes that never convert.
-from rag.embedding.encoder_spec import (BLOCK, CALIBRATION_TEXT, INT8_SCHEME, ROWWISE_SCHEME,  # noqa: F401
-                                        SMOOTHING_ALPHA)
+from rag.embedding.encoder_spec import BLOCK, CALIBRATION_TEXT, SMOOTHING_ALPHA
 
 ACCURACY_INT8 = 4  # MatMulNBits: 4 = int8 activations (per row and block), 1 = float activations
 

@@ -148,20 +148,26 @@ def tune(
 
     launches = itertools.count(1)
     parked: dict[tuple[int, int], tuple] = {}  # limits -> (server, RunningModel): idle, kept for the next step
+    # What a model server starts with when the settings name no limits (step 3's first side, or no cell met the
+    # objective): the grid's smallest batch at its longest context.
+    unchosen = (min(grid[0]), max(grid[1]))
+
+    def running(server, seqs: int, length: int) -> tuple:
+        """(server, RunningModel): a started model server as the steps use it."""
+        from tuning.model_server_load import RunningModel
+
+        return server, RunningModel(server.url, server.child.pid, "model", max_model_len=length, max_num_seqs=seqs)
 
     def llm_sweep(req: TuneRequest) -> dict:
         from loadgen.vllm_tuning import run_tuning
         from stack.vllm import vllm_python
-        from tuning.model_server_load import RunningModel
 
         def keep(cell, server) -> bool:  # the last cell's server serves step 3's first side: a launch fewer
-            parked[cell.max_num_seqs, cell.max_model_len] = (server, RunningModel(
-                server.url, server.child.pid, "model", max_model_len=cell.max_model_len,
-                max_num_seqs=cell.max_num_seqs))
+            parked[cell.max_num_seqs, cell.max_model_len] = running(server, cell.max_num_seqs, cell.max_model_len)
             return True
 
         seqs, lens = req.llm_grid
-        # The last cell swept is the one step 3's first side starts (the longest context at the smallest batch).
+        # Batch sizes from the largest, lengths from the shortest: the last cell swept has the unchosen limits.
         return run_tuning(req.llm_model, max_num_seqs=sorted(seqs, reverse=True), max_model_len=sorted(lens),
                           block_sizes=[None], rate=req.llm_rate, duration_s=req.llm_duration_s, prompt_tokens=256,
                           max_tokens=128, slo_ttft_ms=req.llm_slo_ms[0], slo_e2e_ms=req.llm_slo_ms[1],
@@ -172,12 +178,10 @@ def tune(
     def model_server(sections: dict):
         from rag.childproc import free_port
         from stack.vllm import VllmServer
-        from tuning.model_server_load import RunningModel
 
-        # Step 3's choice; when no cell met the objective, the grid's longest context at its smallest batch.
-        limits = sections.get("generation", {})
-        length = limits.get("vllm_max_model_len", max(grid[1]))
-        seqs = limits.get("vllm_max_num_seqs", min(grid[0]))
+        limits = sections.get("generation", {})  # step 3's choice, or none
+        seqs = limits.get("vllm_max_num_seqs", unchosen[0])
+        length = limits.get("vllm_max_model_len", unchosen[1])
         # A server the sweep or a step left idle with these limits serves the next (step 4 runs step 3's chosen one:
         # a launch fewer); one with other limits stops first, so that no idle server shares the machine with a
         # measurement.
@@ -187,27 +191,26 @@ def tune(
         if kept is not None and not kept[0].child.alive():
             kept[0].__exit__(None, None, None)
             kept = None
-        if kept is not None:
-            server, model = kept
-        else:
+        if kept is None:
             # two may run at once (step 3's two sides): a folder each
             logs = out_dir / "logs" / f"model-server-{next(launches)}-{seqs}x{length}"
             server = VllmServer(request.llm_model, port=free_port(), python=settings.generation.vllm_python,
                                 served_name="model", max_model_len=length, max_num_seqs=seqs,
                                 load_format=request.llm_load_format, work_dir=logs)
             try:
-                url = server.__enter__()
+                server.__enter__()
             except (RuntimeError, TimeoutError, OSError) as exc:
                 raise ValueError(f"the model server on {request.llm_model} ({seqs} x {length}) did not start "
                                  f"({exc}); its log: {logs}") from None
-            model = RunningModel(url, server.child.pid, "model", max_model_len=length, max_num_seqs=seqs)
+            kept = running(server, seqs, length)
+        server, model = kept
         try:
             yield model
         except BaseException:
             server.__exit__(None, None, None)
             raise
         if server.child.alive():
-            parked[seqs, length] = (server, model)
+            parked[seqs, length] = kept
         else:
             server.__exit__(None, None, None)
 

@@ -111,7 +111,7 @@ def test_int8_graph_is_blockwise_int8(settings):
     """Every weight MatMul is an 8-bit MatMulNBits with int8 activations; the manifest names the scheme."""
     import onnx
 
-    from rag.embedding.quantize import BLOCK, INT8_SCHEME
+    from rag.embedding.encoder_spec import BLOCK, INT8_SCHEME
 
     embedder = OnnxEmbedder(settings.embedding.model_copy(update={"precision": "int8"}))
     embedder.warm_up()
@@ -150,7 +150,7 @@ def test_index_model_check_compares_weights_and_quantisation(tmp_path):
     from pathlib import Path
 
     from rag.embedding.model_store import LEGACY_INT8_SCHEME, EncoderFiles, check_index_model
-    from rag.embedding.quantize import INT8_SCHEME
+    from rag.embedding.encoder_spec import INT8_SCHEME
     from rag.errors import IndexLoadError
 
     files = EncoderFiles(Path("e.onnx"), Path("t.json"), "m", "int8", "ab" * 32, INT8_SCHEME)

@@ -15,7 +15,7 @@ from onnx import numpy_helper
 
 from rag.embedding import model_store
 from rag.embedding.embedder import QUERY_PRECISIONS, SENTENCE_OUTPUT, OnnxEmbedder
-from rag.embedding.quantize import ROWWISE_SCHEME
+from rag.embedding.encoder_spec import ROWWISE_SCHEME
 from rag.settings import EmbeddingSettings
 
 
